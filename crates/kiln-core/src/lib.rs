@@ -1,0 +1,21 @@
+//! Kiln's domain core.
+//!
+//! Everything here is pure data and rules: identifiers, the language table,
+//! limits, relative-path validation, ownership scopes, execution outcomes and
+//! the output allow-list. This crate does no IO (no files, no sockets, no
+//! clocks) and knows nothing about HTTP or LibreChat's JSON shapes.
+
+pub mod allow;
+pub mod id;
+pub mod lang;
+pub mod limits;
+pub mod outcome;
+pub mod path;
+pub mod scope;
+
+pub use id::Nanoid;
+pub use lang::{Language, LanguageSpec};
+pub use limits::Limits;
+pub use outcome::{ExitStatus, RunStatus};
+pub use path::RelPath;
+pub use scope::{Kind, Principal, SessionKey};

@@ -1,0 +1,128 @@
+//! The executor's request and result types: the boundary between the HTTP
+//! layer (which maps LibreChat's JSON onto these) and the executor.
+
+use std::time::Duration;
+
+use kiln_core::outcome::{ExitStatus, RunStatus};
+use kiln_core::{Kind, Language, Nanoid, RelPath};
+
+/// One `/exec` call, already validated by the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub lang: Language,
+    pub code: String,
+    pub args: Vec<String>,
+    pub files: Vec<InputFile>,
+    /// Requested wall time in milliseconds (lowers, never raises, the limit).
+    pub timeout_ms: Option<u64>,
+}
+
+/// An input file to place at `/mnt/data/<name>`.
+#[derive(Debug, Clone)]
+pub enum InputFile {
+    /// A stored object, referenced by `(storage_session_id, id)`.
+    Ref(InputRef),
+    /// Inline content (not sent by LibreChat, harmless to support).
+    Inline { name: RelPath, content: Vec<u8> },
+}
+
+/// A by-reference input, in any client generation's shape.
+#[derive(Debug, Clone)]
+pub struct InputRef {
+    pub id: Nanoid,
+    pub storage_session_id: Nanoid,
+    pub name: RelPath,
+    /// Ownership kind the caller claims (G1 refs default to `user`).
+    pub kind: Kind,
+    pub resource_id: Option<String>,
+    pub version: Option<String>,
+    /// Echoed on inherited outputs when the ref carried one (G1).
+    pub entity_id: Option<String>,
+}
+
+/// A completed run (whatever the exit code).
+#[derive(Debug, Clone)]
+pub struct ExecResult {
+    pub session_id: Nanoid,
+    pub stdout: String,
+    pub stderr: String,
+    pub files: Vec<OutputFile>,
+    pub deleted_files: Vec<String>,
+    pub truncation: Option<Truncation>,
+    pub delivery: Option<DeliveryFailure>,
+    pub exit: ExitStatus,
+    pub status: Option<RunStatus>,
+    pub message: Option<String>,
+    pub wall_time: Duration,
+}
+
+/// One entry of `files` in the result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputFile {
+    pub id: Nanoid,
+    pub name: String,
+    pub storage_session_id: Nanoid,
+    /// An unchanged (or read-only) input echoed with its original ids.
+    pub inherited: bool,
+    /// `(id, storage_session_id)` of the input this output replaced.
+    pub modified_from: Option<(Nanoid, Nanoid)>,
+    pub entity_id: Option<String>,
+}
+
+/// Why some outputs were not reported (`artifact_truncation`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Truncation {
+    pub max_files: u32,
+    pub depth: u32,
+    pub size: u32,
+    pub path: u32,
+    pub unreadable: u32,
+    /// Up to 20 skipped relative paths.
+    pub skipped: Vec<String>,
+    pub skipped_count: u32,
+}
+
+/// Outputs that could not be stored (`artifact_delivery`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryFailure {
+    pub attempted: u32,
+    pub delivered: u32,
+    pub failed: u32,
+}
+
+/// Why `/exec` could not produce a result. Each variant maps to one status.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// A `files[]` entry is malformed or collides with another (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// A `files[]` reference points at an object the caller may not read (403).
+    #[error("Unauthorized file reference")]
+    Unauthorized,
+    /// The sandbox could not be set up (503 `sandbox_setup_failed`).
+    #[error("sandbox setup failed: {0}")]
+    SandboxSetup(String),
+    /// The sandbox failed during the run (502 `sandbox_execution_failed`).
+    #[error("sandbox execution failed: {0}")]
+    SandboxFailed(String),
+    /// The server is shutting down (503).
+    #[error("service is shutting down")]
+    ShuttingDown,
+    /// The client went away; nothing to answer.
+    #[error("cancelled")]
+    Cancelled,
+    /// Storage failed (500).
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+/// What the HTTP layer needs from an executor. The real implementation is
+/// [`crate::Executor`]; tests of the HTTP layer may use a double.
+pub trait Execute: Send + Sync + 'static {
+    fn execute<'a>(
+        &'a self,
+        principal: &'a kiln_core::Principal,
+        req: ExecRequest,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> futures::future::BoxFuture<'a, Result<ExecResult, ExecError>>;
+}
