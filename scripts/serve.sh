@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# scripts/serve.sh — the README's first command: start Kiln from a checkout.
+#
+# Owns: installing missing jail runtimes when it can (root, or sudo), then building and
+# running `kiln serve` in release mode. Arguments go to `kiln serve`
+# (e.g. scripts/serve.sh --listen 0.0.0.0:8000 --data-dir /var/lib/kiln).
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo_root"
+
+if ! scripts/install-runtimes.sh; then
+  echo "serve: could not install every runtime (see above); starting anyway —" >&2
+  echo "       languages whose runtime is missing will be unavailable (check: kiln doctor)." >&2
+fi
+exec cargo run --release --locked -p kiln -- serve "$@"

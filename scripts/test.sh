@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the project's one test command (CI runs it through .ci/run).
+#
+# Owns: getting a fresh Debian 12 machine with Rust from nothing to a full test run:
+#   1. the jail runtimes (scripts/install-runtimes.sh, plus npm for step 2);
+#   2. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
+#      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
+#      since the last install;
+#   3. the whole Rust test suite (cargo nextest when installed, else cargo test), whose exit
+#      status is this script's.
+# With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
+# instead of skipping; CI is exported so every test process sees it.
+# Usage: scripts/test.sh [extra args for cargo test / cargo nextest run]
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo_root"
+
+if [[ -n "${CI:-}" ]]; then
+  export CI
+fi
+started=$SECONDS
+section() { printf '\n==> %s (+%ss)\n' "$1" "$((SECONDS - started))"; }
+
+section "runtimes"
+scripts/install-runtimes.sh --with-npm
+
+section "e2e Node project (tests/e2e)"
+e2e=tests/e2e
+stamp="$e2e/node_modules/.kiln-lock.sha256"
+lock_sum=$(sha256sum "$e2e/package-lock.json" | cut -d' ' -f1)
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$lock_sum" && -d "$e2e/node_modules/@librechat/agents" ]]; then
+  echo "node_modules matches package-lock.json; not reinstalling"
+else
+  # --ignore-scripts: no dependency needs its install script (see tests/e2e/.npmrc)
+  (cd "$e2e" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" >"$stamp"
+fi
+e2e_node="$e2e/node_modules/.bin/node"
+[[ -x "$e2e_node" ]] || e2e_node=node
+echo "e2e runs on node $("$e2e_node" --version)"
+
+section "Rust tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast "$@"
+  # doctests are not run by nextest
+  cargo test --workspace --locked --doc
+else
+  cargo test --workspace --locked --no-fail-fast "$@"
+fi
+section "done"
