@@ -1,0 +1,233 @@
+// End-to-end test: LibreChat's own code tools (@librechat/agents) against a real Kiln server.
+//
+// Owns: driving `execute_code` and `bash_tool` exactly the way a LibreChat agent does — the
+// tools come from the package, and calls go through the package's ToolNode with a sessions
+// map, so `session_id` and the injected `files` of later calls are threaded by LibreChat's
+// code, not ours. Nothing about Kiln is mocked.
+//
+// Needs `KILN_URL`: the server's base URL including `/v1` (e.g. http://127.0.0.1:8000/v1).
+// Optional `KILN_API_KEY`: sent as `X-API-Key` through the tools' `authHeaders` hook.
+// Run: `node --test` in this directory (the Rust test crates/kiln/tests/e2e_librechat_agents.rs
+// starts a server and does that).
+
+import assert from 'node:assert/strict';
+import { before, describe, it } from 'node:test';
+
+import {
+  AIMessage,
+  ToolNode,
+  createBashExecutionTool,
+  createCodeExecutionTool,
+} from '@librechat/agents';
+
+const KILN_URL = (process.env.KILN_URL ?? '').replace(/\/+$/, '');
+const USER_ID = 'e2e-user-1';
+const NANOID = /^[A-Za-z0-9_-]{21}$/;
+const PNG_MAGIC = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+const CSV_V1 = 'x,y\n1,2\n2,4\n3,9\n';
+const CSV_V2 = `${CSV_V1}4,16\n`;
+const STEP_TIMEOUT_MS = 120_000;
+
+/** One agent's tool layer: the package's ToolNode holding the code session, as LibreChat builds it. */
+function makeAgentTools() {
+  // LibreChat reads the base URL from this variable; the tools read it when they are created.
+  process.env.LIBRECHAT_CODE_BASEURL = KILN_URL;
+  const authHeaders = process.env.KILN_API_KEY ? { 'X-API-Key': process.env.KILN_API_KEY } : {};
+  // LibreChat passes the user id and the expected execution profile to the tool factories.
+  const factoryParams = { user_id: USER_ID, executionProfile: 'default', authHeaders };
+  const sessions = new Map();
+  const node = new ToolNode({
+    tools: [createCodeExecutionTool(factoryParams), createBashExecutionTool(factoryParams)],
+    sessions,
+  });
+  let calls = 0;
+  /** Run one tool call the way the agent graph does; returns the ToolMessage. */
+  async function call(name, args) {
+    calls += 1;
+    const message = new AIMessage({
+      content: '',
+      tool_calls: [{ id: `call_e2e_${calls}`, name, args, type: 'tool_call' }],
+    });
+    const out = await node.invoke({ messages: [message] });
+    const messages = Array.isArray(out) ? out : out.messages;
+    assert.equal(messages.length, 1, 'one ToolMessage per tool call');
+    return messages[0];
+  }
+  return { call, sessions };
+}
+
+/** Fails with the tool's own text when the ToolNode turned the call into an error message. */
+function assertToolSucceeded(msg) {
+  assert.notEqual(msg.status, 'error', `tool call failed:\n${msg.content}`);
+  assert.equal(typeof msg.content, 'string');
+  assert.ok(msg.artifact, `no artifact in tool result:\n${msg.content}`);
+  assert.match(msg.artifact.session_id, NANOID, 'execution session_id is a 21-char nanoid');
+}
+
+function fileNamed(files, name) {
+  const matching = (files ?? []).filter((f) => f.name === name);
+  assert.equal(matching.length, 1, `exactly one entry named ${name} in ${JSON.stringify(files)}`);
+  return matching[0];
+}
+
+/** Downloads a stored file the way LibreChat does after a tool call (user-kind query). */
+async function download(sessionId, fileId) {
+  const url = `${KILN_URL}/download/${sessionId}/${fileId}?kind=user&id=${encodeURIComponent(USER_ID)}`;
+  const headers = process.env.KILN_API_KEY ? { 'X-API-Key': process.env.KILN_API_KEY } : {};
+  const res = await fetch(url, { headers });
+  const body = Buffer.from(await res.arrayBuffer());
+  assert.equal(res.status, 200, `GET ${url} -> ${res.status}: ${body.toString('utf8', 0, 300)}`);
+  return { body, contentType: res.headers.get('content-type') ?? '' };
+}
+
+describe('LibreChat code tools against Kiln', () => {
+  let agent;
+  // filled by the first run, used by the later ones
+  let first;
+
+  before(() => {
+    assert.ok(
+      KILN_URL,
+      'KILN_URL is not set: start `kiln serve` and set KILN_URL=http://HOST:PORT/v1 ' +
+        '(or run `cargo test -p kiln --test e2e_librechat_agents`, which does both)',
+    );
+    agent = makeAgentTools();
+  });
+
+  it('a) Python writes a CSV and a matplotlib PNG; both are listed and downloadable', { timeout: STEP_TIMEOUT_MS }, async () => {
+    const code = [
+      'import os',
+      'import matplotlib',
+      'matplotlib.use("Agg")',
+      'import matplotlib.pyplot as plt',
+      '',
+      'os.makedirs("/mnt/data/out", exist_ok=True)',
+      'rows = [(1, 2), (2, 4), (3, 9)]',
+      'with open("/mnt/data/out/data.csv", "w") as f:',
+      '    f.write("x,y\\n")',
+      '    for x, y in rows:',
+      '        f.write(f"{x},{y}\\n")',
+      'plt.plot([r[0] for r in rows], [r[1] for r in rows])',
+      'plt.savefig("/mnt/data/chart.png")',
+      'print("rows:", len(rows))',
+    ].join('\n');
+    const msg = await agent.call('execute_code', { lang: 'py', code });
+    assertToolSucceeded(msg);
+    assert.match(msg.content, /^stdout:\nrows: 3\n/);
+    // the package's own summary counts persisted files and images from our `files`
+    assert.match(msg.content, /2 persisted file\(s\) are available in \/mnt\/data, including 1 image\(s\)/);
+
+    const { session_id: sessionId, files } = msg.artifact;
+    assert.equal(files.length, 2, `exactly the two outputs: ${JSON.stringify(files)}`);
+    const csv = fileNamed(files, 'out/data.csv');
+    const png = fileNamed(files, 'chart.png');
+    for (const f of [csv, png]) {
+      assert.match(f.id, NANOID, `file id of ${f.name} is a 21-char nanoid`);
+      assert.equal(f.storage_session_id, sessionId, `${f.name} is stored under the execution session`);
+      assert.notEqual(f.inherited, true, `${f.name} is new, not inherited`);
+    }
+    assert.notEqual(csv.id, png.id);
+
+    // the ToolNode recorded both files for the next call, as LibreChat's agent would
+    const tracked = agent.sessions.get('execute_code');
+    assert.equal(tracked.session_id, sessionId);
+    assert.deepEqual(tracked.files.map((f) => f.name).sort(), ['chart.png', 'out/data.csv']);
+
+    const pngDl = await download(sessionId, png.id);
+    assert.deepEqual(pngDl.body.subarray(0, 8), PNG_MAGIC, 'PNG magic bytes');
+    assert.ok(pngDl.body.length > 1000, `a real plot, not ${pngDl.body.length} bytes`);
+    assert.match(pngDl.contentType, /^image\/png/);
+
+    const csvDl = await download(sessionId, csv.id);
+    assert.equal(csvDl.body.toString('utf8'), CSV_V1);
+    assert.match(csvDl.contentType, /^text\/csv/);
+
+    first = { sessionId, csv, png };
+  });
+
+  it('b) a second run gets both files injected; the modified CSV is new, the PNG is inherited', { timeout: STEP_TIMEOUT_MS }, async () => {
+    assert.ok(first, 'depends on step a');
+    const code = [
+      'import csv',
+      'with open("/mnt/data/chart.png", "rb") as f:',
+      '    assert f.read(8) == b"\\x89PNG\\r\\n\\x1a\\n", "injected PNG is intact"',
+      'with open("/mnt/data/out/data.csv", newline="") as f:',
+      '    rows = list(csv.reader(f))',
+      'print("read", len(rows) - 1, "rows")',
+      'with open("/mnt/data/out/data.csv", "a") as f:',
+      '    f.write("4,16\\n")',
+    ].join('\n');
+    const msg = await agent.call('execute_code', { lang: 'py', code });
+    assertToolSucceeded(msg);
+    assert.match(msg.content, /^stdout:\nread 3 rows\n/);
+
+    const { session_id: sessionId, files } = msg.artifact;
+    assert.notEqual(sessionId, first.sessionId, 'every execution gets a new session');
+    assert.equal(files.length, 2, `the modified CSV and the inherited PNG only: ${JSON.stringify(files)}`);
+
+    const csv = fileNamed(files, 'out/data.csv');
+    assert.match(csv.id, NANOID);
+    assert.notEqual(csv.id, first.csv.id, 'a modified input is a new object');
+    assert.equal(csv.storage_session_id, sessionId);
+    assert.notEqual(csv.inherited, true);
+    assert.deepEqual(csv.modified_from, { id: first.csv.id, storage_session_id: first.sessionId });
+
+    const png = fileNamed(files, 'chart.png');
+    assert.equal(png.inherited, true, 'unchanged input is echoed as inherited');
+    assert.equal(png.id, first.png.id, 'inherited echo keeps the original id');
+    assert.equal(png.storage_session_id, first.sessionId, 'inherited echo keeps the original storage session');
+    // only the CSV counts as a newly persisted file for the model
+    assert.match(msg.content, /1 persisted file\(s\) are available in \/mnt\/data, including 0 image\(s\)/);
+
+    // LibreChat's session bookkeeping: CSV replaced by the new object, PNG kept as it was
+    const tracked = agent.sessions.get('execute_code');
+    assert.equal(tracked.session_id, sessionId);
+    const byName = new Map(tracked.files.map((f) => [f.name, f]));
+    assert.equal(byName.size, 2);
+    assert.equal(byName.get('out/data.csv').id, csv.id);
+    assert.equal(byName.get('chart.png').id, first.png.id);
+
+    const csvDl = await download(sessionId, csv.id);
+    assert.equal(csvDl.body.toString('utf8'), CSV_V2);
+    const oldCsvDl = await download(first.sessionId, first.csv.id);
+    assert.equal(oldCsvDl.body.toString('utf8'), CSV_V1, 'the original object is unchanged');
+  });
+
+  it('c) bash_tool cats an injected file, runs python3 -c and receives args', { timeout: STEP_TIMEOUT_MS }, async () => {
+    assert.ok(first, 'depends on steps a and b');
+    const command = [
+      'cat /mnt/data/out/data.csv',
+      `python3 -c 'import csv; rows = list(csv.reader(open("/mnt/data/out/data.csv"))); print("sum", sum(int(r[1]) for r in rows[1:]))'`,
+      'echo "arg=$1"',
+    ].join('\n');
+    const msg = await agent.call('bash_tool', { command, args: ['kiln'] });
+    assertToolSucceeded(msg);
+    assert.match(msg.content, /^stdout:\n/);
+    assert.ok(msg.content.includes(CSV_V2), `stdout has the current CSV:\n${msg.content}`);
+    assert.match(msg.content, /^sum 31$/m, 'python3 is reachable from bash');
+    assert.match(msg.content, /^arg=kiln$/m);
+    const created = (msg.artifact.files ?? []).filter((f) => f.inherited !== true);
+    assert.deepEqual(created, [], 'reading files creates no new outputs');
+  });
+
+  it('d) a Python exception comes back as stderr with the traceback, not as a transport error', { timeout: STEP_TIMEOUT_MS }, async () => {
+    const code = ['def explode():', '    raise ValueError("kiln-e2e boom")', '', 'print("before")', 'explode()'].join('\n');
+    const msg = await agent.call('execute_code', { lang: 'py', code });
+    assertToolSucceeded(msg);
+    assert.match(msg.content, /^stdout:\nbefore\n/);
+    assert.match(msg.content, /\nstderr:\n/);
+    assert.match(msg.content, /Traceback \(most recent call last\):/);
+    assert.match(msg.content, /ValueError: kiln-e2e boom/);
+    assert.doesNotMatch(msg.content, /Execution error:/);
+    // the injected files were still tracked and nothing new was produced
+    const created = (msg.artifact.files ?? []).filter((f) => f.inherited !== true);
+    assert.deepEqual(created, []);
+  });
+
+  it('e) the js runtime runs through the same tool', { timeout: STEP_TIMEOUT_MS }, async () => {
+    const code = 'const n = [1, 2, 3].reduce((a, b) => a + b, 0);\nconsole.log(`js sum ${n}`);';
+    const msg = await agent.call('execute_code', { lang: 'js', code });
+    assertToolSucceeded(msg);
+    assert.match(msg.content, /^stdout:\njs sum 6$/m);
+  });
+});
