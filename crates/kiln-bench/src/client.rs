@@ -1,0 +1,212 @@
+//! The benchmark's HTTP client for Kiln's LibreChat API: `POST /v1/exec`,
+//! `POST /v1/upload`, `GET /metrics`, each timed from sending the request to
+//! having the whole response body. One pooled `reqwest::Client` is shared
+//! by every simulated user.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// One output file of an execution.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OutFile {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// The parts of an `/exec` response the scenarios check.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ExecResponse {
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    #[serde(default)]
+    pub files: Vec<OutFile>,
+}
+
+/// A stored upload: where `/exec` finds it.
+#[derive(Debug, Clone)]
+pub struct Uploaded {
+    pub storage_session_id: String,
+    pub file_id: String,
+}
+
+/// A by-reference input for an `/exec` body (LibreChat's current shape).
+pub fn file_ref(up: &Uploaded, name: &str, resource_id: &str) -> Value {
+    json!({
+        "id": up.file_id,
+        "storage_session_id": up.storage_session_id,
+        "name": name,
+        "kind": "user",
+        "resource_id": resource_id,
+    })
+}
+
+/// Talks to one server.
+#[derive(Clone)]
+pub struct KilnClient {
+    http: reqwest::Client,
+    /// `http://host:port/v1`.
+    v1: String,
+    /// `http://host:port`.
+    origin: String,
+}
+
+impl KilnClient {
+    pub fn new(http: reqwest::Client, origin: &str) -> KilnClient {
+        KilnClient {
+            http,
+            v1: format!("{origin}/v1"),
+            origin: origin.to_owned(),
+        }
+    }
+
+    /// Run `body` through `/v1/exec`; the duration covers send → full body.
+    pub async fn exec(&self, body: &Value) -> anyhow::Result<(Duration, ExecResponse)> {
+        let t = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/exec", self.v1))
+            .json(body)
+            .send()
+            .await
+            .context("POST /v1/exec")?;
+        let status = r.status();
+        let bytes = r.bytes().await.context("read /v1/exec response")?;
+        let took = t.elapsed();
+        if !status.is_success() {
+            bail!("POST /v1/exec: HTTP {status}: {}", snippet(&bytes));
+        }
+        let resp: ExecResponse = serde_json::from_slice(&bytes)
+            .with_context(|| format!("POST /v1/exec: not an exec response: {}", snippet(&bytes)))?;
+        Ok((took, resp))
+    }
+
+    /// Upload one file as LibreChat does for a user attachment
+    /// (`kind=user`, `id=<user>`, header `User-Id: <user>`).
+    pub async fn upload(
+        &self,
+        user: &str,
+        name: &str,
+        content: Vec<u8>,
+    ) -> anyhow::Result<(Duration, Uploaded)> {
+        let part = reqwest::multipart::Part::bytes(content)
+            .file_name(name.to_owned())
+            .mime_str("text/plain")
+            .context("multipart content type")?;
+        let form = reqwest::multipart::Form::new()
+            .text("kind", "user")
+            .text("id", user.to_owned())
+            .part("file", part);
+        let t = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/upload", self.v1))
+            .header("User-Id", user)
+            .multipart(form)
+            .send()
+            .await
+            .context("POST /v1/upload")?;
+        let status = r.status();
+        let bytes = r.bytes().await.context("read /v1/upload response")?;
+        let took = t.elapsed();
+        if !status.is_success() {
+            bail!("POST /v1/upload: HTTP {status}: {}", snippet(&bytes));
+        }
+        let v: Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("POST /v1/upload: not JSON: {}", snippet(&bytes)))?;
+        let sid = v["storage_session_id"].as_str();
+        let fid = v["files"][0]["fileId"].as_str();
+        match (v["message"].as_str(), sid, fid) {
+            (Some("success"), Some(sid), Some(fid)) => Ok((
+                took,
+                Uploaded {
+                    storage_session_id: sid.to_owned(),
+                    file_id: fid.to_owned(),
+                },
+            )),
+            _ => bail!("POST /v1/upload: unexpected answer: {}", snippet(&bytes)),
+        }
+    }
+
+    /// `GET /v1/health` as JSON.
+    pub async fn health(&self) -> anyhow::Result<Value> {
+        let r = self
+            .http
+            .get(format!("{}/health", self.v1))
+            .send()
+            .await
+            .context("GET /v1/health")?;
+        r.error_for_status_ref().context("GET /v1/health")?;
+        r.json().await.context("GET /v1/health: not JSON")
+    }
+
+    /// The Prometheus text of `GET /metrics` (falling back to `/v1/metrics`).
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        let mut last = None;
+        for url in [
+            format!("{}/metrics", self.origin),
+            format!("{}/metrics", self.v1),
+        ] {
+            match self.http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => {
+                    return r.text().await.with_context(|| format!("read {url}"));
+                }
+                Ok(r) => last = Some(anyhow::anyhow!("GET {url}: HTTP {}", r.status())),
+                Err(e) => last = Some(anyhow::Error::new(e).context(format!("GET {url}"))),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no metrics endpoint")))
+    }
+}
+
+/// The start of a response body, for error messages.
+fn snippet(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let mut out: String = s.chars().take(300).collect();
+    if s.chars().count() > 300 {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_refs_use_librechats_current_shape() {
+        let up = Uploaded {
+            storage_session_id: "S".repeat(21),
+            file_id: "F".repeat(21),
+        };
+        let v = file_ref(&up, "data.csv", "bench");
+        assert_eq!(
+            v,
+            json!({"id": "F".repeat(21), "storage_session_id": "S".repeat(21), "name": "data.csv", "kind": "user", "resource_id": "bench"})
+        );
+    }
+
+    #[test]
+    fn exec_responses_tolerate_missing_and_extra_fields() {
+        let r: ExecResponse = serde_json::from_str(
+            r#"{"session_id":"x","stdout":"hello\n","files":[{"id":"a","name":"plot.png","storage_session_id":"b"}],"status":null}"#,
+        )
+        .unwrap();
+        assert_eq!(r.stdout, "hello\n");
+        assert_eq!(r.stderr, "");
+        assert_eq!(r.files[0].name, "plot.png");
+    }
+
+    #[test]
+    fn snippets_are_cut_at_300_characters() {
+        assert_eq!(snippet(b"short"), "short");
+        let long = "é".repeat(400);
+        let s = snippet(long.as_bytes());
+        assert_eq!(s.chars().count(), 301);
+        assert!(s.ends_with('…'));
+    }
+}

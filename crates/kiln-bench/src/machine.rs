@@ -1,0 +1,149 @@
+//! Facts about the machine and the checkout a run was measured on (CPU
+//! count and model, kernel, memory, git commit, runtime versions), and the
+//! resident memory of a process, read from `/proc`.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the numbers come from, so results can be compared across runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineInfo {
+    /// CPUs available to this process (`nproc`).
+    pub nproc: usize,
+    /// `model name` from `/proc/cpuinfo`.
+    pub cpu_model: Option<String>,
+    /// `uname -r`.
+    pub kernel: Option<String>,
+    /// `MemTotal` in KiB.
+    pub mem_total_kib: Option<u64>,
+    /// `git rev-parse HEAD` of the working directory.
+    pub git_commit: Option<String>,
+    /// Whether tracked files had uncommitted changes.
+    pub git_dirty: Option<bool>,
+    /// `--version` of the baseline Python.
+    pub python: Option<String>,
+    /// `--version` of the baseline Node.
+    pub node: Option<String>,
+    /// `kiln --version`.
+    pub kiln: Option<String>,
+}
+
+impl MachineInfo {
+    /// Collect everything; missing pieces stay `None`.
+    pub fn collect(python: &Path, node: &Path, kiln: &Path) -> MachineInfo {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        MachineInfo {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model: cpu_model(&cpuinfo),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .ok()
+                .map(|s| s.trim().to_owned()),
+            mem_total_kib: kib_field(&meminfo, "MemTotal"),
+            git_commit: command_line("git", &["rev-parse", "HEAD"]),
+            git_dirty: command_line_status("git", &["diff", "--quiet", "HEAD", "--"])
+                .map(|clean| !clean),
+            python: command_line(&python.to_string_lossy(), &["--version"]),
+            node: command_line(&node.to_string_lossy(), &["--version"]),
+            kiln: command_line(&kiln.to_string_lossy(), &["--version"]),
+        }
+    }
+}
+
+/// The first `model name` line of a `/proc/cpuinfo` text.
+pub fn cpu_model(cpuinfo: &str) -> Option<String> {
+    cpuinfo
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == "model name")
+        .map(|(_, v)| v.trim().to_owned())
+}
+
+/// A `Key:   123 kB` field of `/proc/meminfo` or `/proc/<pid>/status`, in KiB.
+pub fn kib_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == key)
+        .and_then(|(_, v)| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Current and peak resident set of a process, KiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rss {
+    pub rss_kib: Option<u64>,
+    pub peak_kib: Option<u64>,
+}
+
+/// `VmRSS` and `VmHWM` of process `pid`.
+pub fn rss(pid: u32) -> Rss {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    Rss {
+        rss_kib: kib_field(&status, "VmRSS"),
+        peak_kib: kib_field(&status, "VmHWM"),
+    }
+}
+
+/// First line of a command's output (stdout, else stderr: `python --version`
+/// used to print on stderr), `None` if it cannot run or fails.
+fn command_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = if out.stdout.is_empty() {
+        out.stderr
+    } else {
+        out.stdout
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .next()
+        .map(|l| l.trim().to_owned())
+}
+
+/// Whether a command exited 0 (`None` if it could not run, or exited with
+/// an error status other than 1).
+fn command_line_status(program: &str, args: &[&str]) -> Option<bool> {
+    let st = Command::new(program).args(args).output().ok()?.status;
+    match st.code() {
+        Some(0) => Some(true),
+        Some(1) => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_model_is_the_first_model_name_line() {
+        let text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor @ 2.50GHz\n\nprocessor\t: 1\nmodel name\t: other\n";
+        assert_eq!(
+            cpu_model(text).as_deref(),
+            Some("Intel(R) Xeon(R) Processor @ 2.50GHz")
+        );
+        assert_eq!(cpu_model("processor : 0\n"), None);
+    }
+
+    #[test]
+    fn kib_fields_are_parsed_from_proc_texts() {
+        let status = "Name:\tkiln\nVmHWM:\t   20480 kB\nVmRSS:\t   12345 kB\n";
+        assert_eq!(kib_field(status, "VmRSS"), Some(12345));
+        assert_eq!(kib_field(status, "VmHWM"), Some(20480));
+        assert_eq!(kib_field(status, "VmSwap"), None);
+        assert_eq!(
+            kib_field("MemTotal:       24684000 kB\n", "MemTotal"),
+            Some(24_684_000)
+        );
+    }
+
+    #[test]
+    fn own_rss_is_readable() {
+        let r = rss(std::process::id());
+        assert!(r.rss_kib.is_some_and(|k| k > 0), "{r:?}");
+        assert!(r.peak_kib >= r.rss_kib, "{r:?}");
+    }
+}

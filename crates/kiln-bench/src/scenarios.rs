@@ -1,0 +1,539 @@
+//! The five scenarios. Each warms up both sides, then alternates a measured
+//! Kiln run and a measured baseline run `runs` times, verifies every answer,
+//! and reduces the per-run statistics to their medians. The server's phase
+//! timings are scraped around the measured runs.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::baseline::{self, AnalysisDir, SumDir};
+use crate::client::{ExecResponse, KilnClient, file_ref};
+use crate::measure::{RunOutcome, Sample, Tickets, baseline_workers, kiln_workers};
+use crate::prom::{self, Phases};
+use crate::report::{Better, Metric, ScenarioReport, Tally, Unit};
+use crate::settings::{Scenario, Settings};
+use crate::stats::{Latencies, per_second, percent};
+use crate::workload::{self, SplitMix64};
+
+/// What every scenario needs.
+pub struct Ctx<'a> {
+    pub settings: &'a Settings,
+    pub kiln: &'a KilnClient,
+}
+
+impl Ctx<'_> {
+    /// The server's phase totals now (empty, with a warning, if unavailable).
+    pub async fn phases(&self) -> Phases {
+        match self.kiln.metrics().await {
+            Ok(text) => prom::parse_phases(&text),
+            Err(e) => {
+                eprintln!("warning: cannot scrape metrics: {e:#}");
+                Phases::new()
+            }
+        }
+    }
+}
+
+/// Run one scenario. A scenario that cannot even start (e.g. its upload is
+/// refused) is reported with one failure and no metrics.
+pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
+    let (id, title, baseline) = describe(sc, ctx.settings);
+    let result = match sc {
+        Scenario::A => {
+            hello(
+                ctx,
+                "A",
+                "py",
+                workload::PY_HELLO,
+                1,
+                ctx.settings.a_requests,
+            )
+            .await
+        }
+        Scenario::B => analysis(ctx).await,
+        Scenario::C => {
+            let (clients, total) = (ctx.settings.c_clients, ctx.settings.c_requests);
+            hello(ctx, "C", "py", workload::PY_HELLO, clients, total).await
+        }
+        Scenario::D => upload_and_sum(ctx).await,
+        Scenario::E => {
+            hello(
+                ctx,
+                "E",
+                "js",
+                workload::JS_HELLO,
+                1,
+                ctx.settings.e_requests,
+            )
+            .await
+        }
+    };
+    let (kiln, baseline_tally, metrics, phases) = match result {
+        Ok(m) => (m.kiln, m.baseline, m.metrics, m.phases),
+        Err(e) => {
+            eprintln!("[{id}] aborted: {e:#}");
+            let t = Tally {
+                attempted: 1,
+                failed: 1,
+                first_error: Some(format!("scenario aborted: {e:#}")),
+            };
+            (t, Tally::default(), Vec::new(), Phases::new())
+        }
+    };
+    ScenarioReport {
+        id: id.to_owned(),
+        title,
+        baseline,
+        runs: ctx.settings.runs,
+        kiln,
+        baseline_tally,
+        metrics,
+        phases,
+    }
+}
+
+/// Scenario id, title and what its baseline measures.
+fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
+    let py = s.python.display();
+    match sc {
+        Scenario::A => (
+            "A",
+            "py hello, 1 client".into(),
+            format!(
+                "`{py} -c \"print('hello')\"` spawned directly (clean env), {} times",
+                s.a_requests
+            ),
+        ),
+        Scenario::B => (
+            "B",
+            "pandas CSV + plot, 1 client".into(),
+            format!(
+                "the same script run by `{py}` on the host in a temp dir holding the 1,000-row CSV, {} times",
+                s.b_requests
+            ),
+        ),
+        Scenario::C => (
+            "C",
+            format!("py hello, {} clients", s.c_clients),
+            format!(
+                "{} parallel threads spawning `{py} -c \"print('hello')\"`, {} in total",
+                s.c_clients, s.c_requests
+            ),
+        ),
+        Scenario::D => (
+            "D",
+            format!("{} users × {} upload+exec", s.d_users, s.d_requests),
+            format!(
+                "{} parallel threads, each writing its numbers file and spawning `{py} -c <sum>` {} times",
+                s.d_users, s.d_requests
+            ),
+        ),
+        Scenario::E => (
+            "E",
+            "js hello, 1 client".into(),
+            format!(
+                "`{} -e \"console.log('hello')\"` spawned directly (clean env), {} times",
+                s.node.display(),
+                s.e_requests
+            ),
+        ),
+    }
+}
+
+/// A scenario's measured outcome.
+struct Measured {
+    kiln: Tally,
+    baseline: Tally,
+    metrics: Vec<Metric>,
+    phases: Phases,
+}
+
+/// Per-run outcomes of both sides.
+#[derive(Default)]
+struct Runs {
+    kiln: Vec<RunOutcome>,
+    baseline: Vec<RunOutcome>,
+}
+
+impl Runs {
+    fn push(&mut self, id: &str, run: usize, total: usize, kiln: RunOutcome, baseline: RunOutcome) {
+        let p50 = |o: &RunOutcome| {
+            crate::report::fmt_value(
+                Latencies::from_durations(&o.latencies).percentile(50.0),
+                Unit::Ms,
+            )
+        };
+        eprintln!(
+            "[{id}] run {}/{total}: kiln p50 {} ({} ok, {} failed, {:.1}s) | baseline p50 {} ({} ok, {} failed, {:.1}s)",
+            run + 1,
+            p50(&kiln),
+            kiln.ok(),
+            kiln.tally.failed,
+            kiln.wall.as_secs_f64(),
+            p50(&baseline),
+            baseline.ok(),
+            baseline.tally.failed,
+            baseline.wall.as_secs_f64(),
+        );
+        if let Some(e) = &kiln.tally.first_error {
+            eprintln!("[{id}]   kiln failure: {e}");
+        }
+        if let Some(e) = &baseline.tally.first_error {
+            eprintln!("[{id}]   baseline failure: {e}");
+        }
+        self.kiln.push(kiln);
+        self.baseline.push(baseline);
+    }
+
+    /// A statistic of each run, both sides.
+    fn metric(
+        &self,
+        name: &str,
+        unit: Unit,
+        better: Better,
+        f: impl Fn(&RunOutcome) -> Option<f64>,
+    ) -> Metric {
+        Metric::new(
+            name,
+            unit,
+            better,
+            self.kiln.iter().map(&f).collect(),
+            self.baseline.iter().map(&f).collect(),
+        )
+    }
+
+    fn latency(&self, name: &str, p: f64) -> Metric {
+        self.metric(name, Unit::Ms, Better::Lower, |o| {
+            Latencies::from_durations(&o.latencies).percentile(p)
+        })
+    }
+
+    fn verified(&self) -> Metric {
+        self.metric("verified", Unit::Percent, Better::Higher, |o| {
+            percent(o.ok(), o.tally.attempted)
+        })
+    }
+
+    fn into_measured(self, metrics: Vec<Metric>, phases: Phases) -> Measured {
+        let mut kiln = Tally::default();
+        let mut baseline = Tally::default();
+        for o in self.kiln {
+            kiln.absorb(o.tally);
+        }
+        for o in self.baseline {
+            baseline.absorb(o.tally);
+        }
+        Measured {
+            kiln,
+            baseline,
+            metrics,
+            phases,
+        }
+    }
+}
+
+/// Check a hello world's answer.
+fn expect_hello(r: &ExecResponse) -> anyhow::Result<()> {
+    if r.stdout.trim_end() != workload::HELLO_STDOUT {
+        bail!(
+            "expected stdout \"hello\", got {:?}; stderr: {:?}",
+            r.stdout,
+            r.stderr.chars().take(300).collect::<String>()
+        );
+    }
+    Ok(())
+}
+
+/// Run a baseline loop without stalling the async runtime's other work.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// A, C and E: a hello world by `clients` concurrent clients, `total`
+/// requests per run. C reports throughput, A and E latency percentiles.
+async fn hello(
+    ctx: &Ctx<'_>,
+    id: &str,
+    lang: &str,
+    code: &str,
+    clients: usize,
+    total: usize,
+) -> anyhow::Result<Measured> {
+    let s = ctx.settings;
+    let body = json!({"lang": lang, "code": code});
+    let body = &body;
+    let kiln = ctx.kiln;
+    let kiln_one = move |_: usize, _: usize| async move {
+        let (took, r) = kiln.exec(body).await?;
+        expect_hello(&r)?;
+        Ok(Sample::single(took))
+    };
+    let node = s.node.as_path();
+    let python = s.python.as_path();
+    let base_one = move |_: usize, _: usize| {
+        if lang == "js" {
+            baseline::js_hello(node)
+        } else {
+            baseline::py_hello(python)
+        }
+    };
+
+    if s.warmup > 0 {
+        kiln_workers(clients, Tickets::shared(s.warmup.max(clients)), &kiln_one).await;
+        blocking(|| baseline_workers(clients, Tickets::shared(s.warmup.max(clients)), base_one));
+    }
+    let before = ctx.phases().await;
+    let mut runs = Runs::default();
+    for run in 0..s.runs {
+        let k = kiln_workers(clients, Tickets::shared(total), &kiln_one).await;
+        let b = blocking(|| baseline_workers(clients, Tickets::shared(total), base_one));
+        runs.push(id, run, s.runs, k, b);
+    }
+    let phases = prom::delta(&before, &ctx.phases().await);
+    let metrics = if id == "C" {
+        vec![
+            runs.metric("throughput", Unit::PerSecond, Better::Higher, |o| {
+                per_second(o.ok(), o.wall)
+            }),
+            runs.latency("p50 latency", 50.0),
+            runs.latency("p99 latency", 99.0),
+            runs.verified(),
+        ]
+    } else {
+        vec![
+            runs.latency("p50 latency", 50.0),
+            runs.latency("p95 latency", 95.0),
+            runs.latency("p99 latency", 99.0),
+            runs.verified(),
+        ]
+    };
+    Ok(runs.into_measured(metrics, phases))
+}
+
+/// B: pandas reads the uploaded CSV, plots it, prints a column total.
+async fn analysis(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
+    let s = ctx.settings;
+    let expected = workload::csv_expected_sum().to_string();
+    let (_, up) = ctx
+        .kiln
+        .upload("bench", workload::CSV_NAME, workload::csv().into_bytes())
+        .await
+        .context("upload the CSV")?;
+    let body = json!({
+        "lang": "py",
+        "code": workload::ANALYSIS_SCRIPT,
+        "files": [file_ref(&up, workload::CSV_NAME, "bench")],
+        "user_id": "bench",
+    });
+    let (body, expected) = (&body, expected.as_str());
+    let kiln = ctx.kiln;
+    let kiln_one = move |_: usize, _: usize| async move {
+        let (took, r) = kiln.exec(body).await?;
+        if r.stdout.trim_end() != expected {
+            bail!(
+                "expected stdout {expected:?}, got {:?}; stderr: {:?}",
+                r.stdout,
+                r.stderr.chars().take(500).collect::<String>()
+            );
+        }
+        if !r.files.iter().any(|f| f.name == workload::PLOT_NAME) {
+            let names: Vec<&str> = r.files.iter().map(|f| f.name.as_str()).collect();
+            bail!("{} missing from files {names:?}", workload::PLOT_NAME);
+        }
+        Ok(Sample::single(took))
+    };
+    let dir = AnalysisDir::new()?;
+    let python = s.python.as_path();
+    let base_one = |_: usize, _: usize| dir.run(python);
+
+    let warmup = s.warmup.min(2);
+    if warmup > 0 {
+        kiln_workers(1, Tickets::shared(warmup), &kiln_one).await;
+        blocking(|| baseline_workers(1, Tickets::shared(warmup), base_one));
+    }
+    let before = ctx.phases().await;
+    let mut runs = Runs::default();
+    for run in 0..s.runs {
+        let k = kiln_workers(1, Tickets::shared(s.b_requests), &kiln_one).await;
+        let b = blocking(|| baseline_workers(1, Tickets::shared(s.b_requests), base_one));
+        runs.push("B", run, s.runs, k, b);
+    }
+    let phases = prom::delta(&before, &ctx.phases().await);
+    let metrics = vec![
+        runs.latency("p50 latency", 50.0),
+        runs.latency("p95 latency", 95.0),
+        runs.latency("p99 latency", 99.0),
+        runs.verified(),
+    ];
+    Ok(runs.into_measured(metrics, phases))
+}
+
+/// D, Kiln side: one upload + exec pair of user `user`, verified.
+async fn kiln_pair(
+    kiln: &KilnClient,
+    seed: u64,
+    run: usize,
+    user: usize,
+    request: usize,
+) -> anyhow::Result<Sample> {
+    let numbers = workload::numbers(&mut SplitMix64::for_request(seed, run, user, request));
+    let user_id = format!("user{user}");
+    let t = Instant::now();
+    let (_, up) = kiln
+        .upload(
+            &user_id,
+            workload::NUMBERS_NAME,
+            numbers.contents.into_bytes(),
+        )
+        .await?;
+    let body: Value = json!({
+        "lang": "py",
+        "code": workload::SUM_SCRIPT,
+        "files": [file_ref(&up, workload::NUMBERS_NAME, &user_id)],
+        "user_id": user_id,
+    });
+    let (exec, r) = kiln.exec(&body).await?;
+    let pair = t.elapsed();
+    if r.stdout.trim_end() != numbers.expected.to_string() {
+        bail!(
+            "{user_id} request {request}: expected {}, got stdout {:?}; stderr: {:?}",
+            numbers.expected,
+            r.stdout,
+            r.stderr.chars().take(300).collect::<String>()
+        );
+    }
+    Ok(Sample {
+        latency: exec,
+        pair: Some(pair),
+    })
+}
+
+/// D: `d_users` concurrent users, each uploading a fresh random numbers file
+/// and running a program that sums it, `d_requests` times in sequence.
+async fn upload_and_sum(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
+    let s = ctx.settings;
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_nanos() as u64;
+    let kiln = ctx.kiln;
+    let dirs = (0..s.d_users)
+        .map(|_| SumDir::new())
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let dirs = &dirs;
+    let python = s.python.as_path();
+    let base_seed = seed ^ 0x5EED_0000_0000_0000;
+    let base_one = move |run: usize| {
+        move |user: usize, request: usize| -> anyhow::Result<Sample> {
+            let numbers =
+                workload::numbers(&mut SplitMix64::for_request(base_seed, run, user, request));
+            let dir = dirs.get(user).context("no directory for this user")?;
+            dir.run(python, &numbers)
+        }
+    };
+
+    if s.warmup > 0 {
+        let warm_run = s.runs; // an index no measured run uses
+        kiln_workers(s.d_users, Tickets::PerWorker(1), |u, i| {
+            kiln_pair(kiln, seed, warm_run, u, i)
+        })
+        .await;
+        blocking(|| baseline_workers(s.d_users, Tickets::PerWorker(1), base_one(warm_run)));
+    }
+    let before = ctx.phases().await;
+    let mut runs = Runs::default();
+    for run in 0..s.runs {
+        let k = kiln_workers(s.d_users, Tickets::PerWorker(s.d_requests), |u, i| {
+            kiln_pair(kiln, seed, run, u, i)
+        })
+        .await;
+        let b = blocking(|| {
+            baseline_workers(s.d_users, Tickets::PerWorker(s.d_requests), base_one(run))
+        });
+        runs.push("D", run, s.runs, k, b);
+    }
+    let phases = prom::delta(&before, &ctx.phases().await);
+    let mut http = runs.metric(
+        "HTTP requests/s (upload+exec)",
+        Unit::PerSecond,
+        Better::Higher,
+        |o| per_second(2 * o.ok(), o.wall),
+    );
+    // the baseline makes no HTTP requests
+    http = Metric::new(
+        &http.name,
+        http.unit,
+        http.better,
+        http.kiln_runs,
+        vec![None; s.runs],
+    );
+    let metrics = vec![
+        runs.metric(
+            "exec requests/s (= pairs/s)",
+            Unit::PerSecond,
+            Better::Higher,
+            |o| per_second(o.ok(), o.wall),
+        ),
+        http,
+        runs.latency("p95 exec latency", 95.0),
+        runs.metric("p95 upload+exec pair", Unit::Ms, Better::Lower, |o| {
+            Latencies::from_durations(&o.pairs).percentile(95.0)
+        }),
+        runs.verified(),
+    ];
+    Ok(runs.into_measured(metrics, phases))
+}
+
+/// Whether `path` can be executed at all (checked before the baselines run).
+pub fn check_runtime(path: &Path, what: &str) -> anyhow::Result<()> {
+    if !path.is_file() {
+        bail!("{what} {} not found (pass --python/--node)", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_answers_are_checked_exactly() {
+        let ok = ExecResponse {
+            stdout: "hello\n".into(),
+            stderr: String::new(),
+            files: vec![],
+        };
+        expect_hello(&ok).unwrap();
+        let bad = ExecResponse {
+            stdout: "hello world\n".into(),
+            stderr: "x".into(),
+            files: vec![],
+        };
+        assert!(expect_hello(&bad).is_err());
+        let empty = ExecResponse {
+            stdout: String::new(),
+            stderr: String::new(),
+            files: vec![],
+        };
+        assert!(expect_hello(&empty).is_err());
+    }
+
+    #[test]
+    fn descriptions_name_the_configured_counts() {
+        let s = Settings::resolve(<crate::settings::Cli as clap::Parser>::parse_from([
+            "kiln-bench",
+            "--d-users",
+            "7",
+        ]))
+        .unwrap();
+        let (id, title, base) = describe(Scenario::D, &s);
+        assert_eq!(id, "D");
+        assert_eq!(title, "7 users × 100 upload+exec");
+        assert!(base.contains("7 parallel threads"), "{base}");
+        let (_, title, _) = describe(Scenario::C, &s);
+        assert_eq!(title, "py hello, 10 clients");
+    }
+}

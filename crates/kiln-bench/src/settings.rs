@@ -1,0 +1,265 @@
+//! Command line and the effective settings of a run: full defaults, the
+//! `--quick` smoke configuration, explicit overrides, scenario selection.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde::Serialize;
+
+/// Benchmark Kiln against direct runtime spawns on the same machine.
+///
+/// Starts `kiln serve` (fresh data dir, free loopback port), runs the
+/// selected scenarios, prints a markdown table and writes a JSON file.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench", version)]
+pub struct Cli {
+    /// The kiln binary to benchmark.
+    #[arg(long, env = "KILN_BENCH_KILN", default_value = "target/release/kiln")]
+    pub kiln: PathBuf,
+    /// Scenarios to run, comma-separated: A (py hello), B (pandas + plot),
+    /// C (py hello, concurrent), D (25 users upload + exec), E (js hello).
+    #[arg(long, value_delimiter = ',', default_value = "A,B,C,D,E")]
+    pub scenarios: Vec<String>,
+    /// Small counts and one run: a smoke test for CI.
+    #[arg(long)]
+    pub quick: bool,
+    /// Repetitions of each scenario; the report shows medians (default 3, quick 1).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Unmeasured requests before a scenario's first run (default 10, quick 2).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// A: requests (default 200, quick 20).
+    #[arg(long)]
+    pub a_requests: Option<usize>,
+    /// B: requests (default 30, quick 3).
+    #[arg(long)]
+    pub b_requests: Option<usize>,
+    /// C: total requests (default 300, quick 30).
+    #[arg(long)]
+    pub c_requests: Option<usize>,
+    /// C: concurrent clients (default 10).
+    #[arg(long)]
+    pub c_clients: Option<usize>,
+    /// D: concurrent users (default 25, quick 5).
+    #[arg(long)]
+    pub d_users: Option<usize>,
+    /// D: sequential requests per user (default 100, quick 4).
+    #[arg(long)]
+    pub d_requests: Option<usize>,
+    /// E: requests (default 200, quick 20).
+    #[arg(long)]
+    pub e_requests: Option<usize>,
+    /// Python of the baselines.
+    #[arg(long, default_value = "/usr/bin/python3")]
+    pub python: PathBuf,
+    /// Node of the baseline of E.
+    #[arg(long, default_value = "/usr/bin/node")]
+    pub node: PathBuf,
+    /// JSON output file (default bench-results/<UTC timestamp>.json).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Extra environment for the server, KEY=VALUE (repeatable), e.g.
+    /// KILN_MAX_CONCURRENCY=4.
+    #[arg(long = "server-env", value_parser = parse_key_value)]
+    pub server_env: Vec<(String, String)>,
+    /// Seconds the server may take to answer /v1/health.
+    #[arg(long, default_value_t = 60)]
+    pub startup_timeout: u64,
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+/// A scenario of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Scenario {
+    A,
+    B,
+    C,
+    D,
+    E,
+}
+
+impl Scenario {
+    fn parse(s: &str) -> anyhow::Result<Scenario> {
+        Ok(match s.trim().to_ascii_uppercase().as_str() {
+            "A" => Scenario::A,
+            "B" => Scenario::B,
+            "C" => Scenario::C,
+            "D" => Scenario::D,
+            "E" => Scenario::E,
+            other => bail!("unknown scenario {other:?} (choose from A,B,C,D,E)"),
+        })
+    }
+}
+
+/// Everything a run uses, after defaults (recorded in the JSON).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Settings {
+    pub kiln: PathBuf,
+    pub scenarios: Vec<Scenario>,
+    pub quick: bool,
+    pub runs: usize,
+    pub warmup: usize,
+    pub a_requests: usize,
+    pub b_requests: usize,
+    pub c_requests: usize,
+    pub c_clients: usize,
+    pub d_users: usize,
+    pub d_requests: usize,
+    pub e_requests: usize,
+    pub python: PathBuf,
+    pub node: PathBuf,
+    pub out: Option<PathBuf>,
+    pub server_env: Vec<(String, String)>,
+    #[serde(skip)]
+    pub startup_timeout: Duration,
+}
+
+impl Settings {
+    /// Apply the defaults (full or quick) to what the command line left open.
+    pub fn resolve(cli: Cli) -> anyhow::Result<Settings> {
+        let q = cli.quick;
+        let pick =
+            |v: Option<usize>, full: usize, quick: usize| v.unwrap_or(if q { quick } else { full });
+        let mut scenarios = Vec::new();
+        for s in cli.scenarios.iter().filter(|s| !s.trim().is_empty()) {
+            let sc = Scenario::parse(s)?;
+            if !scenarios.contains(&sc) {
+                scenarios.push(sc);
+            }
+        }
+        if scenarios.is_empty() {
+            bail!("--scenarios selects nothing");
+        }
+        scenarios.sort();
+        let s = Settings {
+            kiln: cli.kiln,
+            scenarios,
+            quick: q,
+            runs: pick(cli.runs, 3, 1),
+            warmup: pick(cli.warmup, 10, 2),
+            a_requests: pick(cli.a_requests, 200, 20),
+            b_requests: pick(cli.b_requests, 30, 3),
+            c_requests: pick(cli.c_requests, 300, 30),
+            c_clients: pick(cli.c_clients, 10, 10),
+            d_users: pick(cli.d_users, 25, 5),
+            d_requests: pick(cli.d_requests, 100, 4),
+            e_requests: pick(cli.e_requests, 200, 20),
+            python: cli.python,
+            node: cli.node,
+            out: cli.out,
+            server_env: cli.server_env,
+            startup_timeout: Duration::from_secs(cli.startup_timeout),
+        };
+        for (name, v) in [
+            ("--runs", s.runs),
+            ("--a-requests", s.a_requests),
+            ("--b-requests", s.b_requests),
+            ("--c-requests", s.c_requests),
+            ("--c-clients", s.c_clients),
+            ("--d-users", s.d_users),
+            ("--d-requests", s.d_requests),
+            ("--e-requests", s.e_requests),
+        ] {
+            if v == 0 {
+                bail!("{name} must be at least 1");
+            }
+        }
+        Ok(s)
+    }
+
+    /// As JSON for the report.
+    pub fn to_json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::to_value(self).context("serialize settings")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Settings> {
+        let mut v = vec!["kiln-bench"];
+        v.extend_from_slice(args);
+        Settings::resolve(Cli::try_parse_from(v)?)
+    }
+
+    #[test]
+    fn defaults_are_the_full_configuration() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(
+            s.scenarios,
+            vec![
+                Scenario::A,
+                Scenario::B,
+                Scenario::C,
+                Scenario::D,
+                Scenario::E
+            ]
+        );
+        assert_eq!((s.runs, s.warmup), (3, 10));
+        assert_eq!(
+            (s.a_requests, s.b_requests, s.c_requests, s.c_clients),
+            (200, 30, 300, 10)
+        );
+        assert_eq!((s.d_users, s.d_requests, s.e_requests), (25, 100, 200));
+        assert_eq!(s.python, PathBuf::from("/usr/bin/python3"));
+    }
+
+    #[test]
+    fn quick_shrinks_counts_but_explicit_values_win() {
+        let s = parse(&["--quick", "--a-requests", "7"]).unwrap();
+        assert!(s.quick);
+        assert_eq!(s.runs, 1);
+        assert_eq!(s.a_requests, 7);
+        assert_eq!(
+            (s.b_requests, s.c_requests, s.d_users, s.d_requests),
+            (3, 30, 5, 4)
+        );
+    }
+
+    #[test]
+    fn scenarios_are_case_insensitive_deduplicated_and_ordered() {
+        let s = parse(&["--scenarios", "e,a,A, c"]).unwrap();
+        assert_eq!(s.scenarios, vec![Scenario::A, Scenario::C, Scenario::E]);
+        assert!(parse(&["--scenarios", "A,Z"]).is_err());
+        assert!(parse(&["--scenarios", ""]).is_err());
+    }
+
+    #[test]
+    fn zero_counts_and_bad_server_env_are_rejected() {
+        assert!(parse(&["--runs", "0"]).is_err());
+        assert!(parse(&["--d-users", "0"]).is_err());
+        assert!(parse(&["--server-env", "NOEQUALS"]).is_err());
+        let s = parse(&[
+            "--server-env",
+            "KILN_MAX_CONCURRENCY=4",
+            "--server-env",
+            "A=b=c",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.server_env,
+            vec![
+                ("KILN_MAX_CONCURRENCY".into(), "4".into()),
+                ("A".into(), "b=c".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn settings_serialize_for_the_report() {
+        let v = parse(&["--quick"]).unwrap().to_json().unwrap();
+        assert_eq!(v["runs"], 1);
+        assert_eq!(v["scenarios"][0], "A");
+        assert_eq!(v["kiln"], "target/release/kiln");
+    }
+}
