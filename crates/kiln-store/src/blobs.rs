@@ -1,0 +1,335 @@
+//! Blob bytes on local disk, through object_store's `LocalFileSystem`, plus
+//! the two places where bytes cross into or out of an untrusted workspace.
+//!
+//! Layout: `<root>/<session_id>/<file_id>.<version>`. The random per-put
+//! version makes every write go to a fresh path, so a put that loses a race
+//! on a duplicate id can never overwrite the bytes of the object that won.
+//! Writes go through `put_multipart`, which streams into a staging file
+//! `<path>#<n>` and renames it into place on completion (fsynced), so a blob
+//! path only ever holds complete bytes.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt as _, TryStreamExt as _};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as BlobPath;
+use object_store::{GetResultPayload, ObjectStoreExt as _, WriteMultipart};
+use sha2::{Digest as _, Sha256};
+use tokio_util::io::ReaderStream;
+
+use crate::StoreError;
+
+/// Size of the parts handed to the multipart writer.
+const WRITE_PART: usize = 1024 * 1024;
+/// Parts being written concurrently per upload, before the body is polled again.
+const PARTS_IN_FLIGHT: usize = 4;
+/// Chunk size of streams read from disk.
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
+
+/// The blob store rooted at one directory.
+#[derive(Debug, Clone)]
+pub(crate) struct Blobs {
+    fs: LocalFileSystem,
+    root: PathBuf,
+}
+
+/// What a completed write produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub size: u64,
+    /// Lower-case hex SHA-256 of the bytes.
+    pub sha256: String,
+}
+
+/// File name of a blob inside its session directory.
+pub(crate) fn blob_name(file_id: &str, version: &str) -> String {
+    format!("{file_id}.{version}")
+}
+
+/// Split a blob file name into `(file_id, version)`.
+pub(crate) fn parse_blob_name(name: &str) -> Option<(&str, &str)> {
+    let (file, version) = name.split_once('.')?;
+    (!file.is_empty() && !version.is_empty()).then_some((file, version))
+}
+
+/// True for object_store's staging files (`<name>#<digits>`).
+pub(crate) fn is_staging_name(name: &str) -> bool {
+    match name.rsplit_once('#') {
+        Some((_, suffix)) => !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()),
+        None => false,
+    }
+}
+
+/// Run blocking filesystem work off the async runtime. A panic in `f` is
+/// propagated; a task cancelled by runtime shutdown becomes an `Io` error.
+pub(crate) async fn run_blocking<T, F>(op: &'static str, path: &Path, f: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result,
+        Err(join) => match join.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(join) => Err(StoreError::io(op, path, io::Error::other(join))),
+        },
+    }
+}
+
+fn map_missing(err: object_store::Error) -> StoreError {
+    match err {
+        object_store::Error::NotFound { .. } => StoreError::NotFound,
+        other => StoreError::Blob(other),
+    }
+}
+
+impl Blobs {
+    /// Use (creating, mode 0700) the directory `root` for blobs.
+    pub(crate) fn open(root: PathBuf) -> Result<Blobs, StoreError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(|e| StoreError::io("create directory", &root, e))?;
+        let fs = LocalFileSystem::new_with_prefix(&root)?
+            .with_fsync(true)
+            .with_automatic_cleanup(true);
+        Ok(Blobs { fs, root })
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn location(session_id: &str, file_id: &str, version: &str) -> BlobPath {
+        BlobPath::from(format!("{session_id}/{}", blob_name(file_id, version)))
+    }
+
+    /// Stream `body` into a new blob, hashing and counting on the way. When
+    /// the body exceeds `max_bytes` or fails, the upload is aborted and its
+    /// staging file removed; nothing is published.
+    pub(crate) async fn write<S>(
+        &self,
+        session_id: &str,
+        file_id: &str,
+        version: &str,
+        mut body: S,
+        max_bytes: u64,
+    ) -> Result<Written, StoreError>
+    where
+        S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
+    {
+        let location = Self::location(session_id, file_id, version);
+        let upload = self.fs.put_multipart(&location).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, WRITE_PART);
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+
+        let streamed: Result<(), StoreError> = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                let len = chunk.len() as u64;
+                if size.saturating_add(len) > max_bytes {
+                    return Err(StoreError::TooLarge { limit: max_bytes });
+                }
+                size += len;
+                hasher.update(&chunk);
+                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                writer.put(chunk);
+            }
+            Ok(())
+        }
+        .await;
+
+        if let Err(err) = streamed {
+            if let Err(abort) = writer.abort().await {
+                tracing::warn!(blob = %location, error = %abort,
+                    "aborting a failed upload; gc will remove its staging file");
+            }
+            return Err(err);
+        }
+        writer.finish().await?;
+        Ok(Written {
+            size,
+            sha256: hex::encode(hasher.finalize()),
+        })
+    }
+
+    /// A stream of the blob's bytes, read from disk in chunks.
+    pub(crate) async fn read(
+        &self,
+        session_id: &str,
+        file_id: &str,
+        version: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, StoreError>>, StoreError> {
+        let location = Self::location(session_id, file_id, version);
+        let got = self.fs.get(&location).await.map_err(map_missing)?;
+        Ok(match got.payload {
+            GetResultPayload::File(file, path) => {
+                let file = tokio::fs::File::from_std(file);
+                ReaderStream::with_capacity(file, READ_CHUNK)
+                    .map_err(move |e| StoreError::io("read", path.clone(), e))
+                    .boxed()
+            }
+            GetResultPayload::Stream(stream) => stream.map_err(StoreError::Blob).boxed(),
+        })
+    }
+
+    /// Create `dest` (which must not exist, and is never followed if it is a
+    /// symlink) with mode 0600 and copy the blob into it. A partial `dest` is
+    /// removed on failure.
+    pub(crate) async fn copy_to(
+        &self,
+        session_id: &str,
+        file_id: &str,
+        version: &str,
+        expected_size: u64,
+        dest: &Path,
+    ) -> Result<(), StoreError> {
+        let location = Self::location(session_id, file_id, version);
+        let src = self.fs.path_to_filesystem(&location)?;
+        let dest_owned = dest.to_path_buf();
+        run_blocking("copy", dest, move || {
+            copy_blocking(&src, &dest_owned, expected_size)
+        })
+        .await
+    }
+
+    /// Remove a blob; `false` when it was already gone.
+    pub(crate) async fn delete(
+        &self,
+        session_id: &str,
+        file_id: &str,
+        version: &str,
+    ) -> Result<bool, StoreError> {
+        let location = Self::location(session_id, file_id, version);
+        match self.fs.delete(&location).await {
+            Ok(()) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn copy_blocking(src: &Path, dest: &Path, expected_size: u64) -> Result<(), StoreError> {
+    let mut from = File::open(src).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => StoreError::NotFound,
+        _ => StoreError::io("open blob", src, e),
+    })?;
+    let mut to = OpenOptions::new()
+        .write(true)
+        .create_new(true) // O_CREAT | O_EXCL: never reuse or follow what is there
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(dest)
+        .map_err(|e| StoreError::io("create", dest, e))?;
+    // std::io::copy between two files uses copy_file_range.
+    let copied = io::copy(&mut from, &mut to)
+        .map_err(|e| StoreError::io("copy into", dest, e))
+        .and_then(|n| {
+            if n == expected_size {
+                Ok(())
+            } else {
+                Err(StoreError::io(
+                    "copy into",
+                    dest,
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "blob {} holds {n} bytes, expected {expected_size}",
+                            src.display()
+                        ),
+                    ),
+                ))
+            }
+        });
+    if let Err(err) = copied {
+        drop(to);
+        if let Err(e) = std::fs::remove_file(dest) {
+            tracing::warn!(dest = %dest.display(), error = %e, "removing a partial copy");
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Open a file that untrusted code may have written, for reading: never
+/// follow a symlink (`O_NOFOLLOW`), never block on a FIFO (`O_NONBLOCK`),
+/// never acquire a terminal; then refuse anything that is not a regular file.
+/// Returns the open file and its size at the time of the check.
+pub(crate) fn open_untrusted_regular(path: &Path) -> Result<(File, u64), StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| StoreError::io("open", path, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| StoreError::io("stat", path, e))?;
+    if !meta.is_file() {
+        return Err(StoreError::NotRegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok((file, meta.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_names_round_trip() {
+        let name = blob_name("V1StGXR8_Z5jdHi6B-myT", "0a1b");
+        assert_eq!(name, "V1StGXR8_Z5jdHi6B-myT.0a1b");
+        assert_eq!(
+            parse_blob_name(&name),
+            Some(("V1StGXR8_Z5jdHi6B-myT", "0a1b"))
+        );
+        assert_eq!(parse_blob_name("noversion"), None);
+        assert_eq!(parse_blob_name(".v"), None);
+        assert_eq!(parse_blob_name("f."), None);
+    }
+
+    #[test]
+    fn staging_names_are_recognised() {
+        assert!(is_staging_name("abc.0a1b#1"));
+        assert!(is_staging_name("abc.0a1b#42"));
+        assert!(!is_staging_name("abc.0a1b"));
+        assert!(!is_staging_name("abc.0a1b#"));
+        assert!(!is_staging_name("abc#x1"));
+    }
+
+    #[test]
+    fn untrusted_open_refuses_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = open_untrusted_regular(dir.path()).unwrap_err();
+        assert!(matches!(err, StoreError::NotRegularFile { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn copy_removes_the_partial_destination_when_sizes_disagree() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::write(&src, b"12345").unwrap();
+        let dest = dir.path().join("dest");
+        let err = copy_blocking(&src, &dest, 6).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Io {
+                    op: "copy into",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!dest.exists());
+    }
+}

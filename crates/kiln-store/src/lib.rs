@@ -1,0 +1,356 @@
+//! Kiln's storage: object metadata in SQLite (sqlx, embedded migrations) and
+//! blobs on local disk (object_store's `LocalFileSystem`, atomic writes).
+//!
+//! Invariants:
+//! - a metadata row exists only for a blob that is completely written
+//!   (blob first, row second; delete removes the row first, then the blob);
+//!   a crash in between leaves at most an orphan blob, which `gc` removes;
+//! - objects are immutable once written;
+//! - ownership is recorded per storage session as a [`SessionKey`];
+//!   authorization decisions are made by callers, not here.
+//!
+//! PUBLIC API CONTRACT (other crates code against these signatures):
+//!
+//! ```ignore
+//! pub struct StoreConfig { pub dir: PathBuf, pub retention: Duration }
+//! pub struct Store;                                   // Clone (Arc inside)
+//! impl Store {
+//!   pub async fn open(cfg: StoreConfig) -> Result<Store, StoreError>;
+//!   pub fn retention(&self) -> Duration;
+//!   pub async fn create_session(&self, id: &Nanoid, key: &SessionKey) -> Result<(), StoreError>;
+//!   pub async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError>;
+//!   pub async fn put_stream<S>(&self, obj: NewObject, body: S, max_bytes: u64)
+//!       -> Result<ObjectMeta, StoreError>
+//!       where S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin;
+//!   pub async fn put_file(&self, obj: NewObject, src: &Path) -> Result<ObjectMeta, StoreError>;
+//!   pub async fn object(&self, session: &Nanoid, file: &Nanoid) -> Result<Option<ObjectMeta>, StoreError>;
+//!   pub async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError>;
+//!   pub async fn read(&self, meta: &ObjectMeta)
+//!       -> Result<BoxStream<'static, Result<Bytes, StoreError>>, StoreError>;
+//!   pub async fn copy_to(&self, meta: &ObjectMeta, dest: &Path) -> Result<(), StoreError>;
+//!   pub async fn delete(&self, session: &Nanoid, file: &Nanoid) -> Result<bool, StoreError>;
+//!   pub async fn gc(&self) -> Result<GcReport, StoreError>;
+//!   pub async fn gc_at(&self, now_ms: i64) -> Result<GcReport, StoreError>;
+//! }
+//! ```
+//!
+//! Layout on disk: `<dir>/kiln.db` (SQLite, WAL) and
+//! `<dir>/blobs/<session_id>/<file_id>.<version>`.
+//!
+//! Retention: `gc_at` removes objects created before `now - retention`, then
+//! sessions created before that cutoff that hold no objects any more (a
+//! session keeps living while it still holds a younger object), then blobs
+//! and staging files that no row names and that were last written more than
+//! an hour ago.
+
+mod blobs;
+mod error;
+mod gc;
+mod meta;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, TryStreamExt as _};
+use kiln_core::{Nanoid, RelPath, SessionKey};
+use rand::Rng as _;
+use tokio::io::AsyncReadExt as _;
+use tokio_util::io::ReaderStream;
+
+pub use error::StoreError;
+
+use crate::blobs::{Blobs, READ_CHUNK, open_untrusted_regular, run_blocking};
+use crate::meta::Meta;
+
+/// Where and how long the store keeps data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Data directory: holds `kiln.db` and `blobs/`. Created if missing.
+    pub dir: PathBuf,
+    /// How long objects and sessions live (the caller's default is 24 h).
+    pub retention: Duration,
+}
+
+/// An object about to be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewObject {
+    pub session_id: Nanoid,
+    pub file_id: Nanoid,
+    pub name: RelPath,
+    pub content_type: String,
+    pub read_only: bool,
+}
+
+/// A stored object's metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectMeta {
+    pub session_id: Nanoid,
+    pub file_id: Nanoid,
+    /// The relative name the object was stored under.
+    pub name: String,
+    pub size: u64,
+    /// Lower-case hex SHA-256 of the bytes.
+    pub sha256: String,
+    pub content_type: String,
+    pub read_only: bool,
+    /// When the row was written (Unix milliseconds).
+    pub created_at_ms: i64,
+    /// Random per put (32 hex characters); also names the blob.
+    pub version: String,
+}
+
+impl ObjectMeta {
+    /// A strong HTTP entity tag: the quoted SHA-256.
+    pub fn etag(&self) -> String {
+        format!("\"{}\"", self.sha256)
+    }
+}
+
+/// A storage session and the key its objects are scoped to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: Nanoid,
+    pub key: SessionKey,
+    /// Unix milliseconds.
+    pub created_at_ms: i64,
+}
+
+/// What one garbage collection removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Expired sessions (with no objects left).
+    pub sessions: u64,
+    /// Expired objects (rows and their blobs).
+    pub objects: u64,
+    /// Blobs without a row and staging files of uploads that never completed.
+    pub orphan_blobs: u64,
+}
+
+/// Kiln's object store. Cheap to clone; clones share one database pool and
+/// one blob directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    meta: Meta,
+    blobs: Blobs,
+    retention: Duration,
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> i64 {
+    gc::system_time_ms(SystemTime::now())
+}
+
+/// A fresh blob version: 128 random bits as hex.
+fn random_version() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    hex::encode(bytes)
+}
+
+impl Store {
+    /// Open (creating if needed) the store in `cfg.dir` and apply migrations.
+    pub async fn open(cfg: StoreConfig) -> Result<Store, StoreError> {
+        let dir = cfg.dir.clone();
+        let blobs = run_blocking("create directory", &cfg.dir, move || {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| StoreError::io("create directory", &dir, e))?;
+            Blobs::open(dir.join("blobs"))
+        })
+        .await?;
+        let meta = Meta::open(&cfg.dir.join("kiln.db")).await?;
+        tracing::info!(dir = %cfg.dir.display(), retention_s = cfg.retention.as_secs(),
+            "store open");
+        Ok(Store {
+            inner: Arc::new(Inner {
+                meta,
+                blobs,
+                retention: cfg.retention,
+            }),
+        })
+    }
+
+    /// How long objects and sessions live.
+    pub fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+
+    /// Close the database pool (waits for connections in use). Every clone
+    /// is affected; later calls fail.
+    pub async fn close(&self) {
+        self.inner.meta.close().await;
+    }
+
+    /// Record a new storage session bound to `key`. `Conflict` if `id` exists.
+    pub async fn create_session(&self, id: &Nanoid, key: &SessionKey) -> Result<(), StoreError> {
+        self.inner.meta.insert_session(id, key, now_ms()).await
+    }
+
+    pub async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError> {
+        self.inner.meta.session(id).await
+    }
+
+    /// Store a client's body, at most `max_bytes` long, as a new object.
+    ///
+    /// `NotFound` if the session does not exist, `Conflict` if the file id
+    /// is taken, `TooLarge` past the limit, `BodyRead` if the body fails;
+    /// after any error nothing of this put remains.
+    pub async fn put_stream<S>(
+        &self,
+        obj: NewObject,
+        body: S,
+        max_bytes: u64,
+    ) -> Result<ObjectMeta, StoreError>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin,
+    {
+        self.put(obj, body.map_err(StoreError::BodyRead), max_bytes)
+            .await
+    }
+
+    /// Store a file from a workspace that untrusted code wrote to.
+    ///
+    /// `src` is opened with `O_NOFOLLOW | O_NONBLOCK`: a symlink fails with
+    /// an `Io` error (`ELOOP`), a FIFO, socket, device or directory with
+    /// `NotRegularFile`. The object holds at most the size the file had when
+    /// it was opened (a file still growing is cut there).
+    pub async fn put_file(&self, obj: NewObject, src: &Path) -> Result<ObjectMeta, StoreError> {
+        let path = src.to_path_buf();
+        let (file, len) = run_blocking("open", src, move || open_untrusted_regular(&path)).await?;
+        let path = src.to_path_buf();
+        let body =
+            ReaderStream::with_capacity(tokio::fs::File::from_std(file).take(len), READ_CHUNK)
+                .map_err(move |e| StoreError::io("read", path.clone(), e));
+        self.put(obj, body, len).await
+    }
+
+    /// Blob first, row second: the row is only written for complete bytes.
+    async fn put<S>(
+        &self,
+        obj: NewObject,
+        body: S,
+        max_bytes: u64,
+    ) -> Result<ObjectMeta, StoreError>
+    where
+        S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
+    {
+        let inner = &self.inner;
+        if inner.meta.session(&obj.session_id).await?.is_none() {
+            return Err(StoreError::NotFound);
+        }
+        let version = random_version();
+        let (sid, fid) = (obj.session_id.as_str(), obj.file_id.as_str());
+        let written = inner
+            .blobs
+            .write(sid, fid, &version, body, max_bytes)
+            .await?;
+        let meta = ObjectMeta {
+            session_id: obj.session_id.clone(),
+            file_id: obj.file_id.clone(),
+            name: obj.name.as_str().to_owned(),
+            size: written.size,
+            sha256: written.sha256,
+            content_type: obj.content_type,
+            read_only: obj.read_only,
+            created_at_ms: now_ms(),
+            version,
+        };
+        if let Err(err) = inner.meta.insert_object(&meta).await {
+            // The blob is ours alone (fresh version); without a row it is garbage.
+            if let Err(e) = inner.blobs.delete(sid, fid, &meta.version).await {
+                tracing::warn!(session = sid, file = fid, error = %e,
+                    "removing the blob of a failed put; gc will remove it");
+            }
+            return Err(err);
+        }
+        tracing::debug!(session = sid, file = fid, name = %meta.name, size = meta.size,
+            "object stored");
+        Ok(meta)
+    }
+
+    pub async fn object(
+        &self,
+        session: &Nanoid,
+        file: &Nanoid,
+    ) -> Result<Option<ObjectMeta>, StoreError> {
+        self.inner.meta.object(session, file).await
+    }
+
+    /// Every object of a session, ordered by name.
+    pub async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.meta.list(session).await
+    }
+
+    /// The object's bytes as a stream read from disk in chunks. `NotFound`
+    /// when the bytes are gone.
+    pub async fn read(
+        &self,
+        meta: &ObjectMeta,
+    ) -> Result<BoxStream<'static, Result<Bytes, StoreError>>, StoreError> {
+        self.inner
+            .blobs
+            .read(
+                meta.session_id.as_str(),
+                meta.file_id.as_str(),
+                &meta.version,
+            )
+            .await
+    }
+
+    /// Materialise the object at `dest`, which must not exist: it is created
+    /// with `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600, and removed again if
+    /// the copy fails. The caller sets ownership and mode afterwards.
+    pub async fn copy_to(&self, meta: &ObjectMeta, dest: &Path) -> Result<(), StoreError> {
+        self.inner
+            .blobs
+            .copy_to(
+                meta.session_id.as_str(),
+                meta.file_id.as_str(),
+                &meta.version,
+                meta.size,
+                dest,
+            )
+            .await
+    }
+
+    /// Delete an object (row first, then blob); `false` if it did not exist.
+    /// The session row stays.
+    pub async fn delete(&self, session: &Nanoid, file: &Nanoid) -> Result<bool, StoreError> {
+        let Some(version) = self.inner.meta.delete_object(session, file).await? else {
+            return Ok(false);
+        };
+        if let Err(e) = self
+            .inner
+            .blobs
+            .delete(session.as_str(), file.as_str(), &version)
+            .await
+        {
+            // The object is gone for every reader; the bytes become an orphan.
+            tracing::warn!(session = %session, file = %file, error = %e,
+                "removing a deleted object's blob; gc will remove it");
+        }
+        Ok(true)
+    }
+
+    /// Collect garbage as of now.
+    pub async fn gc(&self) -> Result<GcReport, StoreError> {
+        self.gc_at(now_ms()).await
+    }
+
+    /// Collect garbage as of `now_ms` (Unix milliseconds).
+    pub async fn gc_at(&self, now_ms: i64) -> Result<GcReport, StoreError> {
+        gc::collect(
+            &self.inner.meta,
+            &self.inner.blobs,
+            self.inner.retention,
+            now_ms,
+        )
+        .await
+    }
+}

@@ -1,0 +1,291 @@
+//! Object and session metadata in SQLite (sqlx): connection settings, the
+//! embedded migrations, and every query the store runs.
+//!
+//! All statements are single auto-commit statements, so concurrent writers
+//! only ever wait on SQLite's write lock (bounded by `busy_timeout`) and never
+//! hit the deferred-transaction upgrade that `busy_timeout` cannot resolve.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use kiln_core::{Nanoid, SessionKey};
+use sqlx::error::ErrorKind;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::{ObjectMeta, SessionInfo, StoreError};
+
+/// Connections in the pool. Reads run in parallel under WAL; writes are
+/// serialized by SQLite whatever the pool size.
+const MAX_CONNECTIONS: u32 = 8;
+
+/// How long a writer waits for SQLite's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The metadata database.
+#[derive(Debug, Clone)]
+pub(crate) struct Meta {
+    pool: SqlitePool,
+}
+
+/// One `objects` row as stored.
+#[derive(sqlx::FromRow)]
+struct ObjectRow {
+    session_id: String,
+    file_id: String,
+    name: String,
+    size: i64,
+    sha256: String,
+    content_type: String,
+    read_only: bool,
+    created_at: i64,
+    version: String,
+}
+
+/// One `sessions` row as stored.
+#[derive(sqlx::FromRow)]
+struct SessionRow {
+    id: String,
+    session_key: String,
+    created_at: i64,
+}
+
+/// An object row removed by garbage collection: what is needed to find its blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RemovedObject {
+    pub session_id: String,
+    pub file_id: String,
+    pub version: String,
+}
+
+fn corrupt(what: String) -> StoreError {
+    StoreError::Database(sqlx::Error::Decode(what.into()))
+}
+
+fn parse_id(column: &str, value: String) -> Result<Nanoid, StoreError> {
+    Nanoid::try_from(value).map_err(|_| corrupt(format!("column {column} holds a non-nanoid")))
+}
+
+impl TryFrom<ObjectRow> for ObjectMeta {
+    type Error = StoreError;
+
+    fn try_from(row: ObjectRow) -> Result<Self, Self::Error> {
+        Ok(ObjectMeta {
+            session_id: parse_id("objects.session_id", row.session_id)?,
+            file_id: parse_id("objects.file_id", row.file_id)?,
+            name: row.name,
+            size: u64::try_from(row.size)
+                .map_err(|_| corrupt(format!("objects.size is negative: {}", row.size)))?,
+            sha256: row.sha256,
+            content_type: row.content_type,
+            read_only: row.read_only,
+            created_at_ms: row.created_at,
+            version: row.version,
+        })
+    }
+}
+
+impl TryFrom<SessionRow> for SessionInfo {
+    type Error = StoreError;
+
+    fn try_from(row: SessionRow) -> Result<Self, Self::Error> {
+        Ok(SessionInfo {
+            id: parse_id("sessions.id", row.id)?,
+            key: SessionKey::from_stored(row.session_key),
+            created_at_ms: row.created_at,
+        })
+    }
+}
+
+fn is_kind(err: &sqlx::Error, kind: ErrorKind) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.kind() == kind)
+}
+
+impl Meta {
+    /// Open (creating if missing) the database at `path` and apply migrations.
+    pub(crate) async fn open(path: &Path) -> Result<Meta, StoreError> {
+        let options = SqliteConnectOptions::from_str("sqlite:")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!().run(&pool).await?;
+        tracing::debug!(db = %path.display(), "metadata database open");
+        Ok(Meta { pool })
+    }
+
+    /// Close every connection (checkpointing the WAL on the last one).
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub(crate) async fn insert_session(
+        &self,
+        id: &Nanoid,
+        key: &SessionKey,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let res =
+            sqlx::query("INSERT INTO sessions (id, session_key, created_at) VALUES (?, ?, ?)")
+                .bind(id.as_str())
+                .bind(key.as_str())
+                .bind(now_ms)
+                .execute(&self.pool)
+                .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => {
+                Err(StoreError::Conflict(format!("session {id} already exists")))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(crate) async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError> {
+        let row: Option<SessionRow> =
+            sqlx::query_as("SELECT id, session_key, created_at FROM sessions WHERE id = ?")
+                .bind(id.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(SessionInfo::try_from).transpose()
+    }
+
+    /// Record a completely written object. `NotFound` when its session does
+    /// not exist, `Conflict` when the id is taken.
+    pub(crate) async fn insert_object(&self, meta: &ObjectMeta) -> Result<(), StoreError> {
+        let size = i64::try_from(meta.size).map_err(|_| StoreError::TooLarge {
+            limit: i64::MAX as u64,
+        })?;
+        let res = sqlx::query(
+            "INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
+             read_only, created_at, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(meta.session_id.as_str())
+        .bind(meta.file_id.as_str())
+        .bind(&meta.name)
+        .bind(size)
+        .bind(&meta.sha256)
+        .bind(&meta.content_type)
+        .bind(meta.read_only)
+        .bind(meta.created_at_ms)
+        .bind(&meta.version)
+        .execute(&self.pool)
+        .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if is_kind(&e, ErrorKind::ForeignKeyViolation) => Err(StoreError::NotFound),
+            Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => Err(StoreError::Conflict(
+                format!("object {}/{} already exists", meta.session_id, meta.file_id),
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(crate) async fn object(
+        &self,
+        session: &Nanoid,
+        file: &Nanoid,
+    ) -> Result<Option<ObjectMeta>, StoreError> {
+        let row: Option<ObjectRow> = sqlx::query_as(
+            "SELECT session_id, file_id, name, size, sha256, content_type, read_only, \
+             created_at, version FROM objects WHERE session_id = ? AND file_id = ?",
+        )
+        .bind(session.as_str())
+        .bind(file.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(ObjectMeta::try_from).transpose()
+    }
+
+    /// Every object of a session, ordered by name (then id, for ties).
+    pub(crate) async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError> {
+        let rows: Vec<ObjectRow> = sqlx::query_as(
+            "SELECT session_id, file_id, name, size, sha256, content_type, read_only, \
+             created_at, version FROM objects WHERE session_id = ? ORDER BY name, file_id",
+        )
+        .bind(session.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(ObjectMeta::try_from).collect()
+    }
+
+    /// Remove one object row; returns the removed row's blob version.
+    pub(crate) async fn delete_object(
+        &self,
+        session: &Nanoid,
+        file: &Nanoid,
+    ) -> Result<Option<String>, StoreError> {
+        let version: Option<(String,)> = sqlx::query_as(
+            "DELETE FROM objects WHERE session_id = ? AND file_id = ? RETURNING version",
+        )
+        .bind(session.as_str())
+        .bind(file.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(version.map(|(v,)| v))
+    }
+
+    /// Remove up to `limit` object rows created before `cutoff_ms`.
+    pub(crate) async fn delete_objects_before(
+        &self,
+        cutoff_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<RemovedObject>, StoreError> {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "DELETE FROM objects WHERE rowid IN \
+             (SELECT rowid FROM objects WHERE created_at < ? LIMIT ?) \
+             RETURNING session_id, file_id, version",
+        )
+        .bind(cutoff_ms)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(session_id, file_id, version)| RemovedObject {
+                session_id,
+                file_id,
+                version,
+            })
+            .collect())
+    }
+
+    /// Remove sessions created before `cutoff_ms` that hold no objects any
+    /// more; returns how many were removed.
+    pub(crate) async fn delete_empty_sessions_before(
+        &self,
+        cutoff_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let res = sqlx::query(
+            "DELETE FROM sessions WHERE created_at < ? AND NOT EXISTS \
+             (SELECT 1 FROM objects WHERE objects.session_id = sessions.id)",
+        )
+        .bind(cutoff_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(res.rows_affected())
+    }
+
+    /// `(file_id, version)` of every object recorded in a session, by the
+    /// session directory's raw name.
+    pub(crate) async fn blob_versions(
+        &self,
+        session_id: &str,
+    ) -> Result<HashSet<(String, String)>, StoreError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT file_id, version FROM objects WHERE session_id = ?")
+                .bind(session_id)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().collect())
+    }
+}
