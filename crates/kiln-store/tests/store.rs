@@ -1,0 +1,660 @@
+//! Behaviour of the public `Store` API against a real SQLite database and
+//! blob directory in a temporary directory.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt as _, TryStreamExt as _, stream};
+use kiln_core::{Nanoid, RelPath, SessionKey};
+use kiln_store::{GcReport, NewObject, ObjectMeta, Store, StoreConfig, StoreError};
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+const HOUR_MS: i64 = 60 * 60 * 1000;
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+const HELLO_SHA256: &str = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+
+async fn open(dir: &Path) -> Store {
+    Store::open(StoreConfig {
+        dir: dir.to_path_buf(),
+        retention: DAY,
+    })
+    .await
+    .unwrap()
+}
+
+fn key() -> SessionKey {
+    SessionKey::from_stored("local:user:alice".to_owned())
+}
+
+async fn new_session(store: &Store) -> Nanoid {
+    let sid = Nanoid::random();
+    store.create_session(&sid, &key()).await.unwrap();
+    sid
+}
+
+fn new_object(session: &Nanoid, name: &str) -> NewObject {
+    NewObject {
+        session_id: session.clone(),
+        file_id: Nanoid::random(),
+        name: RelPath::parse(name).unwrap(),
+        content_type: "text/plain".to_owned(),
+        read_only: false,
+    }
+}
+
+fn body(chunks: &[&[u8]]) -> impl Stream<Item = Result<Bytes, io::Error>> + Send + Unpin + use<> {
+    let chunks: Vec<Result<Bytes, io::Error>> = chunks
+        .iter()
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    stream::iter(chunks)
+}
+
+async fn read_all(store: &Store, meta: &ObjectMeta) -> Vec<u8> {
+    let chunks: Vec<Bytes> = store.read(meta).await.unwrap().try_collect().await.unwrap();
+    chunks.concat()
+}
+
+/// Every non-directory entry under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                todo.push(entry.path());
+            } else {
+                out.push(entry.path());
+            }
+        }
+    }
+    out
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[tokio::test]
+async fn put_read_list_object_and_delete_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+
+    let mut b = new_object(&sid, "b.txt");
+    b.read_only = true;
+    let b = store
+        .put_stream(b, body(&[b"hel", b"lo"]), 1024)
+        .await
+        .unwrap();
+    let a = store
+        .put_stream(new_object(&sid, "a/data.csv"), body(&[b"x,y\n1,2\n"]), 1024)
+        .await
+        .unwrap();
+
+    assert_eq!(b.size, 5);
+    assert_eq!(b.sha256, HELLO_SHA256);
+    assert_eq!(b.etag(), format!("\"{HELLO_SHA256}\""));
+    assert_eq!(b.name, "b.txt");
+    assert_eq!(b.content_type, "text/plain");
+    assert!(b.read_only);
+    assert_eq!(b.version.len(), 32);
+    assert!((b.created_at_ms - now_ms()).abs() < 60_000);
+    assert_eq!(read_all(&store, &b).await, b"hello");
+    assert_eq!(read_all(&store, &a).await, b"x,y\n1,2\n");
+
+    assert_eq!(
+        store.object(&sid, &b.file_id).await.unwrap(),
+        Some(b.clone())
+    );
+    assert_eq!(store.object(&sid, &Nanoid::random()).await.unwrap(), None);
+    let names: Vec<String> = store
+        .list(&sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(names, ["a/data.csv", "b.txt"]);
+
+    assert!(store.delete(&sid, &b.file_id).await.unwrap());
+    assert!(!store.delete(&sid, &b.file_id).await.unwrap());
+    assert_eq!(store.object(&sid, &b.file_id).await.unwrap(), None);
+    assert!(matches!(store.read(&b).await, Err(StoreError::NotFound)));
+    assert_eq!(
+        files_under(&dir.path().join("blobs")).len(),
+        1,
+        "only a's blob remains"
+    );
+
+    // deleting the last object keeps the session
+    assert!(store.delete(&sid, &a.file_id).await.unwrap());
+    let info = store.session(&sid).await.unwrap().unwrap();
+    assert_eq!(info.id, sid);
+    assert_eq!(info.key, key());
+    assert!(store.list(&sid).await.unwrap().is_empty());
+    assert!(files_under(&dir.path().join("blobs")).is_empty());
+}
+
+#[tokio::test]
+async fn zero_byte_objects_are_stored_read_and_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+
+    let meta = store
+        .put_stream(new_object(&sid, "empty.txt"), body(&[]), 0)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, 0);
+    assert_eq!(meta.sha256, EMPTY_SHA256);
+    assert!(read_all(&store, &meta).await.is_empty());
+
+    let dest = dir.path().join("staged");
+    store.copy_to(&meta, &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), b"");
+}
+
+#[tokio::test]
+async fn reads_stream_in_bounded_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let data: Vec<u8> = (0..3 * 1024 * 1024 + 17).map(|i| (i % 251) as u8).collect();
+    let chunks: Vec<&[u8]> = data.chunks(10_000).collect();
+
+    let meta = store
+        .put_stream(new_object(&sid, "big.bin"), body(&chunks), u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, data.len() as u64);
+
+    let mut read = store.read(&meta).await.unwrap();
+    let (mut got, mut pieces) = (Vec::new(), 0);
+    while let Some(chunk) = read.next().await {
+        let chunk = chunk.unwrap();
+        assert!(chunk.len() <= 64 * 1024, "chunk of {} bytes", chunk.len());
+        got.extend_from_slice(&chunk);
+        pieces += 1;
+    }
+    assert!(pieces > 1);
+    assert_eq!(got, data);
+}
+
+#[tokio::test]
+async fn too_large_bodies_leave_no_row_blob_or_staging_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+
+    // one byte over: rejected
+    let err = store
+        .put_stream(new_object(&sid, "x.txt"), body(&[b"123456", b"12345"]), 10)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TooLarge { limit: 10 }), "{err:?}");
+
+    // far over, after multipart parts were already written: rejected too
+    let big = vec![7u8; 3 * 1024 * 1024];
+    let err = store
+        .put_stream(
+            new_object(&sid, "y.bin"),
+            body(&[&big, &big]),
+            5 * 1024 * 1024,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TooLarge { .. }), "{err:?}");
+
+    assert!(store.list(&sid).await.unwrap().is_empty());
+    assert_eq!(
+        files_under(&dir.path().join("blobs")),
+        Vec::<PathBuf>::new()
+    );
+
+    // exactly at the limit: accepted
+    let meta = store
+        .put_stream(new_object(&sid, "z.txt"), body(&[b"12345", b"12345"]), 10)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, 10);
+}
+
+#[tokio::test]
+async fn a_failing_body_leaves_no_row_blob_or_staging_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+
+    let big = Bytes::from(vec![1u8; 2 * 1024 * 1024]);
+    let failing = stream::iter(vec![
+        Ok(big),
+        Err(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "client went away",
+        )),
+    ]);
+    let err = store
+        .put_stream(new_object(&sid, "x.bin"), failing, u64::MAX)
+        .await
+        .unwrap_err();
+    match err {
+        StoreError::BodyRead(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+        other => panic!("expected BodyRead, got {other:?}"),
+    }
+    assert!(store.list(&sid).await.unwrap().is_empty());
+    assert_eq!(
+        files_under(&dir.path().join("blobs")),
+        Vec::<PathBuf>::new()
+    );
+}
+
+#[tokio::test]
+async fn puts_into_a_missing_session_are_refused_without_leftovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let err = store
+        .put_stream(
+            new_object(&Nanoid::random(), "x.txt"),
+            body(&[b"data"]),
+            100,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound), "{err:?}");
+    assert!(files_under(&dir.path().join("blobs")).is_empty());
+}
+
+#[tokio::test]
+async fn duplicate_ids_conflict_and_keep_the_original_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+
+    let err = store.create_session(&sid, &key()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+
+    let first = new_object(&sid, "a.txt");
+    let mut second = new_object(&sid, "b.txt");
+    second.file_id = first.file_id.clone();
+    let original = store
+        .put_stream(first, body(&[b"original"]), 100)
+        .await
+        .unwrap();
+    let err = store
+        .put_stream(second, body(&[b"intruder"]), 100)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+
+    assert_eq!(
+        store.object(&sid, &original.file_id).await.unwrap(),
+        Some(original.clone())
+    );
+    assert_eq!(read_all(&store, &original).await, b"original");
+    assert_eq!(files_under(&dir.path().join("blobs")).len(), 1);
+}
+
+#[tokio::test]
+async fn put_file_stores_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let src = dir.path().join("out.txt");
+    std::fs::write(&src, b"hello").unwrap();
+
+    let meta = store
+        .put_file(new_object(&sid, "out.txt"), &src)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, 5);
+    assert_eq!(meta.sha256, HELLO_SHA256);
+    assert_eq!(read_all(&store, &meta).await, b"hello");
+    assert_eq!(store.list(&sid).await.unwrap(), [meta]);
+}
+
+#[tokio::test]
+async fn put_file_refuses_a_symlink_to_etc_passwd() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let link = dir.path().join("passwd.txt");
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+
+    let err = store
+        .put_file(new_object(&sid, "passwd.txt"), &link)
+        .await
+        .unwrap_err();
+    match err {
+        StoreError::Io {
+            op: "open",
+            path,
+            source,
+        } => {
+            assert_eq!(path, link);
+            assert_eq!(source.raw_os_error(), Some(libc::ELOOP));
+        }
+        other => panic!("expected an ELOOP open error, got {other:?}"),
+    }
+    assert!(store.list(&sid).await.unwrap().is_empty());
+    assert!(files_under(&dir.path().join("blobs")).is_empty());
+}
+
+#[tokio::test]
+async fn put_file_refuses_a_fifo_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let fifo = dir.path().join("pipe.txt");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+
+    let put = store.put_file(new_object(&sid, "pipe.txt"), &fifo);
+    let err = tokio::time::timeout(Duration::from_secs(10), put)
+        .await
+        .expect("put_file blocked on a FIFO")
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotRegularFile { ref path } if *path == fifo),
+        "{err:?}"
+    );
+    assert!(store.list(&sid).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn copy_to_materialises_the_object_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let meta = store
+        .put_stream(new_object(&sid, "a.txt"), body(&[b"hello"]), 100)
+        .await
+        .unwrap();
+
+    let dest = dir.path().join("a.txt");
+    store.copy_to(&meta, &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
+    let meta_fs = std::fs::symlink_metadata(&dest).unwrap();
+    assert!(meta_fs.is_file());
+    assert_eq!(meta_fs.permissions().mode() & 0o777, 0o600);
+}
+
+#[tokio::test]
+async fn copy_to_refuses_an_existing_destination() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let meta = store
+        .put_stream(new_object(&sid, "a.txt"), body(&[b"new"]), 100)
+        .await
+        .unwrap();
+
+    let dest = dir.path().join("a.txt");
+    std::fs::write(&dest, b"old").unwrap();
+    let err = store.copy_to(&meta, &dest).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Io { ref source, .. } if source.kind() == io::ErrorKind::AlreadyExists),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), b"old");
+}
+
+#[tokio::test]
+async fn copy_to_never_follows_a_symlink_destination() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let meta = store
+        .put_stream(new_object(&sid, "a.txt"), body(&[b"evil"]), 100)
+        .await
+        .unwrap();
+
+    // a dangling link: following it would create the target
+    let target = dir.path().join("target-outside");
+    let dangling = dir.path().join("dangling.txt");
+    std::os::unix::fs::symlink(&target, &dangling).unwrap();
+    assert!(store.copy_to(&meta, &dangling).await.is_err());
+    assert!(!target.exists());
+
+    // a link to an existing file: following it would overwrite the file
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let link = dir.path().join("link.txt");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    assert!(store.copy_to(&meta, &link).await.is_err());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+#[tokio::test]
+async fn gc_removes_expired_objects_and_sessions_and_keeps_fresh_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let pause = || tokio::time::sleep(Duration::from_millis(5));
+
+    let old = new_session(&store).await;
+    let mixed = new_session(&store).await; // old session that later gets a fresh object
+    let expired = store
+        .put_stream(new_object(&old, "old.txt"), body(&[b"old"]), 100)
+        .await
+        .unwrap();
+    let expired_in_mixed = store
+        .put_stream(new_object(&mixed, "old2.txt"), body(&[b"old2"]), 100)
+        .await
+        .unwrap();
+    pause().await;
+    let fresh_session = new_session(&store).await;
+    let fresh = store
+        .put_stream(new_object(&fresh_session, "new.txt"), body(&[b"new"]), 100)
+        .await
+        .unwrap();
+    let fresh_in_mixed = store
+        .put_stream(new_object(&mixed, "new2.txt"), body(&[b"new2"]), 100)
+        .await
+        .unwrap();
+
+    // a moment at which `expired*` are just past the retention and the rest is not
+    let now = expired_in_mixed.created_at_ms + DAY.as_millis() as i64 + 1;
+    assert!(now - (DAY.as_millis() as i64) <= fresh.created_at_ms);
+
+    let report = store.gc_at(now).await.unwrap();
+    assert_eq!(
+        report,
+        GcReport {
+            sessions: 1,
+            objects: 2,
+            orphan_blobs: 0
+        }
+    );
+
+    assert_eq!(store.object(&old, &expired.file_id).await.unwrap(), None);
+    assert_eq!(
+        store
+            .object(&mixed, &expired_in_mixed.file_id)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(store.session(&old).await.unwrap().is_none());
+    assert!(
+        store.session(&mixed).await.unwrap().is_some(),
+        "holds a fresh object"
+    );
+    assert!(store.session(&fresh_session).await.unwrap().is_some());
+    assert_eq!(read_all(&store, &fresh).await, b"new");
+    assert_eq!(read_all(&store, &fresh_in_mixed).await, b"new2");
+    assert_eq!(files_under(&dir.path().join("blobs")).len(), 2);
+
+    // a second pass finds nothing more
+    assert_eq!(store.gc_at(now).await.unwrap(), GcReport::default());
+
+    // a day later everything goes
+    let report = store
+        .gc_at(fresh_in_mixed.created_at_ms + DAY.as_millis() as i64 + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        GcReport {
+            sessions: 2,
+            objects: 2,
+            orphan_blobs: 0
+        }
+    );
+    assert!(files_under(&dir.path().join("blobs")).is_empty());
+}
+
+#[tokio::test]
+async fn gc_removes_old_orphan_blobs_and_staging_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+    let kept = store
+        .put_stream(new_object(&sid, "a.txt"), body(&[b"keep"]), 100)
+        .await
+        .unwrap();
+
+    let session_dir = dir.path().join("blobs").join(sid.as_str());
+    let orphan_dir = dir.path().join("blobs").join(Nanoid::random().as_str());
+    std::fs::create_dir(&orphan_dir).unwrap();
+    let write = |path: PathBuf, age: Duration| {
+        std::fs::write(&path, b"leftover").unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(SystemTime::now() - age).unwrap();
+        path
+    };
+    let two_hours = Duration::from_secs(2 * 60 * 60);
+    let fresh_orphan = write(
+        session_dir.join(format!("{}.abcd", Nanoid::random())),
+        Duration::ZERO,
+    );
+    let old_orphan = write(
+        session_dir.join(format!("{}.abcd", Nanoid::random())),
+        two_hours,
+    );
+    let old_staging = write(
+        session_dir.join(format!("{}.abcd#1", Nanoid::random())),
+        two_hours,
+    );
+    let old_in_unknown_session = write(orphan_dir.join("whatever"), two_hours);
+    // the kept object's blob is old on disk but still referenced
+    let kept_blob = session_dir.join(format!("{}.{}", kept.file_id, kept.version));
+    std::fs::File::options()
+        .write(true)
+        .open(&kept_blob)
+        .unwrap()
+        .set_modified(SystemTime::now() - two_hours)
+        .unwrap();
+
+    let report = store.gc().await.unwrap();
+    assert_eq!(
+        report,
+        GcReport {
+            sessions: 0,
+            objects: 0,
+            orphan_blobs: 3
+        }
+    );
+    assert!(fresh_orphan.exists());
+    assert!(!old_orphan.exists());
+    assert!(!old_staging.exists());
+    assert!(!old_in_unknown_session.exists());
+    assert!(!orphan_dir.exists(), "emptied session directory is removed");
+    assert_eq!(read_all(&store, &kept).await, b"keep");
+
+    // an hour later the young orphan is old enough too
+    let report = store.gc_at(now_ms() + 2 * HOUR_MS).await.unwrap();
+    assert_eq!(report.orphan_blobs, 1);
+    assert!(!fresh_orphan.exists());
+    assert_eq!(read_all(&store, &kept).await, b"keep");
+}
+
+#[tokio::test]
+async fn data_survives_dropping_and_reopening_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sid, meta) = {
+        let store = open(dir.path()).await;
+        let sid = new_session(&store).await;
+        let meta = store
+            .put_stream(new_object(&sid, "keep.txt"), body(&[b"durable"]), 100)
+            .await
+            .unwrap();
+        (sid, meta)
+    };
+    let store = open(dir.path()).await;
+    assert_eq!(
+        store.session(&sid).await.unwrap().map(|s| s.key),
+        Some(key())
+    );
+    assert_eq!(
+        store.object(&sid, &meta.file_id).await.unwrap(),
+        Some(meta.clone())
+    );
+    assert_eq!(read_all(&store, &meta).await, b"durable");
+    store.close().await;
+
+    let store = open(dir.path()).await;
+    assert_eq!(store.list(&sid).await.unwrap(), [meta]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_parallel_puts_and_reads_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let sid = new_session(&store).await;
+
+    let puts: Vec<_> = (0..50)
+        .map(|i| {
+            let store = store.clone();
+            let sid = sid.clone();
+            tokio::spawn(async move {
+                let data = format!("object {i} ").repeat(1000 + i);
+                let chunks: Vec<&[u8]> = data.as_bytes().chunks(4096).collect();
+                let meta = store
+                    .put_stream(
+                        new_object(&sid, &format!("f{i:02}.txt")),
+                        body(&chunks),
+                        u64::MAX,
+                    )
+                    .await
+                    .unwrap();
+                (meta, data)
+            })
+        })
+        .collect();
+    let mut stored = Vec::new();
+    for put in puts {
+        stored.push(put.await.unwrap());
+    }
+
+    let reads: Vec<_> = stored
+        .into_iter()
+        .map(|(meta, data)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let got = read_all(&store, &meta).await;
+                assert_eq!(got, data.as_bytes(), "{}", meta.name);
+            })
+        })
+        .collect();
+    for read in reads {
+        read.await.unwrap();
+    }
+
+    let listed = store.list(&sid).await.unwrap();
+    assert_eq!(listed.len(), 50);
+    let names: Vec<_> = listed.iter().map(|m| m.name.clone()).collect();
+    let expected: Vec<_> = (0..50).map(|i| format!("f{i:02}.txt")).collect();
+    assert_eq!(names, expected);
+}
