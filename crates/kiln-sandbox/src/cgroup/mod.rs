@@ -1,0 +1,418 @@
+//! Per-run cgroups: detection of the host's layout, the [`CgroupDriver`]
+//! (v1 on this host, v2 where `CLONE_INTO_CGROUP` is possible) and the
+//! [`RunCgroups`] guard that removes a run's groups — after every process in
+//! them is dead — even on error paths.
+//!
+//! Groups are created only below our own group (read from
+//! `/proc/self/cgroup`), under a `kiln/` parent: `<own>/kiln/<run-id>`.
+
+pub mod detect;
+mod v1;
+mod v2;
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kiln_core::Limits;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::error::SandboxError;
+use crate::slots::SlotLease;
+use crate::spec::CgroupAttach;
+
+/// Name of the parent group of all runs, below our own group.
+pub const KILN_GROUP: &str = "kiln";
+
+/// What the host offers for memory and pids limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupSupport {
+    /// cgroup v1 memory and pids hierarchies; our own group in each.
+    V1 { memory: PathBuf, pids: PathBuf },
+    /// cgroup v2 with the memory and pids controllers; our own group.
+    V2 {
+        group: PathBuf,
+        controllers: Vec<String>,
+    },
+    /// Neither: limits cannot be enforced.
+    None,
+}
+
+/// Detects the cgroup layout from `/proc/self/mountinfo` and
+/// `/proc/self/cgroup`. Returns problems that make it unusable.
+pub fn detect_support() -> (CgroupSupport, Vec<String>) {
+    let read = |p: &str| fs::read_to_string(p).map_err(|e| format!("read {p}: {e}"));
+    let (mountinfo, cgroup) = match (read("/proc/self/mountinfo"), read("/proc/self/cgroup")) {
+        (Ok(m), Ok(c)) => (m, c),
+        (Err(e), _) | (_, Err(e)) => return (CgroupSupport::None, vec![e]),
+    };
+    support_from(&mountinfo, &cgroup, |dir| {
+        fs::read_to_string(dir.join("cgroup.controllers")).ok()
+    })
+}
+
+/// [`detect_support`] on given texts; `controllers` reads a v2 group's
+/// `cgroup.controllers`.
+pub fn support_from(
+    mountinfo: &str,
+    proc_cgroup: &str,
+    controllers: impl Fn(&Path) -> Option<String>,
+) -> (CgroupSupport, Vec<String>) {
+    let mounts = detect::cgroup_mounts(mountinfo);
+    let members = detect::memberships(proc_cgroup);
+    let mut problems = Vec::new();
+    if let Some(group) = detect::v2_group(&mounts, &members) {
+        let ctl = controllers(&group)
+            .map(|t| detect::parse_controllers(&t))
+            .unwrap_or_default();
+        if ctl.iter().any(|c| c == "memory") && ctl.iter().any(|c| c == "pids") {
+            return (
+                CgroupSupport::V2 {
+                    group,
+                    controllers: ctl,
+                },
+                problems,
+            );
+        }
+    }
+    match (
+        detect::v1_group(&mounts, &members, "memory"),
+        detect::v1_group(&mounts, &members, "pids"),
+    ) {
+        (Some(memory), Some(pids)) => (CgroupSupport::V1 { memory, pids }, problems),
+        (memory, pids) => {
+            if memory.is_none() {
+                problems.push("cgroup: no memory controller in cgroup v1 or v2".to_owned());
+            }
+            if pids.is_none() {
+                problems.push("cgroup: no pids controller in cgroup v1 or v2".to_owned());
+            }
+            (CgroupSupport::None, problems)
+        }
+    }
+}
+
+/// Creates and removes per-run groups.
+#[derive(Debug)]
+pub enum CgroupDriver {
+    V1(v1::V1),
+    V2(v2::V2),
+}
+
+/// Usage figures read after a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    pub memory_peak: Option<u64>,
+    pub oom_kills: u64,
+}
+
+impl CgroupDriver {
+    /// Prepares the `kiln/` parent group(s) for the detected layout.
+    pub fn setup(support: &CgroupSupport) -> Result<CgroupDriver, SandboxError> {
+        match support {
+            CgroupSupport::V1 { memory, pids } => {
+                Ok(CgroupDriver::V1(v1::V1::setup(memory, pids)?))
+            }
+            CgroupSupport::V2 { group, .. } => Ok(CgroupDriver::V2(v2::V2::setup(group)?)),
+            CgroupSupport::None => Err(SandboxError::Unsupported(vec![
+                "no usable cgroup memory and pids controllers".to_owned(),
+            ])),
+        }
+    }
+
+    /// The `kiln/` parent directories holding the run groups.
+    pub fn parents(&self) -> Vec<PathBuf> {
+        match self {
+            CgroupDriver::V1(d) => d.parents(),
+            CgroupDriver::V2(d) => d.parents(),
+        }
+    }
+
+    /// Creates the groups of one run with its limits. `lease` is released
+    /// when the groups are gone.
+    pub(crate) fn create_run(
+        &self,
+        name: &str,
+        limits: &Limits,
+        lease: SlotLease,
+    ) -> Result<RunCgroups, SandboxError> {
+        let mut run = RunCgroups {
+            v2: matches!(self, CgroupDriver::V2(_)),
+            dirs: Vec::new(),
+            done: false,
+            lease: Some(lease),
+        };
+        // Every directory is pushed as soon as it exists, so an error below
+        // still removes it (Drop).
+        match self {
+            CgroupDriver::V1(d) => d.create(name, limits, &mut run.dirs)?,
+            CgroupDriver::V2(d) => d.create(name, limits, &mut run.dirs)?,
+        }
+        Ok(run)
+    }
+
+    /// Removes run groups of processes that no longer exist (a previous
+    /// server that crashed). Groups still holding processes are left alone.
+    pub fn sweep_stale(&self) {
+        for parent in self.parents() {
+            let Ok(entries) = fs::read_dir(&parent) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let Some(owner) = name
+                    .to_str()
+                    .and_then(|n| n.split('-').next())
+                    .and_then(|p| p.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                if owner == std::process::id() as i32
+                    || Path::new(&format!("/proc/{owner}")).exists()
+                {
+                    continue;
+                }
+                let path = e.path();
+                if procs(&path).is_empty() && fs::remove_dir(&path).is_ok() {
+                    tracing::info!(path = %path.display(), "removed stale run cgroup");
+                }
+            }
+        }
+    }
+}
+
+/// Pids listed in a group's `cgroup.procs` (empty when the group is gone).
+fn procs(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Writes a control file.
+pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), SandboxError> {
+    fs::write(path, value).map_err(|e| SandboxError::io("write", path, e))
+}
+
+/// Creates one group directory and records it in `dirs`.
+pub(crate) fn make_group(dir: PathBuf, dirs: &mut Vec<PathBuf>) -> Result<(), SandboxError> {
+    fs::create_dir(&dir).map_err(|e| SandboxError::io("create cgroup", &dir, e))?;
+    dirs.push(dir);
+    Ok(())
+}
+
+/// How long finishing waits before SIGKILLing whatever is left in a group.
+const KILL_AFTER: Duration = Duration::from_millis(300);
+/// How long finishing waits in total.
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+/// The groups of one run. [`RunCgroups::finish`] waits for them to empty,
+/// reads the stats and removes them; dropping an unfinished guard hands the
+/// same work to a background thread.
+#[derive(Debug)]
+pub struct RunCgroups {
+    v2: bool,
+    /// Groups not removed yet; the first is where memory statistics live.
+    dirs: Vec<PathBuf>,
+    done: bool,
+    lease: Option<SlotLease>,
+}
+
+impl RunCgroups {
+    /// How the helper joins these groups.
+    pub fn attach(&self) -> CgroupAttach {
+        if self.v2 {
+            CgroupAttach::V2 {
+                dir: self.dirs.first().cloned().unwrap_or_default(),
+            }
+        } else {
+            CgroupAttach::V1 {
+                procs: self.dirs.iter().map(|d| d.join("cgroup.procs")).collect(),
+            }
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.dirs.iter().any(|d| !procs(d).is_empty())
+    }
+
+    fn kill_all(&self) {
+        for d in &self.dirs {
+            if self.v2 && fs::write(d.join("cgroup.kill"), "1").is_ok() {
+                continue;
+            }
+            for pid in procs(d) {
+                // ESRCH (already gone) is fine.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+
+    fn read_stats(&self) -> CgroupStats {
+        let Some(dir) = self.dirs.first() else {
+            return CgroupStats::default();
+        };
+        if self.v2 {
+            v2::stats(dir)
+        } else {
+            v1::stats(dir)
+        }
+    }
+
+    /// Removes the groups that are empty; `true` once all are gone.
+    fn try_remove(&mut self) -> Result<bool, SandboxError> {
+        let mut err = None;
+        self.dirs.retain(|d| match fs::remove_dir(d) {
+            Ok(()) => false,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => true,
+            Err(e) => {
+                err = Some(SandboxError::io("remove cgroup", d, e));
+                true
+            }
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(self.dirs.is_empty()),
+        }
+    }
+
+    /// One step of teardown; `Some(stats)` when done.
+    fn step(
+        &mut self,
+        started: Instant,
+        stats: &mut Option<CgroupStats>,
+    ) -> Result<bool, SandboxError> {
+        if self.busy() {
+            if started.elapsed() >= KILL_AFTER {
+                self.kill_all();
+            }
+            return Ok(false);
+        }
+        if stats.is_none() {
+            *stats = Some(self.read_stats());
+        }
+        self.try_remove()
+    }
+
+    /// Waits until no process is left in the groups (killing stragglers after
+    /// a short grace), reads the statistics and removes the groups.
+    pub async fn finish(mut self) -> Result<CgroupStats, SandboxError> {
+        let started = Instant::now();
+        let mut stats = None;
+        loop {
+            match self.step(started, &mut stats) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) if started.elapsed() >= GIVE_UP => return Err(e),
+                Err(_) => {}
+            }
+            if started.elapsed() >= GIVE_UP {
+                return Err(SandboxError::CgroupBusy {
+                    path: self.dirs.first().cloned().unwrap_or_default(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.done = true;
+        self.lease.take();
+        Ok(stats.unwrap_or_default())
+    }
+
+    /// Blocking teardown used from the background thread.
+    fn finish_blocking(&mut self) {
+        let started = Instant::now();
+        let mut stats = None;
+        while started.elapsed() < GIVE_UP * 6 {
+            if let Ok(true) = self.step(started, &mut stats) {
+                self.done = true;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tracing::error!(dirs = ?self.dirs, "run cgroups could not be removed");
+        // Mark done anyway: the directories are reported, retrying forever
+        // would only leak the thread.
+        self.done = true;
+    }
+}
+
+impl Drop for RunCgroups {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut rest = RunCgroups {
+            v2: self.v2,
+            dirs: std::mem::take(&mut self.dirs),
+            done: false,
+            lease: self.lease.take(),
+        };
+        if rest.dirs.is_empty() {
+            rest.done = true;
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("kiln-cgroup-reap".into())
+            .spawn(move || rest.finish_blocking());
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start cgroup cleanup thread");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTINFO: &str = "\
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn hybrid_host_with_hugetlb_only_v2_uses_v1() {
+        let (support, problems) = support_from(
+            HYBRID_MOUNTINFO,
+            "8:pids:/\n4:memory:/process_api/x\n0::/\n",
+            |_| Some("hugetlb\n".to_owned()),
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(
+            support,
+            CgroupSupport::V1 {
+                memory: "/sys/fs/cgroup/memory/process_api/x".into(),
+                pids: "/sys/fs/cgroup/pids".into()
+            }
+        );
+    }
+
+    #[test]
+    fn v2_with_memory_and_pids_is_preferred() {
+        let (support, _) = support_from(
+            HYBRID_MOUNTINFO,
+            "8:pids:/\n4:memory:/\n0::/kiln.service\n",
+            |d| {
+                assert_eq!(d, Path::new("/sys/fs/cgroup/unified/kiln.service"));
+                Some("cpu io memory pids\n".to_owned())
+            },
+        );
+        assert!(
+            matches!(support, CgroupSupport::V2 { ref group, .. } if group == Path::new("/sys/fs/cgroup/unified/kiln.service"))
+        );
+    }
+
+    #[test]
+    fn missing_controllers_are_reported() {
+        let (support, problems) = support_from(
+            "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+            "0::/\n",
+            |_| Some("cpu io\n".to_owned()),
+        );
+        assert_eq!(support, CgroupSupport::None);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+}

@@ -1,0 +1,180 @@
+//! Sandbox configuration and its defaults.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::SandboxError;
+use crate::spec::ID_RANGE;
+
+/// Host `/etc` entries bound read-only into every jail when they exist.
+pub const DEFAULT_ETC_BINDS: &[&str] = &[
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "fonts",
+    "mime.types",
+    "localtime",
+    "python3",
+    "python3.11",
+    "matplotlibrc",
+    "java-17-openjdk",
+    "R",
+    "magic",
+    "magic.mime",
+    "gai.conf",
+];
+
+/// How jails are built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Binary run as `<helper> __jail` (the kiln binary itself).
+    pub helper: PathBuf,
+    /// Empty directory used as the jail root's mount point (created if
+    /// missing). Every ancestor must be searchable by others (`o+x`).
+    pub root_dir: PathBuf,
+    /// First host uid/gid of slot 0.
+    pub uid_base: u32,
+    /// Number of uid ranges = maximum number of concurrent jails.
+    pub slots: u32,
+    /// Host directories bound read-only at the same path.
+    pub ro_binds: Vec<PathBuf>,
+    /// Names under the host's `/etc` bound read-only when present.
+    pub etc_binds: Vec<String>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
+            root_dir: PathBuf::from("/run/kiln/jail-root"),
+            uid_base: 200_000,
+            slots: 4,
+            ro_binds: vec![PathBuf::from("/usr")],
+            etc_binds: DEFAULT_ETC_BINDS.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+fn is_clean_absolute(p: &Path) -> bool {
+    p.is_absolute()
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+impl SandboxConfig {
+    /// Checks the values that do not need the host.
+    pub fn validate(&self) -> Result<(), SandboxError> {
+        let bad = |m: String| Err(SandboxError::Config(m));
+        if self.slots == 0 {
+            return bad("slots must be at least 1".into());
+        }
+        if self.uid_base == 0 {
+            return bad("uid_base 0 would map the jail onto host root".into());
+        }
+        let end = u64::from(self.uid_base) + u64::from(self.slots) * u64::from(ID_RANGE);
+        if end > u64::from(u32::MAX) {
+            return bad(format!(
+                "uid_base {} + {} slots x 65536 exceeds the uid space",
+                self.uid_base, self.slots
+            ));
+        }
+        if !is_clean_absolute(&self.root_dir) || self.root_dir == Path::new("/") {
+            return bad(format!(
+                "root_dir {} must be an absolute path other than /",
+                self.root_dir.display()
+            ));
+        }
+        for b in &self.ro_binds {
+            if !is_clean_absolute(b) || b == Path::new("/") {
+                return bad(format!(
+                    "ro_bind {} must be an absolute path other than / without . or ..",
+                    b.display()
+                ));
+            }
+            for reserved in ["/proc", "/dev", "/sys", "/tmp", "/mnt", "/etc"] {
+                if b.starts_with(reserved) {
+                    return bad(format!(
+                        "ro_bind {} collides with the jail's own {reserved}",
+                        b.display()
+                    ));
+                }
+            }
+        }
+        for e in &self.etc_binds {
+            if e.is_empty() || e == "." || e == ".." || e.contains('/') || e.contains('\0') {
+                return bad(format!("etc_bind {e:?} must be a single file name"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid_and_binds_only_usr() {
+        let c = SandboxConfig::default();
+        c.validate().expect("default valid");
+        assert_eq!(c.ro_binds, vec![PathBuf::from("/usr")]);
+        assert!(c.etc_binds.iter().any(|e| e == "ld.so.cache"));
+        assert!(!c.etc_binds.iter().any(|e| e == "passwd" || e == "shadow"));
+    }
+
+    #[test]
+    fn validation_rejects_dangerous_values() {
+        let ok = SandboxConfig::default();
+        let cases: Vec<SandboxConfig> = vec![
+            SandboxConfig {
+                slots: 0,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                uid_base: 0,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                uid_base: u32::MAX - 10,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                root_dir: "/".into(),
+                ..ok.clone()
+            },
+            SandboxConfig {
+                root_dir: "rel".into(),
+                ..ok.clone()
+            },
+            SandboxConfig {
+                ro_binds: vec!["/".into()],
+                ..ok.clone()
+            },
+            SandboxConfig {
+                ro_binds: vec!["/usr/../etc".into()],
+                ..ok.clone()
+            },
+            SandboxConfig {
+                ro_binds: vec!["/etc".into()],
+                ..ok.clone()
+            },
+            SandboxConfig {
+                ro_binds: vec!["/proc/1".into()],
+                ..ok.clone()
+            },
+            SandboxConfig {
+                etc_binds: vec!["../shadow".into()],
+                ..ok.clone()
+            },
+            SandboxConfig {
+                etc_binds: vec!["".into()],
+                ..ok.clone()
+            },
+        ];
+        for c in cases {
+            assert!(c.validate().is_err(), "accepted {c:?}");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The user program's process: leaves init's session, drops to uid 1000
+//! with limits, no capabilities, no_new_privs and the seccomp filters, and
+//! `execve`s `argv[0]` with exactly the spec's environment.
+//!
+//! Failures before `execve` are written to the exec pipe (close-on-exec, so
+//! a successful `execve` closes it without data) for init to report.
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::stat::{Mode, umask};
+use nix::unistd::{Gid, Uid, chdir, execve, getgroups, setresgid, setresuid, setsid, write};
+use seccompiler::BpfProgram;
+
+use super::JailError;
+use crate::seccomp;
+use crate::spec::{JAIL_UID, JailSpec, STATUS_FD};
+use crate::sys;
+
+/// Runs G; only returns through `execve` or `_exit(127)`.
+pub(super) fn exec_main(spec: &JailSpec, filters: &[BpfProgram], err_w: OwnedFd) -> ! {
+    let failure = match exec(spec, filters) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    let _ = write(&err_w, &failure.into_status().to_line());
+    sys::exit_now(127)
+}
+
+fn cstring(what: &str, s: &str) -> Result<CString, JailError> {
+    CString::new(s).map_err(|_| JailError::Setup(format!("{what}: contains a NUL byte")))
+}
+
+/// Sets a limit, clamped to the current hard limit (raising it would need
+/// CAP_SYS_RESOURCE in the host's user namespace).
+fn limit(resource: Resource, soft: u64, hard: u64) -> Result<(), JailError> {
+    let (_, cur_hard) = getrlimit(resource)
+        .map_err(|e| JailError::setup(format_args!("getrlimit {resource:?}"), e))?;
+    let hard = hard.min(cur_hard);
+    setrlimit(resource, soft.min(hard), hard)
+        .map_err(|e| JailError::setup(format_args!("setrlimit {resource:?}"), e))
+}
+
+fn exec(spec: &JailSpec, filters: &[BpfProgram]) -> Result<Infallible, JailError> {
+    // The status pipe is init's alone.
+    sys::close_raw(STATUS_FD);
+    setsid().map_err(|e| JailError::setup("setsid", e))?;
+    sys::reset_signals().map_err(|e| JailError::setup("reset signals", e))?;
+    // Make the user program the OOM killer's first choice, before init.
+    // Changing to uid 0 of the namespace left us non-dumpable, which makes
+    // our /proc files belong to host root; dumpable again, they are ours
+    // (setresuid below and execve reset the flag as usual).
+    nix::sys::prctl::set_dumpable(true).map_err(|e| JailError::setup("set dumpable", e))?;
+    std::fs::write("/proc/self/oom_score_adj", "1000")
+        .map_err(|e| JailError::setup("write oom_score_adj", e))?;
+
+    let l = &spec.limits;
+    limit(Resource::RLIMIT_CORE, 0, 0)?;
+    limit(Resource::RLIMIT_NOFILE, l.open_files, l.open_files)?;
+    limit(Resource::RLIMIT_FSIZE, l.file_size_bytes, l.file_size_bytes)?;
+    limit(
+        Resource::RLIMIT_CPU,
+        l.cpu_secs,
+        l.cpu_secs.saturating_add(1),
+    )?;
+    limit(Resource::RLIMIT_NPROC, l.nproc, l.nproc)?;
+
+    // The helper dropped host root's groups and the jail may not call
+    // setgroups (denied in its user namespace): check instead of setting.
+    let groups = getgroups().map_err(|e| JailError::setup("getgroups", e))?;
+    if !groups.is_empty() {
+        return Err(JailError::Setup(format!(
+            "setgroups: supplementary groups remain: {groups:?}"
+        )));
+    }
+    let gid = Gid::from_raw(JAIL_UID);
+    let uid = Uid::from_raw(JAIL_UID);
+    setresgid(gid, gid, gid).map_err(|e| JailError::setup("setresgid 1000", e))?;
+    // Leaving uid 0 clears every capability.
+    setresuid(uid, uid, uid).map_err(|e| JailError::setup("setresuid 1000", e))?;
+    umask(Mode::from_bits_truncate(0o022));
+    chdir("/mnt/data").map_err(|e| JailError::setup("chdir /mnt/data", e))?;
+
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| cstring("argv", a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = spec
+        .env
+        .iter()
+        .map(|(k, v)| cstring("env", &format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(program) = argv.first() else {
+        return Err(JailError::Setup("execve: empty argv".to_owned()));
+    };
+
+    // Every fd above stderr (the exec pipe included) closes on execve.
+    sys::cloexec_from(STATUS_FD).map_err(|e| JailError::setup("close fds", e))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| JailError::setup("no_new_privs", e))?;
+    seccomp::install(filters).map_err(|e| JailError::setup("seccomp", e))?;
+    execve(program, &argv, &env)
+        .map_err(|e| JailError::Exec(format!("execve {}: {e}", spec.argv[0])))
+}

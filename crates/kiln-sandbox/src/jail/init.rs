@@ -1,0 +1,147 @@
+//! The jail's init (PID 1 of its pid namespace): waits to be released by the
+//! helper, becomes uid 0 of its user namespace, builds and enters the root,
+//! forks the user program and reaps every process until the user program
+//! exits, then reports its status. When init exits the kernel kills all
+//! processes left in the namespace (double-forked, setsid'd, daemonised).
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid};
+use seccompiler::BpfProgram;
+
+use super::plan::{HOSTNAME, Op};
+use super::{EXIT_REPORTED, JailError, exec, open_devnull, report, rootfs};
+use crate::spec::{JailSpec, StatusMsg};
+use crate::sys::{self, Forked};
+
+/// Runs C to completion and exits.
+pub(super) fn init_main(
+    spec: &JailSpec,
+    plan: &[Op],
+    filters: &[BpfProgram],
+    release_r: OwnedFd,
+    release_w: OwnedFd,
+    status: &File,
+) -> ! {
+    let msg =
+        init(spec, plan, filters, release_r, release_w).unwrap_or_else(JailError::into_status);
+    let code = match msg {
+        StatusMsg::Finished { .. } => 0,
+        _ => EXIT_REPORTED,
+    };
+    report(status, &msg);
+    sys::exit_now(code)
+}
+
+/// Blocks until the helper wrote the id maps. EOF means the helper died.
+fn wait_for_release(release_r: OwnedFd, release_w: OwnedFd) -> Result<(), JailError> {
+    drop(release_w);
+    let mut byte = [0u8; 1];
+    loop {
+        match read(&release_r, &mut byte) {
+            Ok(1) => return Ok(()),
+            Ok(_) => {
+                return Err(JailError::Setup(
+                    "wait for release: helper exited".to_owned(),
+                ));
+            }
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::setup("wait for release", e)),
+        }
+    }
+}
+
+fn init(
+    spec: &JailSpec,
+    plan: &[Op],
+    filters: &[BpfProgram],
+    release_r: OwnedFd,
+    release_w: OwnedFd,
+) -> Result<StatusMsg, JailError> {
+    // If the helper dies (the server killed it), so do we — and with us the
+    // whole pid namespace. Set before waiting, so a helper that died earlier
+    // shows up as EOF on the release pipe instead.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| JailError::setup("set parent-death signal", e))?;
+    wait_for_release(release_r, release_w)?;
+
+    // Uid 0 of the new user namespace: without this the unmapped host root
+    // credentials cannot even create files on the new tmpfs.
+    let root_g = Gid::from_raw(0);
+    let root_u = Uid::from_raw(0);
+    setresgid(root_g, root_g, root_g).map_err(|e| JailError::setup("setresgid 0", e))?;
+    setresuid(root_u, root_u, root_u).map_err(|e| JailError::setup("setresuid 0", e))?;
+    sethostname(HOSTNAME).map_err(|e| JailError::setup("sethostname", e))?;
+
+    rootfs::build_and_enter(&spec.root_dir, plan)?;
+
+    let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("exec pipe", e))?;
+    let child = match sys::fork_single_threaded().map_err(|e| JailError::setup("fork", e))? {
+        Forked::Child => {
+            drop(err_r);
+            exec::exec_main(spec, filters, err_w)
+        }
+        Forked::Parent { pid, .. } => pid,
+    };
+    drop(err_w);
+
+    // The exec pipe closes without data once execve succeeded.
+    let mut failure = Vec::new();
+    let read_result = File::from(err_r).read_to_end(&mut failure);
+
+    // Init holds neither the output pipes nor stdin from now on.
+    let devnull = open_devnull()?;
+    for fd in [0, 1, 2] {
+        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach stdio", e))?;
+    }
+    drop(devnull);
+
+    if let Err(e) = read_result {
+        return Err(JailError::setup("read exec pipe", e));
+    }
+    if !failure.is_empty() {
+        let _ = reap_until(child);
+        return Err(match StatusMsg::parse_last(&failure) {
+            Some(StatusMsg::ExecFailed(m)) => JailError::Exec(m),
+            Some(StatusMsg::Error(m)) => JailError::Setup(m),
+            _ => JailError::Setup(format!(
+                "user program setup: {}",
+                String::from_utf8_lossy(&failure).trim()
+            )),
+        });
+    }
+
+    let (code, signal) = reap_until(child)?;
+    let usage =
+        getrusage(UsageWho::RUSAGE_CHILDREN).map_err(|e| JailError::setup("getrusage", e))?;
+    let us = |t: nix::sys::time::TimeVal| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec()).unwrap_or(0)
+    };
+    Ok(StatusMsg::Finished {
+        code,
+        signal,
+        cpu_us: us(usage.user_time()) + us(usage.system_time()),
+    })
+}
+
+/// Reaps every child (orphans are re-parented to us) until `child` itself
+/// has exited; returns its exit code or signal.
+fn reap_until(child: Pid) -> Result<(Option<i32>, Option<i32>), JailError> {
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == child => return Ok((Some(code), None)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                return Ok((None, Some(sig as i32)));
+            }
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::setup("reap user program", e)),
+        }
+    }
+}

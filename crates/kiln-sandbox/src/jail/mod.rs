@@ -1,0 +1,225 @@
+//! The jail helper process (`kiln __jail`), started by the server once per
+//! run with a cleared environment, the [`JailSpec`] on stdin, the output
+//! pipes on fds 1 and 2 and the status pipe on fd 3.
+//!
+//! Process tree: the helper **H** (host root) attaches itself to the run's
+//! cgroups and `clone3`s the jail's init **C** into new user, mount, pid,
+//! net, ipc and uts namespaces (`init.rs`), writes C's uid/gid maps, releases
+//! it and waits. C builds the root (`plan.rs`, `rootfs.rs`), forks the user
+//! program **G** (`exec.rs`) and reaps until G exits; then C reports on the
+//! status pipe and exits, which makes the kernel kill whatever else is left
+//! in the pid namespace.
+//!
+//! This module runs in a fresh single-threaded process, so it may allocate
+//! freely after forking. It must never be entered from the server itself.
+
+mod exec;
+mod init;
+pub mod plan;
+mod rootfs;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::stat::Mode;
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{Pid, getpid, pipe2};
+
+use crate::probe::JAIL_NAMESPACES;
+use crate::seccomp;
+use crate::spec::{CgroupAttach, ID_RANGE, JailSpec, STATUS_FD, StatusMsg};
+use crate::sys::{self, Forked};
+
+/// Exit code of C (and H) after it reported an error on the status pipe.
+const EXIT_REPORTED: i32 = 3;
+/// The helper kills the jail itself this long after the wall time, in case
+/// the server is gone.
+const BACKSTOP_GRACE: Duration = Duration::from_secs(2);
+
+/// A failure inside the jail's processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum JailError {
+    /// `"<step>: <errno text>"`.
+    Setup(String),
+    /// `execve` of the user program failed.
+    Exec(String),
+}
+
+impl JailError {
+    fn setup(what: impl std::fmt::Display, e: impl std::fmt::Display) -> JailError {
+        JailError::Setup(format!("{what}: {e}"))
+    }
+
+    fn into_status(self) -> StatusMsg {
+        match self {
+            JailError::Setup(m) => StatusMsg::Error(m),
+            JailError::Exec(m) => StatusMsg::ExecFailed(m),
+        }
+    }
+}
+
+/// Writes one status line (a single `write`, below `PIPE_BUF` in practice).
+fn report(status: &File, msg: &StatusMsg) {
+    let mut f = status;
+    // Nobody is left to tell if the server stopped listening.
+    let _ = f.write_all(&msg.to_line());
+}
+
+/// Entry point of `kiln __jail`. Never returns.
+pub fn helper_main() -> ! {
+    let Some(status_fd) = sys::adopt_inherited_fd(STATUS_FD) else {
+        eprintln!("kiln __jail: internal entry point of the sandbox (no status pipe on fd 3)");
+        sys::exit_now(2);
+    };
+    let status = File::from(status_fd);
+    let code = match helper(&status) {
+        Ok(()) => 0,
+        Err(e) => {
+            report(&status, &e.into_status());
+            EXIT_REPORTED
+        }
+    };
+    sys::exit_now(code)
+}
+
+fn open_devnull() -> Result<OwnedFd, JailError> {
+    open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| JailError::setup("open /dev/null", e))
+}
+
+/// Writes C's uid and gid maps: inside 0..65536 ↦ the slot's host range.
+fn write_id_maps(pid: Pid, base: u32) -> Result<(), JailError> {
+    let map = format!("0 {base} {ID_RANGE}\n");
+    let write = |file: &str, data: &str| {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, data).map_err(|e| JailError::setup(format_args!("write {path}"), e))
+    };
+    write("uid_map", &map)?;
+    // The jail may never change its groups (ours were dropped before clone).
+    write("setgroups", "deny")?;
+    write("gid_map", &map)
+}
+
+/// Waits for C, killing it once `deadline` passes.
+fn wait_init(
+    pid: Pid,
+    pidfd: Option<&OwnedFd>,
+    deadline: Instant,
+) -> Result<WaitStatus, JailError> {
+    if let Some(pidfd) = pidfd {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(0) => {
+                    // Wall time plus grace: the server should have killed us.
+                    let _ = kill(pid, Signal::SIGKILL);
+                    break;
+                }
+                Ok(_) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(JailError::setup("wait for jail init", e)),
+            }
+        }
+    }
+    loop {
+        match waitpid(pid, None) {
+            Ok(ws) => return Ok(ws),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::setup("reap jail init", e)),
+        }
+    }
+}
+
+fn helper(status: &File) -> Result<(), JailError> {
+    sys::set_cloexec(STATUS_FD, true).map_err(|e| JailError::setup("mark status fd", e))?;
+    // Nothing but 0-3 may travel into the jail.
+    sys::close_from(STATUS_FD + 1).map_err(|e| JailError::setup("close inherited fds", e))?;
+
+    let mut raw = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut raw)
+        .map_err(|e| JailError::setup("read spec", e))?;
+    let spec: JailSpec =
+        serde_json::from_slice(&raw).map_err(|e| JailError::setup("parse spec", e))?;
+    let devnull = open_devnull()?;
+    sys::dup2_raw(&devnull, 0).map_err(|e| JailError::setup("stdin from /dev/null", e))?;
+
+    // Host root's supplementary groups (gid 0 among them) must not follow
+    // the jail; inside, setgroups is denied, so drop them here.
+    nix::unistd::setgroups(&[]).map_err(|e| JailError::setup("setgroups", e))?;
+    let filters =
+        seccomp::compile(&spec.seccomp_profile).map_err(|e| JailError::setup("seccomp", e))?;
+    let plan = plan::build(&spec, &plan::RealHost);
+
+    let cgroup_fd = match &spec.cgroup {
+        CgroupAttach::V1 { procs } => {
+            let me = getpid().to_string();
+            for p in procs {
+                std::fs::write(p, &me)
+                    .map_err(|e| JailError::setup(format_args!("attach to {}", p.display()), e))?;
+            }
+            None
+        }
+        CgroupAttach::V2 { dir } => Some(
+            open(
+                dir,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| JailError::setup(format_args!("open cgroup {}", dir.display()), e))?,
+        ),
+    };
+
+    let (release_r, release_w) =
+        pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("release pipe", e))?;
+    let started = Instant::now();
+    let forked = sys::clone3_fork(
+        JAIL_NAMESPACES as u64,
+        cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
+    )
+    .map_err(|e| JailError::setup("clone3", e))?;
+    let (pid, pidfd) = match forked {
+        Forked::Child => {
+            drop(cgroup_fd);
+            drop(devnull);
+            init::init_main(&spec, &plan, &filters, release_r, release_w, status)
+        }
+        Forked::Parent { pid, pidfd } => (pid, pidfd),
+    };
+    drop(release_r);
+    drop(cgroup_fd);
+
+    if let Err(e) = write_id_maps(pid, spec.id_base) {
+        let _ = kill(pid, Signal::SIGKILL);
+        let _ = waitpid(pid, None);
+        return Err(e);
+    }
+    let mut release = File::from(release_w);
+    release
+        .write_all(b"1")
+        .map_err(|e| JailError::setup("release jail init", e))?;
+    drop(release);
+
+    // Only the jail holds the output pipes from now on, so their EOF marks
+    // the jail's end.
+    for fd in [1, 2] {
+        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach output", e))?;
+    }
+    let deadline = started + Duration::from_millis(spec.limits.wall_ms) + BACKSTOP_GRACE;
+    match wait_init(pid, pidfd.as_ref(), deadline)? {
+        WaitStatus::Exited(_, 0 | EXIT_REPORTED) => Ok(()),
+        other => Err(JailError::Setup(format!(
+            "jail init ended without a status: {other:?}"
+        ))),
+    }
+}

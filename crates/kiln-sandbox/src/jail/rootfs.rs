@@ -1,0 +1,220 @@
+//! Executes a root plan inside the jail's fresh mount namespace (in the
+//! jail's init, as uid 0 of its user namespace), then `pivot_root`s into it
+//! and makes `/` read-only.
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::statvfs::{FsFlags, statvfs};
+use nix::unistd::{chdir, pivot_root};
+
+use super::JailError;
+use super::plan::{Op, Source};
+use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+
+/// Size of the root tmpfs (it only holds `/etc` files and mount points).
+const ROOT_TMPFS: &str = "size=1m,mode=755";
+
+fn ms_flags(attrs: u64) -> MsFlags {
+    let mut f = MsFlags::empty();
+    if attrs & MOUNT_ATTR_RDONLY != 0 {
+        f |= MsFlags::MS_RDONLY;
+    }
+    if attrs & MOUNT_ATTR_NOSUID != 0 {
+        f |= MsFlags::MS_NOSUID;
+    }
+    if attrs & MOUNT_ATTR_NODEV != 0 {
+        f |= MsFlags::MS_NODEV;
+    }
+    if attrs & MOUNT_ATTR_NOEXEC != 0 {
+        f |= MsFlags::MS_NOEXEC;
+    }
+    f
+}
+
+/// Sets mount attributes. Uses `mount_setattr` (recursive, and it leaves the
+/// locked flags of mounts from a more privileged namespace alone); on kernels
+/// without it, falls back to a bind remount of the top mount that re-states
+/// the locked noexec/atime flags, or the kernel would refuse it.
+fn set_attrs(path: &Path, recursive: bool, attrs: u64) -> Result<(), Errno> {
+    match sys::mount_setattr(path, recursive, attrs) {
+        Err(Errno::ENOSYS) => {
+            let st = statvfs(path)?;
+            let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | ms_flags(attrs);
+            let f = st.flags();
+            for (fs_flag, ms) in [
+                (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+                (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+                (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+                (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+                (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+                (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+            ] {
+                if f.contains(fs_flag) {
+                    flags |= ms;
+                }
+            }
+            mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
+        }
+        r => r,
+    }
+}
+
+/// `root_dir` joined with an in-jail absolute path.
+fn under(root: &Path, jail_path: &Path) -> PathBuf {
+    root.join(jail_path.strip_prefix("/").unwrap_or(jail_path))
+}
+
+fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> JailError {
+    JailError::Setup(format!("{what}: {e}"))
+}
+
+fn make_dir(path: &Path, mode: u32) -> Result<(), JailError> {
+    fs::create_dir_all(path).map_err(|e| err(format_args!("mkdir {}", path.display()), e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| err(format_args!("chmod {}", path.display()), e))
+}
+
+fn make_parent(path: &Path) -> Result<(), JailError> {
+    match path.parent() {
+        Some(parent) if !parent.exists() => make_dir(parent, 0o755),
+        _ => Ok(()),
+    }
+}
+
+/// Creates an empty directory or file to bind `src` on, matching its type.
+fn make_mount_point(src: &Path, dst: &Path) -> Result<(), JailError> {
+    let meta = fs::metadata(src).map_err(|e| err(format_args!("stat {}", src.display()), e))?;
+    if meta.is_dir() {
+        if !dst.is_dir() {
+            make_dir(dst, 0o755)?;
+        }
+    } else if !dst.exists() {
+        make_parent(dst)?;
+        fs::File::create(dst).map_err(|e| err(format_args!("create {}", dst.display()), e))?;
+    }
+    Ok(())
+}
+
+fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
+    match op {
+        Op::Dir { path, mode } => make_dir(&under(root, path), *mode),
+        Op::Symlink { path, target } => {
+            let at = under(root, path);
+            make_parent(&at)?;
+            symlink(target, &at).map_err(|e| err(format_args!("symlink {}", path.display()), e))
+        }
+        Op::File { path, contents } => {
+            let at = under(root, path);
+            make_parent(&at)?;
+            fs::write(&at, contents)
+                .and_then(|()| fs::set_permissions(&at, fs::Permissions::from_mode(0o644)))
+                .map_err(|e| err(format_args!("write {}", path.display()), e))
+        }
+        Op::Bind {
+            src,
+            dst,
+            recursive,
+            attrs,
+            only_if_dst_exists,
+        } => {
+            let target = under(root, dst);
+            let source = match src {
+                Source::Host(p) => p.clone(),
+                Source::Jail(p) => under(root, p),
+            };
+            if *only_if_dst_exists {
+                if fs::symlink_metadata(&target).is_err() {
+                    return Ok(());
+                }
+            } else {
+                make_mount_point(&source, &target)?;
+            }
+            let mut flags = MsFlags::MS_BIND;
+            if *recursive {
+                flags |= MsFlags::MS_REC;
+            }
+            mount(Some(&source), &target, None::<&str>, flags, None::<&str>).map_err(|e| {
+                err(
+                    format_args!("bind {} on {}", source.display(), dst.display()),
+                    e,
+                )
+            })?;
+            set_attrs(&target, *recursive, *attrs)
+                .map_err(|e| err(format_args!("set mount attributes of {}", dst.display()), e))
+        }
+        Op::Tmpfs {
+            dst,
+            options,
+            attrs,
+        } => {
+            let target = under(root, dst);
+            make_dir(&target, 0o755)?;
+            mount(
+                Some("tmpfs"),
+                &target,
+                Some("tmpfs"),
+                ms_flags(*attrs),
+                Some(options.as_str()),
+            )
+            .map_err(|e| err(format_args!("mount tmpfs on {}", dst.display()), e))
+        }
+        Op::Proc { dst } => {
+            let target = under(root, dst);
+            make_dir(&target, 0o555)?;
+            mount(
+                Some("proc"),
+                &target,
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(|e| err(format_args!("mount proc on {}", dst.display()), e))
+        }
+        Op::SetAttr { dst, attrs } => set_attrs(&under(root, dst), false, *attrs)
+            .map_err(|e| err(format_args!("set mount attributes of {}", dst.display()), e)),
+    }
+}
+
+/// Builds the new root on `root_dir` and switches to it. Must run in a
+/// private mount namespace as uid 0 of the jail's user namespace.
+pub fn build_and_enter(root_dir: &Path, ops: &[Op]) -> Result<(), JailError> {
+    // Nothing we mount may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| err("make / private", e))?;
+    mount(
+        Some("tmpfs"),
+        root_dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(ROOT_TMPFS),
+    )
+    .map_err(|e| {
+        err(
+            format_args!("mount root tmpfs on {}", root_dir.display()),
+            e,
+        )
+    })?;
+    for op in ops {
+        run_op(root_dir, op)?;
+    }
+    chdir(root_dir).map_err(|e| err(format_args!("chdir {}", root_dir.display()), e))?;
+    pivot_root(".", ".").map_err(|e| err("pivot_root", e))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| err("detach old root", e))?;
+    chdir("/").map_err(|e| err("chdir /", e))?;
+    set_attrs(
+        Path::new("/"),
+        false,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+    )
+    .map_err(|e| err("make / read-only", e))
+}

@@ -1,0 +1,42 @@
+//! Kiln's native Linux sandbox.
+//!
+//! Every run gets a fresh jail: a helper process (`kiln __jail`, see
+//! [`helper_main`]) attaches to per-run memory and pids cgroups and clones
+//! the jail's init into new user, mount, pid, net, ipc and uts namespaces
+//! under a slot's private uid range. Init builds a minimal read-only root
+//! (runtimes bound from the host, our own `/etc`, the workspace at
+//! `/mnt/data`, private `/tmp`, `/dev` and `/proc`), `pivot_root`s into it and
+//! runs the user program as uid 1000 with rlimits, no capabilities,
+//! no_new_privs and a seccomp filter; when the program exits, init exits and
+//! the kernel kills everything left in the namespace.
+//!
+//! The server side ([`Sandbox`]) never forks itself: it spawns the helper
+//! with `tokio::process`, captures output with caps, enforces the wall time
+//! and cancellation, and returns only once every process of the jail is dead
+//! and its cgroups are gone.
+//!
+//! This is the only crate of the workspace with `unsafe`, all of it in
+//! `sys.rs`.
+
+mod cgroup;
+mod config;
+mod error;
+mod jail;
+mod probe;
+mod run;
+mod sandbox;
+mod seccomp;
+mod slots;
+mod spec;
+mod sys;
+
+pub use cgroup::CgroupSupport;
+pub use config::{DEFAULT_ETC_BINDS, SandboxConfig};
+pub use error::SandboxError;
+pub use jail::helper_main;
+pub use probe::{HostReport, probe_host};
+pub use run::{RunRequest, RunResult};
+pub use sandbox::Sandbox;
+pub use seccomp::PolicyError;
+pub use slots::Slot;
+pub use spec::JAIL_UID;

@@ -1,0 +1,329 @@
+//! [`Sandbox`]: the executor's handle. Checks the host once, owns the slot
+//! pool and the cgroup driver, and runs one jail per [`Sandbox::run`].
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kiln_core::ExitStatus;
+use tokio_util::sync::CancellationToken;
+
+use crate::cgroup::CgroupDriver;
+use crate::config::SandboxConfig;
+use crate::error::SandboxError;
+use crate::probe::{HostReport, probe_host};
+use crate::run::{KillReason, RunRequest, RunResult, supervise};
+use crate::seccomp;
+use crate::slots::{Slot, SlotPool};
+use crate::spec::{JailLimits, JailSpec, StatusMsg};
+
+/// The seccomp profile every run uses (per-language profiles come later).
+const PROFILE: &str = "default";
+
+#[derive(Debug)]
+struct Inner {
+    cfg: SandboxConfig,
+    report: HostReport,
+    cgroups: CgroupDriver,
+    slots: Arc<SlotPool>,
+    seq: AtomicU64,
+}
+
+/// Native Linux jails. Cheap to clone; all clones share one slot pool.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+/// Fails unless every ancestor of `path` is searchable by others: the jail's
+/// init runs as an unprivileged host uid while it resolves bind sources.
+fn check_searchable(path: &Path) -> Result<(), SandboxError> {
+    for dir in path.ancestors().skip(1) {
+        let meta = std::fs::metadata(dir).map_err(|e| SandboxError::io("stat", dir, e))?;
+        if meta.mode() & 0o001 == 0 {
+            return Err(SandboxError::PathNotSearchable {
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn prepare_root_dir(root: &Path) -> Result<(), SandboxError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(root)
+        .map_err(|e| SandboxError::io("create root dir", root, e))?;
+    let meta = std::fs::symlink_metadata(root).map_err(|e| SandboxError::io("stat", root, e))?;
+    if !meta.is_dir() || meta.uid() != 0 {
+        return Err(SandboxError::Config(format!(
+            "root_dir {} must be a directory owned by root",
+            root.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o001 == 0 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| SandboxError::io("chmod", root, e))?;
+    }
+    check_searchable(root)
+}
+
+fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
+    let bad = |m: String| Err(SandboxError::Request(m));
+    let Some(program) = req.argv.first() else {
+        return bad("argv is empty".into());
+    };
+    if !program.starts_with('/') {
+        return bad(format!("argv[0] {program:?} is not an absolute path"));
+    }
+    if req.argv.iter().any(|a| a.contains('\0')) {
+        return bad("argv contains a NUL byte".into());
+    }
+    for (k, v) in &req.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return bad(format!("invalid environment variable {k:?}"));
+        }
+    }
+    if !req.workspace.is_absolute() {
+        return bad(format!(
+            "workspace {} is not absolute",
+            req.workspace.display()
+        ));
+    }
+    let meta = std::fs::metadata(&req.workspace)
+        .map_err(|e| SandboxError::io("stat workspace", &req.workspace, e))?;
+    if !meta.is_dir() {
+        return bad(format!(
+            "workspace {} is not a directory",
+            req.workspace.display()
+        ));
+    }
+    check_searchable(&req.workspace)
+}
+
+impl Sandbox {
+    /// Probes the host and prepares the cgroup parents and the root mount
+    /// point. Fails with [`SandboxError::Unsupported`] if a jail cannot be
+    /// enforced.
+    pub fn new(cfg: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        cfg.validate()?;
+        let report = probe_host();
+        if !report.enforceable() {
+            return Err(SandboxError::Unsupported(report.problems.clone()));
+        }
+        for name in seccomp::profile_names() {
+            seccomp::compile(name)?;
+        }
+        if !cfg.helper.is_file() {
+            return Err(SandboxError::Config(format!(
+                "helper {} is not a file",
+                cfg.helper.display()
+            )));
+        }
+        prepare_root_dir(&cfg.root_dir)?;
+        for b in &cfg.ro_binds {
+            if !b.exists() {
+                return Err(SandboxError::Config(format!(
+                    "ro_bind {} does not exist",
+                    b.display()
+                )));
+            }
+            check_searchable(b)?;
+        }
+        let cgroups = CgroupDriver::setup(&report.cgroup)?;
+        cgroups.sweep_stale();
+        tracing::info!(
+            cgroup = ?cgroups.parents(),
+            slots = cfg.slots,
+            uid_base = cfg.uid_base,
+            "sandbox ready"
+        );
+        let slots = SlotPool::new(cfg.uid_base, cfg.slots);
+        Ok(Sandbox {
+            inner: Arc::new(Inner {
+                cfg,
+                report,
+                cgroups,
+                slots,
+                seq: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// What the host provides (for `kiln doctor` and startup logs).
+    pub fn report(&self) -> &HostReport {
+        &self.inner.report
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.cfg
+    }
+
+    /// The `kiln/` parent cgroups under which every run's groups live.
+    pub fn cgroup_parents(&self) -> Vec<PathBuf> {
+        self.inner.cgroups.parents()
+    }
+
+    /// Takes a free uid slot, waiting while all are busy.
+    pub async fn acquire_slot(&self) -> Slot {
+        self.inner.slots.acquire().await
+    }
+
+    /// Runs one program in a fresh jail under `slot`'s uids. Returns only
+    /// after every process of the jail is dead and its cgroups are removed.
+    /// Non-zero exits, signals, timeouts, OOM and output caps are results;
+    /// `cancel` firing kills the jail and yields [`SandboxError::Cancelled`].
+    pub async fn run(
+        &self,
+        slot: &Slot,
+        req: RunRequest,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, SandboxError> {
+        if !slot.belongs_to(&self.inner.slots) {
+            return Err(SandboxError::ForeignSlot(slot.index()));
+        }
+        validate_request(&req)?;
+        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}-{}-{}", std::process::id(), slot.index(), seq);
+        let cgroups = self
+            .inner
+            .cgroups
+            .create_run(&name, &req.limits, slot.lease())?;
+        let spec = JailSpec {
+            root_dir: self.inner.cfg.root_dir.clone(),
+            ro_binds: self.inner.cfg.ro_binds.clone(),
+            etc_binds: self.inner.cfg.etc_binds.clone(),
+            workspace: req.workspace.clone(),
+            argv: req.argv.clone(),
+            env: req.env.clone(),
+            id_base: slot.id_base(),
+            limits: JailLimits::from_limits(&req.limits),
+            cgroup: cgroups.attach(),
+            seccomp_profile: PROFILE.to_owned(),
+        };
+        let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;
+        // Always tear down, whatever happened above.
+        let stats = cgroups.finish().await;
+        let s = supervised?;
+        let stats = stats?;
+        tracing::debug!(
+            run = %name,
+            wall_ms = s.wall_time.as_millis() as u64,
+            killed = ?s.killed,
+            status = ?s.status,
+            "jail finished"
+        );
+
+        let (exit, cpu_time) = match (s.status, s.killed) {
+            (_, Some(KillReason::Cancelled)) => return Err(SandboxError::Cancelled),
+            (
+                Some(StatusMsg::Finished {
+                    code,
+                    signal,
+                    cpu_us,
+                }),
+                _,
+            ) => {
+                let exit = match (code, signal) {
+                    (_, Some(sig)) => ExitStatus::Signal(sig),
+                    (Some(code), None) => ExitStatus::Code(code),
+                    (None, None) => ExitStatus::Signal(libc::SIGKILL),
+                };
+                (exit, Some(Duration::from_micros(cpu_us)))
+            }
+            (Some(StatusMsg::Error(m)), None) => return Err(SandboxError::Setup(m)),
+            (Some(StatusMsg::ExecFailed(m)), None) => return Err(SandboxError::Exec(m)),
+            (_, Some(_)) => (ExitStatus::Signal(libc::SIGKILL), None),
+            (None, None) if stats.oom_kills > 0 => (ExitStatus::Signal(libc::SIGKILL), None),
+            (None, None) => {
+                let tail = String::from_utf8_lossy(&s.stderr.buf);
+                let tail: String = tail
+                    .chars()
+                    .rev()
+                    .take(500)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                return Err(SandboxError::Helper(format!(
+                    "{} (stderr: {})",
+                    s.helper_exit,
+                    tail.trim()
+                )));
+            }
+        };
+        Ok(RunResult {
+            exit,
+            stdout: s.stdout.buf,
+            stderr: s.stderr.buf,
+            stdout_overflow: s.stdout.overflow,
+            stderr_overflow: s.stderr.overflow,
+            timed_out: s.killed == Some(KillReason::Timeout),
+            oom_killed: stats.oom_kills > 0,
+            wall_time: s.wall_time,
+            cpu_time,
+            memory_peak: stats.memory_peak,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(argv: &[&str]) -> RunRequest {
+        RunRequest {
+            workspace: std::env::temp_dir(),
+            argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+            env: vec![],
+            limits: kiln_core::Limits::default(),
+        }
+    }
+
+    #[test]
+    fn requests_with_relative_or_empty_argv_are_refused() {
+        assert!(matches!(
+            validate_request(&req(&[])),
+            Err(SandboxError::Request(_))
+        ));
+        assert!(matches!(
+            validate_request(&req(&["python3"])),
+            Err(SandboxError::Request(_))
+        ));
+        assert!(validate_request(&req(&["/usr/bin/python3"])).is_ok());
+    }
+
+    #[test]
+    fn requests_with_bad_environment_are_refused() {
+        let mut r = req(&["/bin/true"]);
+        r.env = vec![("A=B".into(), "c".into())];
+        assert!(matches!(
+            validate_request(&r),
+            Err(SandboxError::Request(_))
+        ));
+        r.env = vec![("A".into(), "c\0d".into())];
+        assert!(matches!(
+            validate_request(&r),
+            Err(SandboxError::Request(_))
+        ));
+    }
+
+    #[test]
+    fn unsearchable_ancestors_are_reported() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let inner = top.path().join("ws");
+        std::fs::create_dir(&inner).expect("mkdir");
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        assert!(matches!(
+            check_searchable(&inner),
+            Err(SandboxError::PathNotSearchable { .. })
+        ));
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+        assert!(check_searchable(&inner).is_ok());
+    }
+}

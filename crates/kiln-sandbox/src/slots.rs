@@ -1,0 +1,203 @@
+//! The pool of uid slots. Slot `i` owns the host id range
+//! `uid_base + i*65536 .. +65536`; the jailed user (inside uid 1000) is
+//! `uid_base + i*65536 + 1000` on the host.
+//!
+//! A slot index is reused only when its [`Slot`] was dropped *and* every run
+//! started with it has been torn down (its processes dead, its cgroups gone),
+//! so two jails never share a uid even when a run's future is dropped while
+//! the jail is still dying.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Semaphore;
+
+use crate::spec::{ID_RANGE, JAIL_UID};
+
+#[derive(Debug, Default, Clone, Copy)]
+struct SlotState {
+    held: bool,
+    /// Runs started with this slot whose teardown is not finished.
+    live_runs: u32,
+}
+
+impl SlotState {
+    fn is_free(&self) -> bool {
+        !self.held && self.live_runs == 0
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct SlotPool {
+    uid_base: u32,
+    states: Mutex<Vec<SlotState>>,
+    /// One permit per free index.
+    free: Semaphore,
+}
+
+impl SlotPool {
+    pub(crate) fn new(uid_base: u32, slots: u32) -> Arc<SlotPool> {
+        let n = slots as usize;
+        Arc::new(SlotPool {
+            uid_base,
+            states: Mutex::new(vec![SlotState::default(); n]),
+            free: Semaphore::new(n),
+        })
+    }
+
+    fn states(&self) -> MutexGuard<'_, Vec<SlotState>> {
+        // A panic while holding this lock leaves the vector consistent (every
+        // update is a single field write), so a poisoned lock is still usable.
+        self.states.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) async fn acquire(self: &Arc<Self>) -> Slot {
+        // The semaphore is never closed, so acquire cannot fail.
+        if let Ok(permit) = self.free.acquire().await {
+            permit.forget();
+        }
+        let mut states = self.states();
+        let index = states
+            .iter()
+            .position(SlotState::is_free)
+            .unwrap_or_else(|| unreachable!("a permit was taken, so an index is free"));
+        states[index].held = true;
+        Slot {
+            pool: Arc::clone(self),
+            index: index as u32,
+        }
+    }
+
+    fn update(&self, index: u32, f: impl FnOnce(&mut SlotState)) {
+        let mut states = self.states();
+        let Some(state) = states.get_mut(index as usize) else {
+            return;
+        };
+        let was_free = state.is_free();
+        f(state);
+        if !was_free && state.is_free() {
+            self.free.add_permits(1);
+        }
+    }
+
+    fn base_of(&self, index: u32) -> u32 {
+        self.uid_base + index * ID_RANGE
+    }
+}
+
+/// An exclusive uid range for the lifetime of one execution (compile + run).
+/// Returns its index to the pool on drop.
+#[derive(Debug)]
+pub struct Slot {
+    pool: Arc<SlotPool>,
+    index: u32,
+}
+
+impl Slot {
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// First host uid of the range (in-jail uid 0).
+    pub fn id_base(&self) -> u32 {
+        self.pool.base_of(self.index)
+    }
+
+    /// Host uid of the in-jail user 1000: owner of the workspace.
+    pub fn host_uid(&self) -> u32 {
+        self.id_base() + JAIL_UID
+    }
+
+    /// Host gid of the in-jail group 1000.
+    pub fn host_gid(&self) -> u32 {
+        self.id_base() + JAIL_UID
+    }
+
+    /// Marks a run as started; the index stays reserved until the lease drops.
+    pub(crate) fn lease(&self) -> SlotLease {
+        self.pool.update(self.index, |s| s.live_runs += 1);
+        SlotLease {
+            pool: Arc::clone(&self.pool),
+            index: self.index,
+        }
+    }
+
+    /// Whether this slot came from `pool`.
+    pub(crate) fn belongs_to(&self, pool: &Arc<SlotPool>) -> bool {
+        Arc::ptr_eq(&self.pool, pool)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.pool.update(self.index, |s| s.held = false);
+    }
+}
+
+/// Keeps a slot index reserved while a run's teardown is in progress.
+#[derive(Debug)]
+pub(crate) struct SlotLease {
+    pool: Arc<SlotPool>,
+    index: u32,
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.pool
+            .update(self.index, |s| s.live_runs = s.live_runs.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn slots_map_to_disjoint_id_ranges() {
+        let pool = SlotPool::new(200_000, 2);
+        let a = pool.acquire().await;
+        let b = pool.acquire().await;
+        assert_ne!(a.index(), b.index());
+        let (lo, hi) = if a.index() < b.index() {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        assert_eq!(lo.id_base(), 200_000);
+        assert_eq!(lo.host_uid(), 201_000);
+        assert_eq!(hi.id_base(), 200_000 + 65_536);
+        assert_eq!(hi.host_gid(), 200_000 + 65_536 + 1000);
+    }
+
+    #[tokio::test]
+    async fn acquire_waits_until_a_slot_is_dropped() {
+        let pool = SlotPool::new(200_000, 1);
+        let a = pool.acquire().await;
+        let waiting = tokio::time::timeout(Duration::from_millis(50), pool.acquire()).await;
+        assert!(waiting.is_err(), "second acquire must wait");
+        let index = a.index();
+        drop(a);
+        let b = tokio::time::timeout(Duration::from_secs(1), pool.acquire())
+            .await
+            .expect("slot freed");
+        assert_eq!(b.index(), index);
+    }
+
+    #[tokio::test]
+    async fn a_live_lease_keeps_the_index_reserved_after_the_slot_drops() {
+        let pool = SlotPool::new(200_000, 1);
+        let a = pool.acquire().await;
+        let lease = a.lease();
+        drop(a);
+        let waiting = tokio::time::timeout(Duration::from_millis(50), pool.acquire()).await;
+        assert!(
+            waiting.is_err(),
+            "index must stay reserved while a run tears down"
+        );
+        drop(lease);
+        tokio::time::timeout(Duration::from_secs(1), pool.acquire())
+            .await
+            .expect("slot freed after the lease");
+    }
+}

@@ -1,0 +1,175 @@
+//! The wire protocol between the server and the jail helper: the
+//! [`JailSpec`] the server writes to the helper's stdin, and the
+//! [`StatusMsg`] lines the jail writes to the status fd (fd 3).
+//!
+//! Both are plain serde data so the two sides can be tested apart.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The fd on which the helper finds the status pipe's write end.
+pub const STATUS_FD: i32 = 3;
+
+/// In-jail uid and gid of the user program.
+pub const JAIL_UID: u32 = 1000;
+
+/// Size of one slot's uid range (inside uid 0..65536).
+pub const ID_RANGE: u32 = 65536;
+
+/// Everything the helper needs to build and run one jail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JailSpec {
+    /// Empty host directory the jail's root tmpfs is mounted on.
+    pub root_dir: PathBuf,
+    /// Host paths bound read-only at the same path inside.
+    pub ro_binds: Vec<PathBuf>,
+    /// Names under the host's `/etc` bound read-only (when present).
+    pub etc_binds: Vec<String>,
+    /// Host directory bound read-write at `/mnt/data`.
+    pub workspace: PathBuf,
+    /// Program and arguments; `argv[0]` is an absolute path inside the jail.
+    pub argv: Vec<String>,
+    /// The complete environment of the program.
+    pub env: Vec<(String, String)>,
+    /// First host uid/gid of the slot's range (inside 0 ↦ `id_base`).
+    pub id_base: u32,
+    pub limits: JailLimits,
+    pub cgroup: CgroupAttach,
+    /// Name of the seccomp profile (a file in `resources/seccomp/`).
+    pub seccomp_profile: String,
+}
+
+/// The limits the helper enforces itself (the cgroup limits are set by the
+/// server before the helper starts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JailLimits {
+    /// Wall time in milliseconds; the helper kills the jail after this plus a
+    /// grace period even if the server does not.
+    pub wall_ms: u64,
+    /// RLIMIT_CPU soft limit in whole seconds (hard = soft + 1).
+    pub cpu_secs: u64,
+    pub open_files: u64,
+    pub file_size_bytes: u64,
+    /// RLIMIT_NPROC for the in-jail user.
+    pub nproc: u64,
+    /// Size of `/tmp` and `/dev/shm`.
+    pub tmp_bytes: u64,
+}
+
+impl JailLimits {
+    pub fn from_limits(l: &kiln_core::Limits) -> JailLimits {
+        let cpu_ms = l.cpu_time.as_millis();
+        JailLimits {
+            wall_ms: u64::try_from(l.wall_time.as_millis()).unwrap_or(u64::MAX),
+            cpu_secs: u64::try_from(cpu_ms.div_ceil(1000))
+                .unwrap_or(u64::MAX)
+                .max(1),
+            open_files: l.open_files,
+            file_size_bytes: l.file_size_bytes,
+            nproc: u64::from(l.pids),
+            tmp_bytes: l.tmp_bytes,
+        }
+    }
+}
+
+/// How the helper joins the run's cgroups.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupAttach {
+    /// cgroup v1: write the helper's own pid to each `cgroup.procs` file
+    /// before cloning, so the jail inherits the groups.
+    V1 { procs: Vec<PathBuf> },
+    /// cgroup v2: start the jail's init directly in this group
+    /// (`CLONE_INTO_CGROUP`).
+    V2 { dir: PathBuf },
+}
+
+/// One line on the status fd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusMsg {
+    /// The user program ended; `cpu_us` is user+system time of everything
+    /// the jail's init reaped.
+    Finished {
+        code: Option<i32>,
+        signal: Option<i32>,
+        cpu_us: u64,
+    },
+    /// The user program could not be executed (`execve` failed).
+    ExecFailed(String),
+    /// The jail could not be built: `"<step>: <errno text>"`.
+    Error(String),
+}
+
+impl StatusMsg {
+    /// One JSON line.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(self).unwrap_or_else(|_| {
+            // Serialising these plain variants cannot fail; keep a valid line anyway.
+            br#"{"error":"status: serialisation failed"}"#.to_vec()
+        });
+        v.push(b'\n');
+        v
+    }
+
+    /// The last well-formed message in `bytes` (the status pipe's content).
+    pub fn parse_last(bytes: &[u8]) -> Option<StatusMsg> {
+        bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .next_back()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn error_status_has_the_documented_shape() {
+        let line = StatusMsg::Error("mount /usr: EPERM".into()).to_line();
+        assert_eq!(line, b"{\"error\":\"mount /usr: EPERM\"}\n");
+    }
+
+    #[test]
+    fn parse_last_takes_the_final_wellformed_line() {
+        let mut bytes = StatusMsg::Error("x".into()).to_line();
+        bytes.extend_from_slice(b"garbage\n");
+        bytes.extend(
+            StatusMsg::Finished {
+                code: Some(3),
+                signal: None,
+                cpu_us: 7,
+            }
+            .to_line(),
+        );
+        assert_eq!(
+            StatusMsg::parse_last(&bytes),
+            Some(StatusMsg::Finished {
+                code: Some(3),
+                signal: None,
+                cpu_us: 7
+            })
+        );
+        assert_eq!(StatusMsg::parse_last(b""), None);
+        assert_eq!(StatusMsg::parse_last(b"{\"finished\":"), None);
+    }
+
+    #[test]
+    fn cpu_limit_rounds_up_to_whole_seconds() {
+        let l = kiln_core::Limits {
+            cpu_time: Duration::from_millis(1500),
+            ..Default::default()
+        };
+        assert_eq!(JailLimits::from_limits(&l).cpu_secs, 2);
+        let l = kiln_core::Limits {
+            cpu_time: Duration::from_millis(0),
+            ..Default::default()
+        };
+        assert_eq!(JailLimits::from_limits(&l).cpu_secs, 1);
+    }
+}

@@ -1,0 +1,397 @@
+//! Raw system calls that neither `nix` nor `std` wrap safely: `clone3`,
+//! `mount_setattr`, `close_range`, fd plumbing on raw fd numbers, forking,
+//! signal reset and the `pre_exec` hook that hands the status pipe to the
+//! helper.
+//!
+//! This is the only module of the crate that contains `unsafe`. Every function
+//! here exposes a safe interface: the preconditions an `unsafe` block relies on
+//! are either checked at run time (single-threadedness before forking) or
+//! guaranteed by the function's own construction.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::unistd::Pid;
+
+/// `MOUNT_ATTR_RDONLY` from `<linux/mount.h>`.
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// `MOUNT_ATTR_NOSUID`.
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// `MOUNT_ATTR_NODEV`.
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+/// `MOUNT_ATTR_NOEXEC`.
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const CLONE_PIDFD: u64 = 0x1000;
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// `struct clone_args` (CLONE_ARGS_SIZE_VER2, 88 bytes); every field is a
+/// `__aligned_u64` on every architecture.
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `struct mount_attr` for `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Which side of a fork-like call we are on.
+pub enum Forked {
+    /// The new process.
+    Child,
+    /// The calling process; `pidfd` is only set by [`clone3_fork`].
+    Parent { pid: Pid, pidfd: Option<OwnedFd> },
+}
+
+/// Number of threads of the calling process, from `/proc/self/stat`.
+fn thread_count() -> io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Field 20 (num_threads); fields after the `(comm)` are space separated.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| io::Error::other("unparsable /proc/self/stat"))?;
+    after
+        .split_whitespace()
+        .nth(17)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| io::Error::other("unparsable /proc/self/stat"))
+}
+
+fn ensure_single_threaded() -> io::Result<()> {
+    match thread_count()? {
+        1 => Ok(()),
+        n => Err(io::Error::other(format!(
+            "refusing to fork a process with {n} threads"
+        ))),
+    }
+}
+
+/// `clone3` with fork semantics (no `CLONE_VM`), `SIGCHLD` as exit signal and
+/// a pidfd for the child. `flags` are extra `CLONE_*` flags (namespaces);
+/// `cgroup` is a cgroup2 directory fd to start the child in
+/// (`CLONE_INTO_CGROUP`).
+///
+/// Refuses (without cloning) unless the calling process is single-threaded:
+/// the child continues with a copy of the caller's memory and may allocate.
+pub fn clone3_fork(flags: u64, cgroup: Option<RawFd>) -> io::Result<Forked> {
+    ensure_single_threaded()?;
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: flags | CLONE_PIDFD,
+        pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    if let Some(fd) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
+    // SAFETY: `args` is a fully initialised clone_args of the size we pass and
+    // outlives the call; `pidfd` points to a live c_int. Without CLONE_VM and
+    // with a zero stack the kernel duplicates the address space like fork(2),
+    // so the child runs on its own copy of this stack. We checked above that
+    // the process is single-threaded, so no lock (malloc's included) can be
+    // held by another thread at the time of the copy.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            std::ptr::addr_of_mut!(args),
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => {
+            // SAFETY: with CLONE_PIDFD the kernel stored a fresh pidfd that
+            // nothing else owns.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+            Ok(Forked::Parent {
+                pid: Pid::from_raw(pid as libc::pid_t),
+                pidfd: Some(pidfd),
+            })
+        }
+    }
+}
+
+/// `fork(2)`, refused unless the calling process is single-threaded.
+pub fn fork_single_threaded() -> io::Result<Forked> {
+    ensure_single_threaded()?;
+    // SAFETY: the process is single-threaded (checked above), so the child
+    // gets a consistent copy of every lock and may allocate.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => Ok(Forked::Child),
+        Ok(nix::unistd::ForkResult::Parent { child }) => Ok(Forked::Parent {
+            pid: child,
+            pidfd: None,
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Checks whether this process may create the given namespaces: forks, calls
+/// `unshare(flags)` in the child and reports the child's result. Safe to call
+/// from a multi-threaded process: the child makes only raw system calls.
+pub fn probe_unshare(flags: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: after fork the child calls only async-signal-safe functions
+    // (unshare, _exit) and touches no memory shared with other threads.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Errno::last());
+    }
+    if pid == 0 {
+        // SAFETY: raw system calls only; _exit never returns.
+        unsafe {
+            let code = if libc::unshare(flags) == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            libc::_exit(code & 0xff);
+        }
+    }
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: `status` is a valid out pointer; `pid` is our child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        if Errno::last() != Errno::EINTR {
+            return Err(Errno::last());
+        }
+    }
+    if libc::WIFEXITED(status) {
+        match libc::WEXITSTATUS(status) {
+            0 => Ok(()),
+            e => Err(Errno::from_raw(e)),
+        }
+    } else {
+        Err(Errno::ECHILD)
+    }
+}
+
+/// `mount_setattr(2)` on `path`: sets `set` attributes (MOUNT_ATTR_*) on the
+/// mount at `path`, and on every mount below it when `recursive`.
+pub fn mount_setattr(path: &Path, recursive: bool, set: u64) -> Result<(), Errno> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    let mut attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: `c` is a NUL-terminated path and `attr` a valid mount_attr of
+    // the size we pass; both outlive the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags,
+            std::ptr::addr_of_mut!(attr),
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r == -1 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// Marks every fd `>= first` close-on-exec (`close_range(first, ~0,
+/// CLOSE_RANGE_CLOEXEC)`), falling back to walking `/proc/self/fd` on
+/// kernels older than 5.11.
+pub fn cloexec_from(first: RawFd) -> Result<(), Errno> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes fd flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let err = Errno::last();
+    if err != Errno::ENOSYS && err != Errno::EINVAL {
+        return Err(err);
+    }
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= first)
+        .collect();
+    for fd in fds {
+        // Errors are expected for the directory fd that read_dir already closed.
+        let _ = set_cloexec(fd, true);
+    }
+    Ok(())
+}
+
+/// Closes every fd `>= first`.
+pub fn close_from(first: RawFd) -> Result<(), Errno> {
+    // SAFETY: close_range only closes descriptors; callers own every fd in
+    // the range (it is used once at helper start, before any fd is opened).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(Errno::last()) }
+}
+
+/// Sets or clears `FD_CLOEXEC` on a raw fd number.
+pub fn set_cloexec(fd: RawFd, on: bool) -> Result<(), Errno> {
+    // SAFETY: F_GETFD/F_SETFD only read and write descriptor flags; an invalid
+    // fd yields EBADF.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags < 0 {
+            return Err(Errno::last());
+        }
+        let new = if on {
+            flags | libc::FD_CLOEXEC
+        } else {
+            flags & !libc::FD_CLOEXEC
+        };
+        if libc::fcntl(fd, libc::F_SETFD, new) < 0 {
+            return Err(Errno::last());
+        }
+    }
+    Ok(())
+}
+
+/// `dup2(from, to)` on raw fd numbers (the result has no `FD_CLOEXEC`).
+pub fn dup2_raw(from: &impl AsRawFd, to: RawFd) -> Result<(), Errno> {
+    // SAFETY: dup2 atomically replaces `to`; `from` is a live descriptor
+    // borrowed for the duration of the call.
+    let r = unsafe { libc::dup2(from.as_raw_fd(), to) };
+    if r < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// Closes a raw fd number that this process does not otherwise own.
+pub fn close_raw(fd: RawFd) {
+    // SAFETY: closing a descriptor number; the callers use it on inherited
+    // descriptors that no Rust object owns (e.g. the status fd in the user
+    // program's process before exec).
+    unsafe {
+        libc::close(fd);
+    }
+}
+
+/// Takes ownership of an fd number inherited from the parent process, if it
+/// is open. Call at most once per fd number, at process start.
+pub fn adopt_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: F_GETFD only reads descriptor flags.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor is open (checked above) and, per this function's
+    // contract, was inherited and is not owned by anything else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Resets every signal disposition to the default and unblocks all signals,
+/// so the user program does not inherit our `SIGPIPE` ignore (Rust's runtime
+/// sets it) or a blocked mask.
+pub fn reset_signals() -> Result<(), Errno> {
+    for sig in 1..libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL involves no handler code. Signal numbers
+        // the C library reserves for itself yield EINVAL, which we ignore.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+    // SAFETY: `set` is initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
+            return Err(Errno::last());
+        }
+    }
+    Ok(())
+}
+
+/// `_exit(2)`: ends the process without running atexit handlers or flushing
+/// stdio buffers inherited from the parent's copy of memory.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit is always safe to call and never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// Landlock ABI version the kernel supports, if Landlock is enabled.
+pub fn landlock_abi() -> Option<u32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attr, size 0 and the VERSION flag the call only
+    // returns a number.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(v).ok().filter(|v| *v > 0)
+}
+
+/// Makes `fd` appear as fd `target` (without `FD_CLOEXEC`) in the process
+/// that `cmd` spawns, and nowhere else: `fd` itself should be `O_CLOEXEC` so
+/// concurrent spawns never inherit it.
+pub fn pass_fd_to_child(cmd: &mut tokio::process::Command, fd: RawFd, target: RawFd) {
+    let hook = move || -> io::Result<()> {
+        // Only async-signal-safe calls (dup2, fcntl), no allocation: this runs
+        // between fork and exec in a copy of a multi-threaded process.
+        // SAFETY: plain descriptor syscalls on numbers owned by this child.
+        unsafe {
+            if fd == target {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, target) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook only calls async-signal-safe functions and does not
+    // allocate, as required for code running between fork and exec.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}

@@ -1,0 +1,160 @@
+//! Shared harness of the sandbox integration tests: one [`Sandbox`] per test
+//! binary (own uid range, so binaries never share uids), workspaces owned by
+//! the slot's uid, and host-side checks.
+//!
+//! These tests need root, user namespaces and cgroups. Without them they skip
+//! with a printed reason — unless `CI` is set, where that is a failure.
+
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use kiln_core::Limits;
+use kiln_sandbox::{RunRequest, RunResult, Sandbox, SandboxConfig, Slot};
+use tokio_util::sync::CancellationToken;
+
+/// The sandbox for this test binary, or `None` (after printing why) when the
+/// host cannot run jails and `CI` is unset.
+pub fn sandbox(uid_base: u32) -> Option<&'static Sandbox> {
+    static SB: OnceLock<Result<Sandbox, String>> = OnceLock::new();
+    let sb = SB.get_or_init(|| {
+        let root = std::env::temp_dir().join("kiln-sandbox-test-root");
+        let cfg = SandboxConfig {
+            helper: PathBuf::from(env!("CARGO_BIN_EXE_kiln-jail")),
+            root_dir: root,
+            uid_base,
+            slots: 4,
+            ..SandboxConfig::default()
+        };
+        Sandbox::new(cfg).map_err(|e| e.to_string())
+    });
+    match sb {
+        Ok(sb) => Some(sb),
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("CI is set and the sandbox is unavailable: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: sandbox unavailable on this host: {e}");
+            None
+        }
+    }
+}
+
+/// Small limits so tests are fast and abuse is cheap.
+pub fn limits() -> Limits {
+    Limits {
+        wall_time: Duration::from_secs(20),
+        cpu_time: Duration::from_secs(20),
+        memory_bytes: 256 * 1024 * 1024,
+        pids: 64,
+        file_size_bytes: 16 * 1024 * 1024,
+        open_files: 256,
+        stdout_bytes: 64 * 1024,
+        stderr_bytes: 64 * 1024,
+        tmp_bytes: 16 * 1024 * 1024,
+    }
+}
+
+/// A fresh workspace owned by the slot's in-jail user.
+pub struct Workspace {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+pub fn workspace(slot: &Slot) -> Workspace {
+    let dir = tempfile::Builder::new()
+        .prefix("kiln-ws-")
+        .tempdir()
+        .expect("create workspace");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod workspace");
+    std::os::unix::fs::chown(dir.path(), Some(slot.host_uid()), Some(slot.host_gid()))
+        .expect("chown workspace");
+    let path = dir.path().to_path_buf();
+    Workspace { _dir: dir, path }
+}
+
+pub fn request(ws: &Workspace, argv: &[&str], limits: Limits) -> RunRequest {
+    RunRequest {
+        workspace: ws.path.clone(),
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        env: vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOME".into(), "/mnt/data".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ],
+        limits,
+    }
+}
+
+/// Runs `sh -c script` in a fresh workspace of `slot`.
+pub async fn sh(sb: &Sandbox, slot: &Slot, script: &str) -> RunResult {
+    let ws = workspace(slot);
+    sb.run(
+        slot,
+        request(&ws, &["/bin/sh", "-c", script], limits()),
+        CancellationToken::new(),
+    )
+    .await
+    .expect("run")
+}
+
+pub fn stdout(r: &RunResult) -> String {
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+pub fn stderr(r: &RunResult) -> String {
+    String::from_utf8_lossy(&r.stderr).into_owned()
+}
+
+/// Host pids whose real uid is `uid`.
+pub fn host_pids_with_uid(uid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        if real == Some(uid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Every host pid whose uid lies in the slot's range (the user program, its
+/// children, and the jail's init, which is uid 0 inside = the range base).
+pub fn host_pids_of_slot(slot: &Slot) -> Vec<u32> {
+    let mut v = host_pids_with_uid(slot.host_uid());
+    v.extend(host_pids_with_uid(slot.id_base()));
+    v
+}
+
+/// Run-group directories of this process still present under the kiln
+/// parents.
+pub fn own_run_cgroups(sb: &Sandbox) -> Vec<PathBuf> {
+    let prefix = format!("{}-", std::process::id());
+    sb.cgroup_parents()
+        .iter()
+        .flat_map(|p| std::fs::read_dir(p).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}
