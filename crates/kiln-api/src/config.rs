@@ -1,0 +1,130 @@
+//! The HTTP layer's configuration ([`ApiConfig`]) and the shared handler
+//! state ([`AppState`], [`HealthInfo`]).
+
+use std::sync::Arc;
+
+use kiln_core::LanguageSpec;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+/// How callers authenticate.
+///
+/// Kept `non_exhaustive`: LibreChat-minted JWTs are the next mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AuthMode {
+    /// Every route is open (network-level trust; current LibreChat sends no
+    /// credentials unless JWT is configured).
+    #[default]
+    None,
+    /// A shared key, accepted from `X-API-Key` or `Authorization: Bearer`.
+    ApiKey,
+}
+
+/// Knobs of the HTTP layer. `Default` gives the documented defaults.
+#[derive(Clone)]
+pub struct ApiConfig {
+    pub auth: AuthMode,
+    /// The shared key for [`AuthMode::ApiKey`]; compared in constant time.
+    /// With `ApiKey` and no key every authenticated route answers 401.
+    pub api_key: Option<String>,
+    /// Refuse identity-less requests (no `User-Id`, body `user_id` or
+    /// `kind=user&id=`) with 401 instead of treating them as `anonymous`.
+    pub require_identity: bool,
+    /// Largest accepted uploaded file, in bytes (413 beyond).
+    pub max_upload_bytes: u64,
+    /// Most file parts processed per upload request.
+    pub max_batch_files: usize,
+    /// Largest accepted JSON request body, in bytes (413 beyond).
+    pub max_json_bytes: usize,
+    /// Tenant every principal belongs to.
+    pub tenant: String,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            auth: AuthMode::None,
+            api_key: None,
+            require_identity: false,
+            max_upload_bytes: 25 * 1024 * 1024,
+            max_batch_files: 200,
+            max_json_bytes: 50 * 1024 * 1024,
+            tenant: "local".to_owned(),
+        }
+    }
+}
+
+// The key must never reach a log line.
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("auth", &self.auth)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("require_identity", &self.require_identity)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("max_batch_files", &self.max_batch_files)
+            .field("max_json_bytes", &self.max_json_bytes)
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+/// What `GET /health` reports; probed once by the binary at startup.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthInfo {
+    /// Server version (the binary's `CARGO_PKG_VERSION`).
+    pub version: String,
+    pub languages: Vec<LanguageHealth>,
+}
+
+/// One runtime's availability on this host.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LanguageHealth {
+    pub name: String,
+    pub aliases: Vec<String>,
+    /// First line of the version probe, when it ran.
+    pub version: Option<String>,
+    pub available: bool,
+    /// Why the runtime is unavailable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl LanguageHealth {
+    /// An available runtime with its probed version.
+    pub fn available(spec: &LanguageSpec, version: Option<String>) -> Self {
+        LanguageHealth {
+            name: spec.name.to_owned(),
+            aliases: spec.aliases.iter().map(|a| (*a).to_owned()).collect(),
+            version,
+            available: true,
+            reason: None,
+        }
+    }
+
+    /// A runtime that cannot be used on this host, and why.
+    pub fn unavailable(spec: &LanguageSpec, reason: impl Into<String>) -> Self {
+        LanguageHealth {
+            name: spec.name.to_owned(),
+            aliases: spec.aliases.iter().map(|a| (*a).to_owned()).collect(),
+            version: None,
+            available: false,
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+/// Everything a handler needs. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: kiln_store::Store,
+    pub exec: Arc<dyn kiln_exec::Execute>,
+    pub config: Arc<ApiConfig>,
+    pub health: Arc<HealthInfo>,
+    /// Renders `/metrics`; `None` → `/metrics` answers 404.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Cancelled when the server begins shutting down: new `/exec` calls
+    /// are refused with 503 (runs already in flight are left to finish).
+    pub shutdown: CancellationToken,
+}

@@ -1,0 +1,224 @@
+//! [`ApiError`]: every way a request can fail, and the LibreChat error
+//! envelope (status + JSON body) each one maps to.
+//!
+//! Bodies are contract (clients match on `error`/`message` codes, spec §1.3,
+//! §1.4); internal detail goes to the log, never to the client.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use kiln_core::Nanoid;
+use kiln_exec::ExecError;
+use kiln_store::StoreError;
+use serde_json::{Value, json};
+
+/// The only deployment profile Kiln serves (stateless executions).
+pub const PROFILE: &str = "default";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed input; the message is safe to show (400 `{"error":msg}`).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// A path or reference id that is not a 21-character nanoid.
+    #[error("malformed id")]
+    MalformedId,
+    /// `X-CodeAPI-Expected-Profile` is neither `default` nor `stateful`.
+    #[error("invalid execution profile {0:?}")]
+    InvalidProfile(String),
+    /// The caller expected the stateful deployment.
+    #[error("expected execution profile {0:?}")]
+    ProfileMismatch(String),
+    /// Missing or wrong API key.
+    #[error("missing or invalid credentials")]
+    Unauthenticated,
+    /// `require_identity` is on and the request carries no identity.
+    #[error("request carries no user identity")]
+    IdentityRequired,
+    /// The claimed or implied scope does not own the storage session.
+    #[error("session {session} is not readable by the caller")]
+    SessionForbidden { session: Nanoid },
+    /// Unknown storage session or object.
+    #[error("file {session}/{file:?} not found")]
+    FileNotFound {
+        session: Nanoid,
+        file: Option<Nanoid>,
+    },
+    /// The object did not appear within the read-after-write wait.
+    #[error("file {session}/{file} did not appear")]
+    DownloadNotFound { session: Nanoid, file: Nanoid },
+    /// No route matches the path.
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    /// The route exists, the method does not.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// A request body is larger than the configured limit.
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    /// An uploaded file is larger than `max_upload_bytes`.
+    #[error("uploaded file {name:?} exceeds {limit} bytes")]
+    UploadTooLarge { name: String, limit: u64 },
+    /// The body is not JSON / not multipart.
+    #[error("unsupported content type: {0}")]
+    UnsupportedContentType(&'static str),
+    /// Reading the request body failed (client went away, bad framing).
+    #[error("reading the request body failed: {0}")]
+    ReadBody(String),
+    /// New work refused because the server is shutting down.
+    #[error("service is shutting down")]
+    ShuttingDown,
+    /// The executor refused or failed the run.
+    #[error("execution failed: {0}")]
+    Exec(#[from] ExecError),
+    /// Looking up a storage session failed.
+    #[error("looking up session {session} failed: {source}")]
+    SessionLookup { session: Nanoid, source: StoreError },
+    /// Creating the storage session of an upload failed.
+    #[error("creating session {session} failed: {source}")]
+    CreateSession { session: Nanoid, source: StoreError },
+    /// Storing an uploaded file failed.
+    #[error("storing upload {session}/{file} failed: {source}")]
+    StoreUpload {
+        session: Nanoid,
+        file: Nanoid,
+        source: StoreError,
+    },
+    /// Opening an object for download failed.
+    #[error("downloading {session}/{file} failed: {source}")]
+    Download {
+        session: Nanoid,
+        file: Nanoid,
+        source: StoreError,
+    },
+    /// Listing a storage session failed.
+    #[error("listing session {session} failed: {source}")]
+    ListSession { session: Nanoid, source: StoreError },
+    /// Reading an object's metadata failed.
+    #[error("reading metadata of {session}/{file} failed: {source}")]
+    ObjectMetadata {
+        session: Nanoid,
+        file: Nanoid,
+        source: StoreError,
+    },
+    /// Deleting an object failed.
+    #[error("deleting {session}/{file} failed: {source}")]
+    DeleteObject {
+        session: Nanoid,
+        file: Nanoid,
+        source: StoreError,
+    },
+    /// A handler panicked (caught by the panic layer).
+    #[error("handler panicked: {0}")]
+    Panic(String),
+}
+
+impl ApiError {
+    /// Status and JSON body of the envelope.
+    pub fn status_and_body(&self) -> (StatusCode, Value) {
+        use ApiError::*;
+        let plain = |status: StatusCode, msg: &str| (status, json!({ "error": msg }));
+        match self {
+            BadRequest(msg) => plain(StatusCode::BAD_REQUEST, msg),
+            MalformedId => plain(StatusCode::BAD_REQUEST, "Bad request"),
+            InvalidProfile(p) => (
+                StatusCode::BAD_REQUEST,
+                json!({
+                    "error": "invalid_execution_profile",
+                    "message": format!("Invalid execution profile: {p}"),
+                    "expected_profile": p,
+                    "actual_profile": PROFILE,
+                }),
+            ),
+            ProfileMismatch(p) => (
+                StatusCode::CONFLICT,
+                json!({
+                    "error": "execution_profile_mismatch",
+                    "message": format!("Expected the {p} execution profile, but reached {PROFILE}"),
+                    "expected_profile": p,
+                    "actual_profile": PROFILE,
+                }),
+            ),
+            Unauthenticated => plain(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            IdentityRequired => plain(StatusCode::UNAUTHORIZED, "Authentication is required"),
+            SessionForbidden { .. } => plain(StatusCode::FORBIDDEN, "Unauthorized"),
+            FileNotFound { .. } => plain(StatusCode::NOT_FOUND, "File not found"),
+            DownloadNotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                json!({
+                    "error": "File not found",
+                    "details": "The file may have expired or does not exist",
+                }),
+            ),
+            RouteNotFound(_) => plain(StatusCode::NOT_FOUND, "Not found"),
+            MethodNotAllowed => plain(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
+            BodyTooLarge { .. } => plain(StatusCode::PAYLOAD_TOO_LARGE, "Request body too large"),
+            UploadTooLarge { .. } => {
+                plain(StatusCode::PAYLOAD_TOO_LARGE, "File size limit exceeded")
+            }
+            UnsupportedContentType(msg) => plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, msg),
+            ReadBody(_) => plain(StatusCode::BAD_REQUEST, "Could not read the request body"),
+            ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
+            Exec(e) => exec_envelope(e),
+            SessionLookup { .. } | Panic(_) => {
+                plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
+            }
+            CreateSession { .. } | StoreUpload { .. } => {
+                plain(StatusCode::INTERNAL_SERVER_ERROR, "Error uploading files")
+            }
+            Download { .. } => plain(StatusCode::INTERNAL_SERVER_ERROR, "Error downloading file"),
+            ListSession { .. } => plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Error fetching file information",
+            ),
+            ObjectMetadata { .. } => plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Error fetching object metadata",
+            ),
+            DeleteObject { .. } => plain(StatusCode::INTERNAL_SERVER_ERROR, "Error deleting file"),
+        }
+    }
+}
+
+fn exec_envelope(e: &ExecError) -> (StatusCode, Value) {
+    match e {
+        ExecError::BadRequest(msg) => (StatusCode::BAD_REQUEST, json!({ "error": msg })),
+        ExecError::Unauthorized => (
+            StatusCode::FORBIDDEN,
+            json!({ "error": "Unauthorized file reference" }),
+        ),
+        ExecError::SandboxSetup(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": "sandbox_setup_failed", "message": "Sandbox setup failed" }),
+        ),
+        ExecError::SandboxFailed(_) => (
+            StatusCode::BAD_GATEWAY,
+            json!({ "error": "sandbox_execution_failed", "message": "Sandbox execution failed" }),
+        ),
+        ExecError::ShuttingDown => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": "Service is shutting down" }),
+        ),
+        // The client is gone; nobody reads this.
+        ExecError::Cancelled => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": "Request cancelled" }),
+        ),
+        ExecError::Storage(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({ "error": "Internal server error" }),
+        ),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = self.status_and_body();
+        if status.is_server_error() {
+            tracing::error!(error = %self, status = status.as_u16(), "request failed");
+        } else {
+            tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
+        }
+        (status, Json(body)).into_response()
+    }
+}

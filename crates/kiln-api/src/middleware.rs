@@ -1,0 +1,211 @@
+//! Cross-cutting request handling: the execution-profile check (and the
+//! profile header on every response), API-key authentication, HTTP metrics,
+//! request ids, and JSON answers for panics, unknown routes and methods.
+
+use std::any::Any;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderName, HeaderValue, Response};
+use axum::middleware::Next;
+use axum::response::IntoResponse;
+use kiln_core::Nanoid;
+use subtle::ConstantTimeEq;
+use tower_http::request_id::{MakeRequestId, RequestId};
+
+use crate::config::{AppState, AuthMode};
+use crate::error::{ApiError, PROFILE};
+
+/// Request header naming the profile the client expects.
+pub const EXPECTED_PROFILE: HeaderName = HeaderName::from_static("x-codeapi-expected-profile");
+/// Response header naming the profile that answered.
+pub const EXECUTION_PROFILE: HeaderName = HeaderName::from_static("x-codeapi-execution-profile");
+/// The request id header (generated when absent, echoed on the response).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Check `X-CodeAPI-Expected-Profile` before anything else and stamp
+/// `X-CodeAPI-Execution-Profile: default` on every response.
+pub async fn profile(req: Request, next: Next) -> axum::response::Response {
+    let mut resp = match check_profile(&req) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    };
+    resp.headers_mut()
+        .insert(EXECUTION_PROFILE, HeaderValue::from_static(PROFILE));
+    resp
+}
+
+fn check_profile(req: &Request) -> Result<(), ApiError> {
+    let values: Vec<String> = req
+        .headers()
+        .get_all(EXPECTED_PROFILE)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        .collect();
+    match values.as_slice() {
+        [] => Ok(()),
+        [one] if one.eq_ignore_ascii_case(PROFILE) => Ok(()),
+        [one] if one.eq_ignore_ascii_case("stateful") => {
+            Err(ApiError::ProfileMismatch("stateful".to_owned()))
+        }
+        // Anything else, including a duplicated header, is invalid.
+        many => Err(ApiError::InvalidProfile(many.join(", "))),
+    }
+}
+
+/// API-key authentication for every route it wraps (not `/health`,
+/// `/metrics`). The key is compared in constant time and never logged.
+pub async fn auth(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> axum::response::Response {
+    match state.config.auth {
+        AuthMode::None => next.run(req).await,
+        AuthMode::ApiKey => {
+            let Some(expected) = state.config.api_key.as_deref() else {
+                return ApiError::Unauthenticated.into_response();
+            };
+            if presented_keys(&req).any(|k| key_matches(k, expected)) {
+                next.run(req).await
+            } else {
+                ApiError::Unauthenticated.into_response()
+            }
+        }
+    }
+}
+
+/// Keys the request presents: `X-API-Key` values and `Bearer` tokens.
+fn presented_keys(req: &Request) -> impl Iterator<Item = &[u8]> {
+    let headers = req.headers();
+    let api_keys = headers.get_all("x-api-key").iter().map(|v| v.as_bytes());
+    let bearers = headers
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| {
+            let v = v.as_bytes();
+            let (scheme, rest) = v.split_at_checked(7)?;
+            scheme
+                .eq_ignore_ascii_case(b"bearer ")
+                .then(|| rest.trim_ascii())
+        });
+    api_keys.chain(bearers)
+}
+
+fn key_matches(presented: &[u8], expected: &str) -> bool {
+    presented.ct_eq(expected.as_bytes()).into()
+}
+
+/// Record `kiln_http_requests_total{route,status}` and
+/// `kiln_http_request_duration_seconds{route}` (time to response head).
+pub async fn http_metrics(req: Request, next: Next) -> axum::response::Response {
+    let route = route_label(req.extensions().get::<MatchedPath>());
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("kiln_http_requests_total", "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("kiln_http_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    resp
+}
+
+/// The route template without the `/v1` prefix (`/download/{session_id}/{file_id}`),
+/// or `unmatched`, so labels stay bounded.
+pub fn route_label(matched: Option<&MatchedPath>) -> String {
+    match matched {
+        Some(m) => {
+            let p = m.as_str();
+            match p.strip_prefix("/v1") {
+                Some("") => "/".to_owned(),
+                Some(rest) if rest.starts_with('/') => rest.to_owned(),
+                _ => p.to_owned(),
+            }
+        }
+        None => "unmatched".to_owned(),
+    }
+}
+
+/// Request ids are fresh nanoids.
+#[derive(Clone, Copy, Default)]
+pub struct NanoidRequestId;
+
+impl MakeRequestId for NanoidRequestId {
+    fn make_request_id<B>(&mut self, _req: &http::Request<B>) -> Option<RequestId> {
+        HeaderValue::from_str(Nanoid::random().as_str())
+            .ok()
+            .map(RequestId::new)
+    }
+}
+
+/// The JSON 500 answered when a handler panics.
+pub fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response<Body> {
+    let detail = if let Some(s) = err.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = err.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else {
+        "unknown panic payload".to_owned()
+    };
+    ApiError::Panic(detail).into_response()
+}
+
+/// Unknown paths (including `/exec/programmatic`).
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound(req.uri().path().to_owned())
+}
+
+/// Known paths with an unsupported method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req_with(headers: &[(&str, &str)]) -> Request {
+        let mut b = http::Request::builder().uri("/v1/exec");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn profile_check_accepts_absent_and_default() {
+        assert!(check_profile(&req_with(&[])).is_ok());
+        assert!(check_profile(&req_with(&[("x-codeapi-expected-profile", "default")])).is_ok());
+    }
+
+    #[test]
+    fn profile_check_rejects_unknown_duplicate_and_stateful() {
+        let bad = check_profile(&req_with(&[("x-codeapi-expected-profile", "turbo")]));
+        assert!(matches!(bad, Err(ApiError::InvalidProfile(p)) if p == "turbo"));
+        let dup = check_profile(&req_with(&[
+            ("x-codeapi-expected-profile", "default"),
+            ("x-codeapi-expected-profile", "default"),
+        ]));
+        assert!(matches!(dup, Err(ApiError::InvalidProfile(_))));
+        let st = check_profile(&req_with(&[("x-codeapi-expected-profile", "stateful")]));
+        assert!(matches!(st, Err(ApiError::ProfileMismatch(p)) if p == "stateful"));
+    }
+
+    #[test]
+    fn presented_keys_come_from_x_api_key_and_bearer() {
+        let r = req_with(&[("x-api-key", "k1"), ("authorization", "Bearer  k2 ")]);
+        let keys: Vec<&[u8]> = presented_keys(&r).collect();
+        assert_eq!(keys, [&b"k1"[..], &b"k2"[..]]);
+        let r = req_with(&[("authorization", "Basic abc")]);
+        assert_eq!(presented_keys(&r).count(), 0);
+    }
+
+    #[test]
+    fn key_comparison_is_exact() {
+        assert!(key_matches(b"secret", "secret"));
+        assert!(!key_matches(b"secre", "secret"));
+        assert!(!key_matches(b"secret!", "secret"));
+        assert!(!key_matches(b"", "secret"));
+    }
+}
