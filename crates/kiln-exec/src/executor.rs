@@ -1,0 +1,709 @@
+//! One execution from request to result: authorize and stage inputs, run in
+//! the sandbox, walk the workspace, store outputs, clean up.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use kiln_core::outcome::{ExitStatus, RunStatus, signal_name};
+use kiln_core::{Language, Limits, Nanoid, Principal, RelPath, SessionKey};
+use kiln_sandbox::{RunRequest, RunResult, Sandbox, SandboxError, Slot};
+use kiln_store::{NewObject, Store};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info_span, warn};
+
+use crate::plan::plan_inputs;
+use crate::types::*;
+use crate::walker::{self, StagedInput, WalkLimits};
+
+/// Executor settings.
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// Parent of every execution's workspace (`<data-dir>/work`).
+    pub work_dir: PathBuf,
+    /// Limits of one run; a request's `timeout` may lower the wall time.
+    pub limits: Limits,
+    /// Walker caps.
+    pub walk: WalkLimits,
+}
+
+impl ExecConfig {
+    pub fn new(work_dir: PathBuf) -> Self {
+        ExecConfig {
+            work_dir,
+            limits: Limits::default(),
+            walk: WalkLimits {
+                max_output_files: 50,
+                max_file_bytes: 10 * 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// Runs executions. Cheap to clone.
+#[derive(Clone)]
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    sandbox: Sandbox,
+    cfg: ExecConfig,
+    /// Cancelled by [`Executor::kill_all`]: every running execution stops.
+    kill_all: CancellationToken,
+    /// Executions in flight, for [`Executor::wait_idle`].
+    active: AtomicUsize,
+    idle: Notify,
+}
+
+/// Counts an execution as active for its lifetime.
+struct ActiveGuard<'a>(&'a Inner);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Executor {
+    pub fn new(store: Store, sandbox: Sandbox, cfg: ExecConfig) -> std::io::Result<Self> {
+        fs::create_dir_all(&cfg.work_dir)?;
+        fs::set_permissions(&cfg.work_dir, fs::Permissions::from_mode(0o711))?;
+        // workspaces left by a crash belong to nobody any more
+        if let Ok(rd) = fs::read_dir(&cfg.work_dir) {
+            for e in rd.flatten() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+        Ok(Executor {
+            inner: Arc::new(Inner {
+                store,
+                sandbox,
+                cfg,
+                kill_all: CancellationToken::new(),
+                active: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }),
+        })
+    }
+
+    /// Kill every running execution (shutdown after the grace period).
+    pub fn kill_all(&self) {
+        self.inner.kill_all.cancel();
+    }
+
+    /// Executions in flight.
+    pub fn active(&self) -> usize {
+        self.inner.active.load(Ordering::SeqCst)
+    }
+
+    /// Wait until no execution is in flight, at most `limit`.
+    pub async fn wait_idle(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                let notified = self.inner.idle.notified();
+                if self.active() == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
+    /// Run one execution to completion.
+    pub async fn run(
+        &self,
+        principal: &Principal,
+        req: ExecRequest,
+        cancel: CancellationToken,
+    ) -> Result<ExecResult, ExecError> {
+        let inner = &*self.inner;
+        inner.active.fetch_add(1, Ordering::SeqCst);
+        let _active = ActiveGuard(inner);
+        if inner.kill_all.is_cancelled() {
+            return Err(ExecError::ShuttingDown);
+        }
+        // the run stops when the client goes away or when everything is killed
+        let token = inner.kill_all.child_token();
+        let _unlink = token.clone().drop_guard();
+        {
+            let (c, t) = (cancel, token.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = c.cancelled() => t.cancel(),
+                    () = t.cancelled() => {}
+                }
+            });
+        }
+        let session_id = Nanoid::random();
+        let span = info_span!("exec", session_id = %session_id, lang = req.lang.name());
+        match inner
+            .run(principal, req, session_id, token)
+            .instrument(span)
+            .await
+        {
+            Err(ExecError::Cancelled) if inner.kill_all.is_cancelled() => {
+                Err(ExecError::ShuttingDown)
+            }
+            other => other,
+        }
+    }
+}
+
+impl Execute for Executor {
+    fn execute<'a>(
+        &'a self,
+        principal: &'a Principal,
+        req: ExecRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
+        Box::pin(self.run(principal, req, cancel))
+    }
+}
+
+/// Removes a workspace when dropped, whatever happened.
+struct WorkspaceGuard(PathBuf);
+
+impl Drop for WorkspaceGuard {
+    fn drop(&mut self) {
+        let path = std::mem::take(&mut self.0);
+        let remove = move || {
+            if let Err(e) = fs::remove_dir_all(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    warn!(path = %path.display(), error = %e, "could not remove workspace");
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(remove);
+            }
+            Err(_) => remove(),
+        }
+    }
+}
+
+impl Inner {
+    async fn run(
+        &self,
+        principal: &Principal,
+        req: ExecRequest,
+        session_id: Nanoid,
+        cancel: CancellationToken,
+    ) -> Result<ExecResult, ExecError> {
+        let started = Instant::now();
+        let lang = req.lang;
+        let limits = self
+            .cfg
+            .limits
+            .clone()
+            .with_requested_timeout(req.timeout_ms);
+
+        // inputs are checked before any resource is taken
+        let inputs = plan_inputs(req.files)?;
+        let resolved = self.authorize(principal, inputs).await?;
+
+        let t_queue = Instant::now();
+        let slot = tokio::select! {
+            s = self.sandbox.acquire_slot() => s,
+            () = cancel.cancelled() => return Err(ExecError::Cancelled),
+        };
+        metrics::histogram!("kiln_exec_phase_seconds", "phase" => "queue")
+            .record(t_queue.elapsed().as_secs_f64());
+
+        self.store
+            .create_session(&session_id, &principal.user_key())
+            .await
+            .map_err(|e| ExecError::Storage(e.to_string()))?;
+
+        let t_stage = Instant::now();
+        let ws = self.cfg.work_dir.join(session_id.as_str());
+        let guard = WorkspaceGuard(ws.clone());
+        let staged = self.stage(&ws, &slot, resolved, lang, &req.code).await?;
+        metrics::histogram!("kiln_exec_phase_seconds", "phase" => "stage")
+            .record(t_stage.elapsed().as_secs_f64());
+
+        let t_run = Instant::now();
+        let env = environment(lang);
+        if let Some(argv) = lang.compile_argv() {
+            let mut cl = limits.clone();
+            cl.wall_time = lang.spec().compile_timeout;
+            let r = self
+                .sandbox_run(&slot, &ws, argv, &env, cl, &cancel)
+                .await?;
+            if !matches!(r.exit, ExitStatus::Code(0)) || r.timed_out || r.oom_killed {
+                metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
+                    .record(t_run.elapsed().as_secs_f64());
+                drop(guard);
+                return Ok(self.finish(
+                    session_id,
+                    lang,
+                    r,
+                    Some("Compilation failed"),
+                    started,
+                    Harvest::default(),
+                ));
+            }
+        }
+        let r = self
+            .sandbox_run(&slot, &ws, lang.run_argv(&req.args), &env, limits, &cancel)
+            .await?;
+        metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
+            .record(t_run.elapsed().as_secs_f64());
+
+        // the jail is gone; harvest
+        let t_harvest = Instant::now();
+        let entry_hash = walker::hash_bytes(req.code.as_bytes());
+        let entry = lang.spec().entry_file.to_owned();
+        let walk_limits = self.cfg.walk.clone();
+        let ws2 = ws.clone();
+        let walked = tokio::task::spawn_blocking(move || {
+            walker::walk(&ws2, &staged, (&entry, &entry_hash), &walk_limits)
+        })
+        .await
+        .map_err(|e| ExecError::SandboxFailed(format!("walker panicked: {e}")))?
+        .map_err(|e| ExecError::SandboxFailed(format!("walk workspace: {e}")))?;
+
+        let mut harvest = Harvest::default();
+        for g in walked.generated {
+            let file_id = Nanoid::random();
+            let Ok(name) = RelPath::parse(&g.name) else {
+                harvest.failed += 1;
+                continue;
+            };
+            let obj = NewObject {
+                session_id: session_id.clone(),
+                file_id: file_id.clone(),
+                content_type: content_type(name.as_str()),
+                name,
+                read_only: false,
+            };
+            match self.store.put_file(obj, &ws.join(&g.name)).await {
+                Ok(_) => harvest.files.push(OutputFile {
+                    id: file_id,
+                    name: g.name,
+                    storage_session_id: session_id.clone(),
+                    inherited: false,
+                    modified_from: g.modified_from,
+                    entity_id: None,
+                }),
+                Err(e) => {
+                    warn!(file = %g.name, error = %e, "could not store output");
+                    harvest.failed += 1;
+                }
+            }
+        }
+        harvest.attempted = harvest.files.len() as u32 + harvest.failed;
+        for i in walked.inherited {
+            harvest.files.push(OutputFile {
+                id: i.id,
+                name: i.name,
+                storage_session_id: i.storage_session_id,
+                inherited: true,
+                modified_from: None,
+                entity_id: i.entity_id,
+            });
+        }
+        harvest.deleted = walked.deleted;
+        harvest.truncation = walked.truncation;
+        drop(guard);
+        metrics::histogram!("kiln_exec_phase_seconds", "phase" => "harvest")
+            .record(t_harvest.elapsed().as_secs_f64());
+
+        Ok(self.finish(session_id, lang, r, None, started, harvest))
+    }
+
+    /// Check every by-reference input against its storage session's owner
+    /// and resolve it to stored metadata.
+    async fn authorize(
+        &self,
+        principal: &Principal,
+        inputs: Vec<InputFile>,
+    ) -> Result<Vec<Resolved>, ExecError> {
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut keys: HashMap<Nanoid, Option<SessionKey>> = HashMap::new();
+        for f in inputs {
+            match f {
+                InputFile::Inline { name, content } => out.push(Resolved::Inline { name, content }),
+                InputFile::Ref(r) => {
+                    let stored = match keys.get(&r.storage_session_id) {
+                        Some(k) => k.clone(),
+                        None => {
+                            let k = self
+                                .store
+                                .session(&r.storage_session_id)
+                                .await
+                                .map_err(|e| ExecError::Storage(e.to_string()))?
+                                .map(|s| s.key);
+                            keys.insert(r.storage_session_id.clone(), k.clone());
+                            k
+                        }
+                    };
+                    let Some(stored) = stored else {
+                        return Err(ExecError::Unauthorized);
+                    };
+                    if !ref_allowed(principal, &r, &stored) {
+                        return Err(ExecError::Unauthorized);
+                    }
+                    let meta = self
+                        .store
+                        .object(&r.storage_session_id, &r.id)
+                        .await
+                        .map_err(|e| ExecError::Storage(e.to_string()))?
+                        .ok_or(ExecError::Unauthorized)?;
+                    out.push(Resolved::Ref { r, meta });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Build the workspace: inputs, then the entry file. Returns what the
+    /// walker needs to know about each staged input.
+    async fn stage(
+        &self,
+        ws: &Path,
+        slot: &Slot,
+        inputs: Vec<Resolved>,
+        lang: Language,
+        code: &str,
+    ) -> Result<HashMap<String, StagedInput>, ExecError> {
+        let (uid, gid) = (slot.host_uid(), slot.host_gid());
+        let setup = |e: std::io::Error| ExecError::SandboxSetup(format!("stage workspace: {e}"));
+        {
+            let ws = ws.to_owned();
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                fs::create_dir(&ws)?;
+                fs::set_permissions(&ws, fs::Permissions::from_mode(0o700))?;
+                chown(&ws, Some(uid), Some(gid))
+            })
+            .await
+            .map_err(|e| ExecError::SandboxSetup(e.to_string()))?
+            .map_err(setup)?;
+        }
+
+        let mut staged = HashMap::new();
+        for input in inputs {
+            let name = match &input {
+                Resolved::Ref { r, .. } => r.name.clone(),
+                Resolved::Inline { name, .. } => name.clone(),
+            };
+            let dest = ws.join(name.as_str());
+            make_parents(ws, &name, uid, gid).await.map_err(setup)?;
+            match input {
+                Resolved::Ref { r, meta } => {
+                    self.store
+                        .copy_to(&meta, &dest)
+                        .await
+                        .map_err(|e| ExecError::Storage(format!("stage {}: {e}", r.name)))?;
+                    let read_only = meta.read_only;
+                    set_owner(&dest, read_only, uid, gid).await.map_err(setup)?;
+                    staged.insert(
+                        name.as_str().to_owned(),
+                        StagedInput {
+                            origin: Some((r.id, r.storage_session_id)),
+                            sha256: meta.sha256,
+                            size: meta.size,
+                            read_only,
+                            entity_id: r.entity_id,
+                        },
+                    );
+                }
+                Resolved::Inline { content, .. } => {
+                    let sha256 = walker::hash_bytes(&content);
+                    let size = content.len() as u64;
+                    write_new(&dest, content).await.map_err(setup)?;
+                    set_owner(&dest, false, uid, gid).await.map_err(setup)?;
+                    staged.insert(
+                        name.as_str().to_owned(),
+                        StagedInput {
+                            origin: None,
+                            sha256,
+                            size,
+                            read_only: false,
+                            entity_id: None,
+                        },
+                    );
+                }
+            }
+        }
+
+        // the code goes last: it wins over an input of the same name
+        let entry = ws.join(lang.spec().entry_file);
+        let _ = tokio::fs::remove_file(&entry).await;
+        write_new(&entry, code.as_bytes().to_vec())
+            .await
+            .map_err(setup)?;
+        set_owner(&entry, false, uid, gid).await.map_err(setup)?;
+        staged.remove(lang.spec().entry_file);
+        Ok(staged)
+    }
+
+    async fn sandbox_run(
+        &self,
+        slot: &Slot,
+        ws: &Path,
+        argv: Vec<String>,
+        env: &[(String, String)],
+        limits: Limits,
+        cancel: &CancellationToken,
+    ) -> Result<RunResult, ExecError> {
+        let req = RunRequest {
+            workspace: ws.to_owned(),
+            argv,
+            env: env.to_vec(),
+            limits,
+        };
+        match self.sandbox.run(slot, req, cancel.clone()).await {
+            Ok(r) => Ok(r),
+            Err(SandboxError::Cancelled) => Err(ExecError::Cancelled),
+            Err(e @ SandboxError::Setup(_)) => Err(ExecError::SandboxSetup(e.to_string())),
+            Err(e) => Err(ExecError::SandboxFailed(e.to_string())),
+        }
+    }
+
+    fn finish(
+        &self,
+        session_id: Nanoid,
+        lang: Language,
+        r: RunResult,
+        forced_message: Option<&str>,
+        started: Instant,
+        h: Harvest,
+    ) -> ExecResult {
+        let (status, mut message) = classify(&r);
+        if let Some(m) = forced_message {
+            message = Some(m.to_owned());
+        }
+        let mut stderr = String::from_utf8_lossy(&r.stderr).into_owned();
+        if let Some(note) = stop_note(&r, status, message.as_deref()) {
+            if !stderr.is_empty() && !stderr.ends_with('\n') {
+                stderr.push('\n');
+            }
+            stderr.push_str(&note);
+            stderr.push('\n');
+        }
+        metrics::histogram!("kiln_exec_duration_seconds", "lang" => lang.name())
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("kiln_exec_total", "lang" => lang.name(),
+            "status" => status.map(|s| s.code()).unwrap_or("OK"))
+        .increment(1);
+        let delivery = (h.failed > 0).then(|| DeliveryFailure {
+            attempted: h.attempted,
+            delivered: h.attempted - h.failed,
+            failed: h.failed,
+        });
+        ExecResult {
+            session_id,
+            stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
+            stderr,
+            files: h.files,
+            deleted_files: h.deleted,
+            truncation: h.truncation,
+            delivery,
+            exit: r.exit,
+            status,
+            message,
+            wall_time: r.wall_time,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Harvest {
+    files: Vec<OutputFile>,
+    deleted: Vec<String>,
+    truncation: Option<Truncation>,
+    attempted: u32,
+    failed: u32,
+}
+
+enum Resolved {
+    Ref {
+        r: InputRef,
+        meta: kiln_store::ObjectMeta,
+    },
+    Inline {
+        name: RelPath,
+        content: Vec<u8>,
+    },
+}
+
+/// May `principal` read a ref whose storage session is owned by `stored`?
+fn ref_allowed(principal: &Principal, r: &InputRef, stored: &SessionKey) -> bool {
+    if let Ok(k) = SessionKey::derive(
+        principal,
+        r.kind,
+        r.resource_id.as_deref(),
+        r.version.as_deref(),
+    ) {
+        if &k == stored {
+            return true;
+        }
+    }
+    // G1 refs carry no kind; an `entity_id` names the agent that owns them
+    if let Some(entity) = &r.entity_id {
+        if let Ok(k) = SessionKey::derive(principal, kiln_core::Kind::Agent, Some(entity), None) {
+            return &k == stored;
+        }
+    }
+    false
+}
+
+/// Map a sandbox result to the API's `status` and `message`.
+pub fn classify(r: &RunResult) -> (Option<RunStatus>, Option<String>) {
+    if r.stdout_overflow {
+        return (
+            Some(RunStatus::StdoutOverflow),
+            Some("stdout length exceeded".into()),
+        );
+    }
+    if r.stderr_overflow {
+        return (
+            Some(RunStatus::StderrOverflow),
+            Some("stderr length exceeded".into()),
+        );
+    }
+    if r.timed_out {
+        return (Some(RunStatus::Timeout), Some("Time limit exceeded".into()));
+    }
+    if r.oom_killed {
+        return (Some(RunStatus::Signal), Some("Out of memory".into()));
+    }
+    match r.exit {
+        ExitStatus::Code(0) => (None, None),
+        ExitStatus::Code(_) => (Some(RunStatus::RuntimeError), None),
+        ExitStatus::Signal(24) => (
+            Some(RunStatus::Timeout),
+            Some("CPU time limit exceeded".into()),
+        ),
+        ExitStatus::Signal(25) => (
+            Some(RunStatus::Signal),
+            Some("File size limit exceeded".into()),
+        ),
+        ExitStatus::Signal(s) => (
+            Some(RunStatus::Signal),
+            Some(format!("Killed by {}", signal_name(s))),
+        ),
+    }
+}
+
+/// The one-line note appended to stderr when Kiln stopped the run.
+fn stop_note(r: &RunResult, status: Option<RunStatus>, message: Option<&str>) -> Option<String> {
+    let status = status?;
+    let why = match status {
+        RunStatus::Timeout if r.timed_out => {
+            format!(
+                "time limit of {:.1} s exceeded",
+                r.wall_time.as_secs_f64().round()
+            )
+        }
+        RunStatus::RuntimeError => return None,
+        _ => message?.to_owned(),
+    };
+    Some(format!("[kiln] execution stopped: {why}"))
+}
+
+/// The complete environment of a jailed process. Nothing from the host.
+pub fn environment(lang: Language) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/mnt/data"),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+        ("TERM", "dumb"),
+        ("OPENBLAS_NUM_THREADS", "1"),
+        ("MKL_NUM_THREADS", "1"),
+        ("OMP_NUM_THREADS", "1"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    env.push(("SANDBOX_LANGUAGE".into(), lang.name().into()));
+    for (k, v) in lang.spec().env {
+        env.retain(|(ek, _)| ek != k);
+        env.push(((*k).to_owned(), (*v).to_owned()));
+    }
+    env
+}
+
+/// Content type for a stored output, from its name.
+pub fn content_type(name: &str) -> String {
+    mime_guess::from_path(name)
+        .first_or_octet_stream()
+        .essence_str()
+        .to_owned()
+}
+
+async fn make_parents(ws: &Path, name: &RelPath, uid: u32, gid: u32) -> std::io::Result<()> {
+    let dirs: Vec<PathBuf> = name.ancestors().map(|a| ws.join(a)).collect();
+    tokio::task::spawn_blocking(move || {
+        for d in dirs {
+            match fs::symlink_metadata(&d) {
+                Ok(m) if m.is_dir() => continue,
+                Ok(_) => {
+                    return Err(std::io::Error::other(format!(
+                        "{} is not a directory",
+                        d.display()
+                    )));
+                }
+                Err(_) => {
+                    fs::create_dir(&d)?;
+                    fs::set_permissions(&d, fs::Permissions::from_mode(0o755))?;
+                    chown(&d, Some(uid), Some(gid))?;
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+async fn write_new(dest: &Path, content: Vec<u8>) -> std::io::Result<()> {
+    let dest = dest.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&dest)?;
+        f.write_all(&content)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// Writable inputs belong to the jail user; read-only ones stay root's, 0444.
+async fn set_owner(p: &Path, read_only: bool, uid: u32, gid: u32) -> std::io::Result<()> {
+    let p = p.to_owned();
+    tokio::task::spawn_blocking(move || {
+        if read_only {
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o444))
+        } else {
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o644))?;
+            chown(&p, Some(uid), Some(gid))
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}

@@ -1,0 +1,527 @@
+//! The output walker: after a run, decide which files in the workspace are
+//! reported, and how (spec §5.6).
+//!
+//! Runs on the host as root over a directory untrusted code wrote to, but
+//! only after every process of the jail is dead, so nothing changes under
+//! it. Even so it never follows a symlink: entries are classified with
+//! `lstat` semantics (`DirEntry::file_type`), files are opened with
+//! `O_NOFOLLOW | O_NONBLOCK` and must be regular after `fstat`, and FIFOs,
+//! sockets and devices are ignored.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+use kiln_core::Nanoid;
+use kiln_core::allow::{DIRKEEP, is_reportable};
+use kiln_core::path::{MAX_DEPTH, MAX_PATH_LEN};
+use sha2::{Digest, Sha256};
+
+use crate::types::Truncation;
+
+/// PTC plumbing that is never an output.
+const PTC_HISTORY: &str = "_ptc_history.json";
+/// At most this many skipped paths are listed in `artifact_truncation`.
+const MAX_SKIPPED_LISTED: usize = 20;
+
+/// What the walker knows about a staged input.
+#[derive(Debug, Clone)]
+pub struct StagedInput {
+    /// `(id, storage_session_id)` for by-reference inputs; `None` for inline.
+    pub origin: Option<(Nanoid, Nanoid)>,
+    pub sha256: String,
+    pub size: u64,
+    pub read_only: bool,
+    pub entity_id: Option<String>,
+}
+
+/// Caps applied by the walker.
+#[derive(Debug, Clone)]
+pub struct WalkLimits {
+    pub max_output_files: usize,
+    pub max_file_bytes: u64,
+}
+
+/// A file to store as a new output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generated {
+    pub name: String,
+    pub modified_from: Option<(Nanoid, Nanoid)>,
+}
+
+/// An unchanged (or read-only) input echoed with its original ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inherited {
+    pub name: String,
+    pub id: Nanoid,
+    pub storage_session_id: Nanoid,
+    pub entity_id: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct WalkOutcome {
+    pub generated: Vec<Generated>,
+    pub inherited: Vec<Inherited>,
+    pub deleted: Vec<String>,
+    pub truncation: Option<Truncation>,
+}
+
+/// Walk `root` (the host directory that was `/mnt/data`).
+///
+/// `inputs` maps relative names to what was staged there; `entry` is the
+/// entry file name and the hash of the code written to it.
+pub fn walk(
+    root: &Path,
+    inputs: &HashMap<String, StagedInput>,
+    entry: (&str, &str),
+    limits: &WalkLimits,
+) -> io::Result<WalkOutcome> {
+    let input_dirs: HashSet<String> = inputs
+        .keys()
+        .flat_map(|n| {
+            n.match_indices('/')
+                .map(|(i, _)| n[..i].to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut w = Walker {
+        inputs,
+        input_dirs: &input_dirs,
+        entry,
+        limits,
+        candidates_generated: Vec::new(),
+        candidates_inherited: Vec::new(),
+        trunc: Truncation::default(),
+    };
+    w.dir(root, "", 0)?;
+
+    let Walker {
+        candidates_generated: mut generated,
+        candidates_inherited: mut inherited,
+        mut trunc,
+        ..
+    } = w;
+
+    // caps: generated first, inherited echoes fill the remaining slots
+    let max = limits.max_output_files;
+    if generated.len() > max {
+        for g in generated.drain(max..) {
+            skip(&mut trunc, g.name, |t| &mut t.max_files);
+        }
+    }
+    let room = max - generated.len();
+    if inherited.len() > room {
+        for i in inherited.drain(room..) {
+            skip(&mut trunc, i.name, |t| &mut t.max_files);
+        }
+    }
+
+    let truncated = trunc.skipped_count > 0;
+    // deleted_files: by-reference inputs that are gone (only for a full scan)
+    let mut deleted = Vec::new();
+    if !truncated {
+        for (name, input) in inputs {
+            if input.origin.is_none() {
+                continue;
+            }
+            match fs::symlink_metadata(root.join(name)) {
+                Ok(m) if m.file_type().is_file() => {}
+                _ => deleted.push(name.clone()),
+            }
+        }
+        deleted.sort();
+    }
+
+    Ok(WalkOutcome {
+        generated,
+        inherited,
+        deleted,
+        truncation: truncated.then_some(trunc),
+    })
+}
+
+struct Walker<'a> {
+    inputs: &'a HashMap<String, StagedInput>,
+    input_dirs: &'a HashSet<String>,
+    entry: (&'a str, &'a str),
+    limits: &'a WalkLimits,
+    candidates_generated: Vec<Generated>,
+    candidates_inherited: Vec<Inherited>,
+    trunc: Truncation,
+}
+
+impl Walker<'_> {
+    /// Walk directory `dir` whose relative name is `rel` ("" for the root)
+    /// and which sits `depth` directories below the root.
+    fn dir(&mut self, dir: &Path, rel: &str, depth: usize) -> io::Result<()> {
+        let mut entries: Vec<_> = match fs::read_dir(dir) {
+            Ok(rd) => rd.filter_map(Result::ok).collect(),
+            Err(e) if depth == 0 => return Err(e),
+            Err(_) => {
+                skip(&mut self.trunc, rel.to_owned(), |t| &mut t.unreadable);
+                return Ok(());
+            }
+        };
+        entries.sort_by_key(|e| e.file_name());
+
+        if entries.is_empty() && depth > 0 {
+            // preserve the empty directory with a marker
+            let marker = format!("{rel}/{DIRKEEP}");
+            if marker.len() <= MAX_PATH_LEN && File::create(dir.join(DIRKEEP)).is_ok() {
+                self.file(dir, &marker)?;
+            }
+            return Ok(());
+        }
+
+        for e in entries {
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                // not UTF-8: cannot be named in the API
+                let lossy = format!("{rel}/{}", e.file_name().to_string_lossy());
+                skip(&mut self.trunc, lossy, |t| &mut t.unreadable);
+                continue;
+            };
+            let child_rel = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_symlink() {
+                continue;
+            }
+            if ft.is_dir() {
+                if name.starts_with('.') && !self.input_dirs.contains(&child_rel) {
+                    continue;
+                }
+                if depth + 1 > MAX_DEPTH {
+                    skip(&mut self.trunc, child_rel, |t| &mut t.depth);
+                    continue;
+                }
+                self.dir(&e.path(), &child_rel, depth + 1)?;
+            } else if ft.is_file() {
+                self.file(dir, &child_rel)?;
+            } else if ft.is_fifo() || ft.is_socket() || ft.is_block_device() || ft.is_char_device()
+            {
+                continue;
+            }
+        }
+        Ok(())
+    }
+
+    fn file(&mut self, dir: &Path, rel: &str) -> io::Result<()> {
+        let base = rel.rsplit('/').next().unwrap_or(rel);
+        if base == PTC_HISTORY && !rel.contains('/') {
+            return Ok(());
+        }
+        if !is_reportable(base) {
+            return Ok(());
+        }
+        if rel.len() > MAX_PATH_LEN {
+            skip(&mut self.trunc, rel.to_owned(), |t| &mut t.path);
+            return Ok(());
+        }
+        let path = dir.join(base);
+        let Some(size) = regular_size(&path)? else {
+            return Ok(());
+        };
+
+        if let Some(input) = self.inputs.get(rel) {
+            let unchanged = input.read_only
+                || (size == input.size && hash_file(&path)?.as_deref() == Some(&input.sha256));
+            match (&input.origin, unchanged) {
+                (Some((id, sid)), true) => {
+                    self.candidates_inherited.push(Inherited {
+                        name: rel.to_owned(),
+                        id: id.clone(),
+                        storage_session_id: sid.clone(),
+                        entity_id: input.entity_id.clone(),
+                    });
+                    return Ok(());
+                }
+                (Some(origin), false) => {
+                    if size > self.limits.max_file_bytes {
+                        skip(&mut self.trunc, rel.to_owned(), |t| &mut t.size);
+                        return Ok(());
+                    }
+                    self.candidates_generated.push(Generated {
+                        name: rel.to_owned(),
+                        modified_from: Some(origin.clone()),
+                    });
+                    return Ok(());
+                }
+                // inline inputs are re-emitted with fresh ids
+                (None, _) => {}
+            }
+        } else if rel == self.entry.0 && hash_file(&path)?.as_deref() == Some(self.entry.1) {
+            return Ok(());
+        }
+
+        if size > self.limits.max_file_bytes {
+            skip(&mut self.trunc, rel.to_owned(), |t| &mut t.size);
+            return Ok(());
+        }
+        self.candidates_generated.push(Generated {
+            name: rel.to_owned(),
+            modified_from: None,
+        });
+        Ok(())
+    }
+}
+
+fn skip(t: &mut Truncation, name: String, reason: impl FnOnce(&mut Truncation) -> &mut u32) {
+    *reason(t) += 1;
+    t.skipped_count += 1;
+    if t.skipped.len() < MAX_SKIPPED_LISTED {
+        t.skipped.push(name);
+    }
+}
+
+/// Open without following symlinks or blocking on FIFOs; `None` unless a
+/// regular file.
+fn open_regular(path: &Path) -> io::Result<Option<File>> {
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !f.metadata()?.file_type().is_file() {
+        return Ok(None);
+    }
+    Ok(Some(f))
+}
+
+/// Size of a regular file, `None` for anything else.
+fn regular_size(path: &Path) -> io::Result<Option<u64>> {
+    match open_regular(path)? {
+        Some(f) => Ok(Some(f.metadata()?.len())),
+        None => Ok(None),
+    }
+}
+
+/// SHA-256 of a regular file's content, hex encoded.
+pub fn hash_file(path: &Path) -> io::Result<Option<String>> {
+    let Some(mut f) = open_regular(path)? else {
+        return Ok(None);
+    };
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(Some(hex::encode(h.finalize())))
+}
+
+/// SHA-256 of bytes, hex encoded.
+pub fn hash_bytes(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn limits() -> WalkLimits {
+        WalkLimits {
+            max_output_files: 50,
+            max_file_bytes: 1024,
+        }
+    }
+
+    fn input(content: &[u8], read_only: bool) -> StagedInput {
+        StagedInput {
+            origin: Some((Nanoid::random(), Nanoid::random())),
+            sha256: hash_bytes(content),
+            size: content.len() as u64,
+            read_only,
+            entity_id: None,
+        }
+    }
+
+    fn names(g: &[Generated]) -> Vec<&str> {
+        g.iter().map(|g| g.name.as_str()).collect()
+    }
+
+    fn run(dir: &Path, inputs: &HashMap<String, StagedInput>) -> WalkOutcome {
+        walk(
+            dir,
+            inputs,
+            ("main.py", &hash_bytes(b"print(1)")),
+            &limits(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn reports_new_allowed_files_recursively_and_ignores_others() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("out/sub")).unwrap();
+        fs::write(d.path().join("a.csv"), "x").unwrap();
+        fs::write(d.path().join("out/sub/p.png"), "x").unwrap();
+        fs::write(d.path().join("model.pkl"), "x").unwrap();
+        fs::write(d.path().join("README"), "x").unwrap();
+        let w = run(d.path(), &HashMap::new());
+        assert_eq!(names(&w.generated), ["a.csv", "out/sub/p.png"]);
+        assert!(w.truncation.is_none());
+    }
+
+    #[test]
+    fn symlinks_fifos_and_hidden_dirs_are_never_reported() {
+        let d = tempfile::tempdir().unwrap();
+        symlink("/etc/passwd", d.path().join("passwd.txt")).unwrap();
+        symlink("/etc", d.path().join("etcdir")).unwrap();
+        nix_mkfifo(&d.path().join("pipe.txt"));
+        fs::create_dir_all(d.path().join(".cache")).unwrap();
+        fs::write(d.path().join(".cache/x.json"), "{}").unwrap();
+        let w = run(d.path(), &HashMap::new());
+        assert!(w.generated.is_empty(), "{:?}", w.generated);
+    }
+
+    #[test]
+    fn hidden_dir_holding_an_input_is_walked() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join(".cfg")).unwrap();
+        fs::write(d.path().join(".cfg/a.json"), "{}").unwrap();
+        fs::write(d.path().join(".cfg/new.json"), "{}").unwrap();
+        let mut inputs = HashMap::new();
+        inputs.insert(".cfg/a.json".to_owned(), input(b"{}", false));
+        let w = run(d.path(), &inputs);
+        assert_eq!(names(&w.generated), [".cfg/new.json"]);
+        assert_eq!(w.inherited.len(), 1);
+    }
+
+    #[test]
+    fn unchanged_input_is_inherited_with_original_ids() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("data.csv"), "a,b\n").unwrap();
+        let inp = input(b"a,b\n", false);
+        let (id, sid) = inp.origin.clone().unwrap();
+        let inputs = HashMap::from([("data.csv".to_owned(), inp)]);
+        let w = run(d.path(), &inputs);
+        assert!(w.generated.is_empty());
+        assert_eq!(
+            w.inherited,
+            [Inherited {
+                name: "data.csv".into(),
+                id,
+                storage_session_id: sid,
+                entity_id: None
+            }]
+        );
+    }
+
+    #[test]
+    fn changed_input_is_a_new_output_with_modified_from_even_with_same_size() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("data.csv"), "a,c\n").unwrap();
+        let inp = input(b"a,b\n", false);
+        let origin = inp.origin.clone();
+        let inputs = HashMap::from([("data.csv".to_owned(), inp)]);
+        let w = run(d.path(), &inputs);
+        assert_eq!(
+            w.generated,
+            [Generated {
+                name: "data.csv".into(),
+                modified_from: origin
+            }]
+        );
+    }
+
+    #[test]
+    fn read_only_input_is_inherited_even_when_changed() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("skill.md"), "changed").unwrap();
+        let inputs = HashMap::from([("skill.md".to_owned(), input(b"orig", true))]);
+        let w = run(d.path(), &inputs);
+        assert!(w.generated.is_empty());
+        assert_eq!(w.inherited.len(), 1);
+    }
+
+    #[test]
+    fn unchanged_entry_file_is_not_reported_but_changed_one_is() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("main.py"), "print(1)").unwrap();
+        assert!(run(d.path(), &HashMap::new()).generated.is_empty());
+        fs::write(d.path().join("main.py"), "print(2)").unwrap();
+        assert_eq!(
+            names(&run(d.path(), &HashMap::new()).generated),
+            ["main.py"]
+        );
+    }
+
+    #[test]
+    fn empty_directory_gets_a_dirkeep_marker() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("empty/inner")).unwrap();
+        let w = run(d.path(), &HashMap::new());
+        assert_eq!(names(&w.generated), ["empty/inner/.dirkeep"]);
+        assert!(d.path().join("empty/inner/.dirkeep").exists());
+    }
+
+    #[test]
+    fn deleted_inputs_are_listed() {
+        let d = tempfile::tempdir().unwrap();
+        let inputs = HashMap::from([("gone.csv".to_owned(), input(b"x", false))]);
+        let w = run(d.path(), &inputs);
+        assert_eq!(w.deleted, ["gone.csv"]);
+    }
+
+    #[test]
+    fn oversize_and_too_deep_files_are_truncated_with_reasons() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("big.txt"), vec![b'x'; 2048]).unwrap();
+        let deep = (0..11)
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>()
+            .join("/");
+        fs::create_dir_all(d.path().join(&deep)).unwrap();
+        fs::write(d.path().join(&deep).join("f.txt"), "x").unwrap();
+        let w = run(d.path(), &HashMap::new());
+        let t = w.truncation.unwrap();
+        assert_eq!(t.size, 1);
+        assert_eq!(t.depth, 1);
+        assert_eq!(t.skipped_count, 2);
+        assert!(t.skipped.contains(&"big.txt".to_owned()));
+    }
+
+    #[test]
+    fn output_cap_keeps_fifty_and_counts_the_rest() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..60 {
+            fs::write(d.path().join(format!("f{i:02}.txt")), "x").unwrap();
+        }
+        let w = run(d.path(), &HashMap::new());
+        assert_eq!(w.generated.len(), 50);
+        let t = w.truncation.unwrap();
+        assert_eq!(t.max_files, 10);
+        assert_eq!(t.skipped.len(), 10);
+        assert!(w.deleted.is_empty());
+    }
+
+    #[test]
+    fn ptc_history_is_never_reported() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("_ptc_history.json"), "{}").unwrap();
+        assert!(run(d.path(), &HashMap::new()).generated.is_empty());
+    }
+
+    fn nix_mkfifo(p: &Path) {
+        let status = std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
