@@ -126,6 +126,16 @@ impl Blobs {
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
         let location = Self::location(session_id, file_id, version);
+        // `put_multipart` opens the staging file on the calling thread and,
+        // when the session directory is missing, creates and fsyncs it there
+        // too; create it off the runtime first so that only the open is left.
+        let root = self.root.clone();
+        let session_dir = self.root.join(session_id);
+        let dir = session_dir.clone();
+        run_blocking("create directory", &session_dir, move || {
+            create_session_dir(&root, &dir)
+        })
+        .await?;
         let upload = self.fs.put_multipart(&location).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, WRITE_PART);
         let mut hasher = Sha256::new();
@@ -214,6 +224,17 @@ impl Blobs {
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Create a session directory if missing, making its entry in `root` durable.
+fn create_session_dir(root: &Path, dir: &Path) -> Result<(), StoreError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => File::open(root)
+            .and_then(|r| r.sync_all())
+            .map_err(|e| StoreError::io("sync directory", root, e)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::io("create directory", dir, e)),
     }
 }
 

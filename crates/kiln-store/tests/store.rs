@@ -356,10 +356,14 @@ async fn put_file_refuses_a_fifo_without_blocking() {
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
 
     let put = store.put_file(new_object(&sid, "pipe.txt"), &fifo);
-    let err = tokio::time::timeout(Duration::from_secs(10), put)
-        .await
-        .expect("put_file blocked on a FIFO")
-        .unwrap_err();
+    let err = match tokio::time::timeout(Duration::from_secs(10), put).await {
+        Ok(result) => result.unwrap_err(),
+        Err(_) => {
+            // Release the blocked reader so the runtime can shut down, then fail.
+            drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+            panic!("put_file blocked on a FIFO");
+        }
+    };
     assert!(
         matches!(err, StoreError::NotRegularFile { ref path } if *path == fifo),
         "{err:?}"
