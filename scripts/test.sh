@@ -47,11 +47,35 @@ done
 echo "e2e runs on node $("$e2e_node" --version) ($e2e_node)"
 
 section "Rust tests"
+# Output is also kept to print one plain closing line over every runner involved.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast "$@"
-  # doctests are not run by nextest
-  cargo test --workspace --locked --doc
+  # nextest does not run doctests; run those first so nextest's summary closes the run
+  cargo test --workspace --locked --doc 2>&1 | tee -a "$log" || status=1
+  cargo nextest run --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
 else
-  cargo test --workspace --locked --no-fail-fast "$@"
+  cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
 fi
+
 section "done"
+# Sum cargo's "test result:" lines and nextest's "Summary" line.
+awk '
+  /test result: / {
+    for (i = 1; i <= NF; i++) {
+      if ($(i + 1) ~ /^passed/) p += $i
+      if ($(i + 1) ~ /^failed/) f += $i
+      if ($(i + 1) ~ /^ignored/) s += $i
+    }
+  }
+  /^ *Summary \[/ && / tests? run: / {
+    for (i = 1; i <= NF; i++) {
+      if ($(i + 1) ~ /^passed/) p += $i
+      if ($(i + 1) ~ /^failed/ || ($(i + 1) == "timed" && $(i + 2) ~ /^out/)) f += $i
+      if ($(i + 1) ~ /^skipped/) s += $i
+    }
+  }
+  END { printf "kiln: %d passed, %d failed, %d skipped\n", p, f, s }
+' "$log"
+exit "$status"
