@@ -471,8 +471,14 @@ impl Inner {
         match self.sandbox.run(slot, req, cancel.clone()).await {
             Ok(r) => Ok(r),
             Err(SandboxError::Cancelled) => Err(ExecError::Cancelled),
-            Err(e @ SandboxError::Setup(_)) => Err(ExecError::SandboxSetup(e.to_string())),
-            Err(e) => Err(ExecError::SandboxFailed(e.to_string())),
+            Err(e @ SandboxError::Setup(_)) => {
+                warn!(error = %e, "sandbox setup failed");
+                Err(ExecError::SandboxSetup(e.to_string()))
+            }
+            Err(e) => {
+                warn!(error = %e, "sandbox run failed");
+                Err(ExecError::SandboxFailed(e.to_string()))
+            }
         }
     }
 

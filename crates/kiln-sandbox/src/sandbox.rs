@@ -28,7 +28,6 @@ struct Inner {
     report: HostReport,
     cgroups: CgroupDriver,
     slots: Arc<SlotPool>,
-    seq: AtomicU64,
 }
 
 /// Native Linux jails. Cheap to clone; all clones share one slot pool.
@@ -148,7 +147,6 @@ impl Sandbox {
                 report,
                 cgroups,
                 slots,
-                seq: AtomicU64::new(0),
             }),
         })
     }
@@ -186,7 +184,10 @@ impl Sandbox {
             return Err(SandboxError::ForeignSlot(slot.index()));
         }
         validate_request(&req)?;
-        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        // process-wide sequence: several Sandboxes in one process (tests)
+        // must never pick the same group name
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}-{}-{}", std::process::id(), slot.index(), seq);
         let cgroups = self
             .inner

@@ -1,1 +1,381 @@
-//! kiln
+//! Kiln as a library: wiring of store, sandbox, executor and HTTP router,
+//! the serve loop with graceful shutdown, and the `doctor` and `exec`
+//! commands. `main.rs` is a thin CLI over this; integration tests start the
+//! same server through [`testing`].
+
+pub mod config;
+pub mod testing;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use config::{Auth, Config};
+use kiln_core::{Language, Principal};
+use kiln_exec::{ExecConfig, ExecRequest, Executor, WalkLimits};
+use kiln_sandbox::{Sandbox, SandboxConfig};
+use kiln_store::{Store, StoreConfig};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+/// Everything a running server holds.
+pub struct Kiln {
+    pub config: Config,
+    pub store: Store,
+    pub executor: Executor,
+    pub languages: Vec<kiln_api::LanguageHealth>,
+}
+
+/// Open storage, probe and set up the sandbox, build the executor.
+pub async fn build(config: Config) -> anyhow::Result<Kiln> {
+    let data = &config.data_dir;
+    std::fs::create_dir_all(data).with_context(|| format!("create data dir {}", data.display()))?;
+    let data = data
+        .canonicalize()
+        .with_context(|| format!("resolve {}", data.display()))?;
+
+    let store = Store::open(StoreConfig {
+        dir: data.join("store"),
+        retention: Duration::from_secs(config.retention_hours * 3600),
+    })
+    .await
+    .context("open store")?;
+
+    let mut sc = SandboxConfig::default();
+    if let Some(h) = &config.jail_helper {
+        sc.helper = h.clone();
+    }
+    sc.root_dir = data.join("jail-root");
+    sc.uid_base = config.uid_base;
+    sc.slots = config.max_concurrency;
+    let sandbox =
+        Sandbox::new(sc).map_err(|e| anyhow::anyhow!("sandbox cannot be enforced: {e}"))?;
+
+    let mut ec = ExecConfig::new(data.join("work"));
+    ec.limits = config.limits();
+    ec.walk = WalkLimits {
+        max_output_files: config.max_output_files,
+        max_file_bytes: config.max_output_file_mb * 1024 * 1024,
+    };
+    let executor = Executor::new(store.clone(), sandbox, ec).context("prepare workspaces")?;
+    let languages = probe_languages().await;
+    Ok(Kiln {
+        config,
+        store,
+        executor,
+        languages,
+    })
+}
+
+/// The process-wide Prometheus recorder (installed once).
+pub fn metrics_handle() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .clone()
+}
+
+/// Serve until `shutdown` is cancelled. Then stop accepting, let running
+/// executions finish for up to `shutdown_grace_secs`, kill the rest.
+pub async fn serve(
+    kiln: Kiln,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let auth = kiln.config.auth_mode()?;
+    let api_config = kiln_api::ApiConfig {
+        auth: match auth {
+            Auth::None => kiln_api::AuthMode::None,
+            Auth::ApiKey => kiln_api::AuthMode::ApiKey,
+        },
+        api_key: kiln.config.api_key.clone(),
+        require_identity: kiln.config.require_identity,
+        max_upload_bytes: kiln.config.max_upload_mb * 1024 * 1024,
+        max_batch_files: kiln.config.max_batch_files,
+        ..kiln_api::ApiConfig::default()
+    };
+    let stop_new = CancellationToken::new();
+    let state = kiln_api::AppState {
+        store: kiln.store.clone(),
+        exec: Arc::new(kiln.executor.clone()),
+        config: Arc::new(api_config),
+        health: Arc::new(kiln_api::HealthInfo {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            languages: kiln.languages.clone(),
+        }),
+        metrics: metrics_handle(),
+        shutdown: stop_new.clone(),
+    };
+    let app = kiln_api::router(state);
+
+    // garbage collection of expired files
+    let gc_store = kiln.store.clone();
+    let gc_every = Duration::from_secs(kiln.config.gc_interval_secs.max(1));
+    let gc_stop = shutdown.clone();
+    let gc = tokio::spawn(async move {
+        loop {
+            match gc_store.gc().await {
+                Ok(r) if r.objects + r.sessions + r.orphan_blobs > 0 => {
+                    info!(
+                        objects = r.objects,
+                        sessions = r.sessions,
+                        orphans = r.orphan_blobs,
+                        "expired files collected"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => error!(error = %e, "garbage collection failed"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(gc_every) => {}
+                () = gc_stop.cancelled() => return,
+            }
+        }
+    });
+
+    let grace = Duration::from_secs(kiln.config.shutdown_grace_secs);
+    let executor = kiln.executor.clone();
+    let graceful = {
+        let shutdown = shutdown.clone();
+        let stop_new = stop_new.clone();
+        async move {
+            shutdown.cancelled().await;
+            info!("shutting down: no new executions, waiting for running ones");
+            stop_new.cancel();
+        }
+    };
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(graceful)
+        .into_future();
+    tokio::pin!(server);
+    let result = tokio::select! {
+        r = &mut server => r.context("serve"),
+        () = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+            warn!(grace_secs = grace.as_secs(), "grace period over: killing running executions");
+            executor.kill_all();
+            // handlers now finish quickly with their runs killed
+            match tokio::time::timeout(Duration::from_secs(10), &mut server).await {
+                Ok(r) => r.context("serve"),
+                Err(_) => Ok(()),
+            }
+        }
+    };
+    gc.abort();
+    executor.wait_idle(Duration::from_secs(10)).await;
+    info!("stopped");
+    result
+}
+
+/// `kiln serve`: log setup, build, bind, serve until SIGTERM/SIGINT.
+pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
+    init_logging(&config.log_format);
+    let addr = config.listen_addr()?;
+    log_startup(&config)?;
+    let kiln = build(config).await?;
+    for l in &kiln.languages {
+        match (&l.version, &l.reason) {
+            (Some(v), _) => info!(lang = %l.name, version = %v, "language available"),
+            (None, r) => {
+                warn!(lang = %l.name, reason = r.as_deref().unwrap_or("unknown"), "language unavailable")
+            }
+        }
+    }
+    info!(report = %kiln.executor.sandbox().report(), "sandbox ready");
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("bind {addr}"))?;
+    info!(addr = %listener.local_addr()?, "kiln listening (LibreChat: LIBRECHAT_CODE_BASEURL=http://<host>:<port>/v1)");
+
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        s.cancel();
+    });
+    serve(kiln, listener, shutdown).await
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+}
+
+fn log_startup(config: &Config) -> anyhow::Result<()> {
+    let addr = config.listen_addr()?;
+    match config.auth_mode()? {
+        Auth::None if !addr.ip().is_loopback() => warn!(
+            listen = %addr,
+            "AUTH IS OFF and Kiln listens beyond loopback: anyone who can reach this port can run code. \
+             Set KILN_API_KEY (LibreChat: LIBRECHAT_CODE_API_KEY) or restrict the network."
+        ),
+        Auth::None => info!("auth: none (loopback only)"),
+        Auth::ApiKey => info!("auth: api-key (X-API-Key or Authorization: Bearer)"),
+    }
+    let l = config.limits();
+    info!(
+        memory_mb = config.memory_mb, pids = l.pids, timeout_s = config.timeout_secs,
+        cpu_s = config.cpu_secs, stdout = l.stdout_bytes, stderr = l.stderr_bytes,
+        concurrency = config.max_concurrency, retention_h = config.retention_hours,
+        data_dir = %config.data_dir.display(), "limits"
+    );
+    Ok(())
+}
+
+/// Install the tracing subscriber once (`RUST_LOG` overrides the level).
+/// `test` routes output through the test harness's capture.
+pub fn init_logging(format: &str) {
+    init_logging_with(format, "info", false);
+}
+
+pub(crate) fn init_logging_with(format: &str, default_level: &str, test: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let _ = match (format, test) {
+        ("json", _) => builder.json().try_init(),
+        (_, true) => builder.with_test_writer().try_init(),
+        _ => builder.try_init(),
+    };
+}
+
+/// Detect each language's version on the host (the jail sees the same `/usr`).
+pub async fn probe_languages() -> Vec<kiln_api::LanguageHealth> {
+    let mut out = Vec::new();
+    for lang in Language::all() {
+        let spec = lang.spec();
+        let missing: Vec<&str> = spec
+            .requires
+            .iter()
+            .copied()
+            .filter(|p| !Path::new(p).exists())
+            .collect();
+        out.push(if !missing.is_empty() {
+            kiln_api::LanguageHealth::unavailable(
+                spec,
+                format!("not installed: {}", missing.join(", ")),
+            )
+        } else {
+            match probe_version(spec.version).await {
+                Some(v) => kiln_api::LanguageHealth::available(spec, Some(v)),
+                None => kiln_api::LanguageHealth::unavailable(spec, "version probe failed"),
+            }
+        });
+    }
+    out
+}
+
+async fn probe_version(argv: &[&str]) -> Option<String> {
+    let (prog, args) = argv.split_first()?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new(prog)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output(),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let text = if out.stdout.iter().any(|b| !b.is_ascii_whitespace()) {
+        out.stdout
+    } else {
+        out.stderr
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_owned())
+}
+
+/// `kiln doctor`: print what the host supports. Non-zero when the sandbox
+/// cannot be enforced.
+pub fn doctor(config: &Config) -> ExitCode {
+    let report = kiln_sandbox::probe_host();
+    println!("Kiln {} doctor", env!("CARGO_PKG_VERSION"));
+    println!("{report}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    if let Ok(rt) = rt {
+        println!("languages:");
+        for l in rt.block_on(probe_languages()) {
+            match (&l.version, &l.reason) {
+                (Some(v), _) => println!("  {:<5} ok      {v}", l.name),
+                (None, r) => println!("  {:<5} MISSING {}", l.name, r.as_deref().unwrap_or("")),
+            }
+        }
+    }
+    match config.auth_mode() {
+        Ok(Auth::ApiKey) => println!("auth: api-key"),
+        Ok(Auth::None) => println!("auth: none"),
+        Err(e) => println!("auth: INVALID ({e})"),
+    }
+    if report.enforceable() {
+        println!("sandbox: enforceable");
+        ExitCode::SUCCESS
+    } else {
+        println!("sandbox: CANNOT be enforced on this host");
+        ExitCode::FAILURE
+    }
+}
+
+/// `kiln exec`: run one file through the same sandbox, print its output,
+/// exit with its exit code.
+pub async fn exec_file(
+    mut config: Config,
+    lang: &str,
+    file: &Path,
+    args: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    init_logging_with("text", "warn", false);
+    let lang = Language::resolve(lang).with_context(|| format!("unsupported language {lang:?}"))?;
+    let code = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    let tmp = std::env::temp_dir().join(format!("kiln-exec-{}", std::process::id()));
+    config.data_dir = tmp.clone();
+    let kiln = build(config).await?;
+    let principal = Principal {
+        tenant: "local".into(),
+        user_id: "cli".into(),
+    };
+    let req = ExecRequest {
+        lang,
+        code,
+        args,
+        files: Vec::new(),
+        timeout_ms: None,
+    };
+    let result = kiln
+        .executor
+        .run(&principal, req, CancellationToken::new())
+        .await;
+    drop(kiln);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let r = result.map_err(|e| anyhow::anyhow!("execution failed: {e}"))?;
+    print!("{}", r.stdout);
+    eprint!("{}", r.stderr);
+    for f in &r.files {
+        eprintln!("[kiln] output file: {}", f.name);
+    }
+    Ok(match r.exit {
+        kiln_core::ExitStatus::Code(c) => ExitCode::from(c.clamp(0, 255) as u8),
+        kiln_core::ExitStatus::Signal(s) => ExitCode::from((128 + s).clamp(0, 255) as u8),
+    })
+}

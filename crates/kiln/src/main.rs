@@ -1,1 +1,96 @@
-fn main() {}
+//! The `kiln` binary: a thin CLI over the `kiln` library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "A self-hosted, LibreChat-compatible Code Interpreter API"
+)]
+struct Cli {
+    /// Optional TOML configuration file.
+    #[arg(long, global = true, env = "KILN_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the HTTP service.
+    Serve {
+        /// Address to listen on (default 127.0.0.1:8000).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Data directory (default ./kiln-data).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Run one file through the sandbox and print its output.
+    Exec {
+        /// Language (py, js, bash, or an alias).
+        #[arg(long)]
+        lang: String,
+        /// Source file.
+        file: PathBuf,
+        /// Arguments passed to the program.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Report what the host supports; exits non-zero if the sandbox cannot be enforced.
+    Doctor,
+}
+
+fn main() -> ExitCode {
+    // The jail helper must start before anything else: no threads, no runtime.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__jail") {
+        kiln_sandbox::helper_main();
+    }
+    let cli = Cli::parse();
+    let mut cfg = match kiln::config::Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kiln: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kiln: start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Serve { listen, data_dir } => {
+            if let Some(l) = listen {
+                cfg.listen = l;
+            }
+            if let Some(d) = data_dir {
+                cfg.data_dir = d;
+            }
+            if let Err(e) = cfg.validate() {
+                eprintln!("kiln: {e:#}");
+                return ExitCode::from(2);
+            }
+            rt.block_on(kiln::serve_until_signal(cfg))
+                .map(|()| ExitCode::SUCCESS)
+        }
+        Command::Exec { lang, file, args } => rt.block_on(kiln::exec_file(cfg, &lang, &file, args)),
+        Command::Doctor => Ok(kiln::doctor(&cfg)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kiln: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

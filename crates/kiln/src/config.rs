@@ -1,0 +1,251 @@
+//! Configuration: defaults, then an optional TOML file, then `KILN_<KEY>`
+//! environment variables, then command-line flags. Every key of [`Config`]
+//! can be set in the TOML file (`key = value`) or as `KILN_<KEY>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use kiln_core::Limits;
+use serde::{Deserialize, Serialize};
+
+/// Everything an operator can set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: String,
+    /// SQLite database, blobs and workspaces live here.
+    pub data_dir: PathBuf,
+    /// `none` or `api-key`. Unset: `api-key` when a key is set, else `none`.
+    pub auth: Option<String>,
+    /// The shared API key (also read from `LIBRECHAT_CODE_API_KEY` and `CI_API_KEY`).
+    pub api_key: Option<String>,
+    /// Refuse reads of stored files by requests that carry no user identity.
+    pub require_identity: bool,
+    /// Executions running at once; more requests queue.
+    pub max_concurrency: u32,
+    /// Memory limit per execution, MiB.
+    pub memory_mb: u64,
+    /// Process/thread limit per execution.
+    pub pids: u32,
+    /// Maximum wall time of a run, seconds (a request's `timeout` can only lower it).
+    pub timeout_secs: u64,
+    /// CPU-time limit of a run, seconds.
+    pub cpu_secs: u64,
+    /// Largest file a jailed process may write, MiB.
+    pub file_size_mb: u64,
+    /// Open files per jailed process.
+    pub open_files: u64,
+    /// stdout cap, bytes (the run is stopped with status `OL` beyond it).
+    pub stdout_bytes: usize,
+    /// stderr cap, bytes (status `EL` beyond it).
+    pub stderr_bytes: usize,
+    /// Size of the jail's `/tmp`, MiB.
+    pub tmp_mb: u64,
+    /// Largest uploaded file, MiB.
+    pub max_upload_mb: u64,
+    /// Most files one batch upload accepts.
+    pub max_batch_files: usize,
+    /// Most outputs reported per run.
+    pub max_output_files: usize,
+    /// Largest output file harvested, MiB.
+    pub max_output_file_mb: u64,
+    /// How long stored files are kept, hours (LibreChat assumes ≥ 24).
+    pub retention_hours: u64,
+    /// How often expired files are collected, seconds.
+    pub gc_interval_secs: u64,
+    /// On SIGTERM, how long running executions may finish before they are killed, seconds.
+    pub shutdown_grace_secs: u64,
+    /// First host uid of the jail uid ranges (65 536 uids per concurrent execution).
+    pub uid_base: u32,
+    /// `text` or `json` logs.
+    pub log_format: String,
+    /// The binary run as the jail helper (`<helper> __jail`); default: this executable.
+    pub jail_helper: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let l = Limits::default();
+        Config {
+            listen: "127.0.0.1:8000".into(),
+            data_dir: PathBuf::from("./kiln-data"),
+            auth: None,
+            api_key: None,
+            require_identity: false,
+            max_concurrency: 8,
+            memory_mb: l.memory_bytes / (1024 * 1024),
+            pids: l.pids,
+            timeout_secs: l.wall_time.as_secs(),
+            cpu_secs: l.cpu_time.as_secs(),
+            file_size_mb: l.file_size_bytes / (1024 * 1024),
+            open_files: l.open_files,
+            stdout_bytes: l.stdout_bytes,
+            stderr_bytes: l.stderr_bytes,
+            tmp_mb: l.tmp_bytes / (1024 * 1024),
+            max_upload_mb: 25,
+            max_batch_files: 200,
+            max_output_files: 50,
+            max_output_file_mb: 10,
+            retention_hours: 24,
+            gc_interval_secs: 600,
+            shutdown_grace_secs: 20,
+            uid_base: 200_000,
+            log_format: "text".into(),
+            jail_helper: None,
+        }
+    }
+}
+
+/// Authentication mode after resolving defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    None,
+    ApiKey,
+}
+
+impl Config {
+    /// Layer defaults, `file`, and the environment.
+    pub fn load(file: Option<&std::path::Path>) -> anyhow::Result<Config> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(f) = file {
+            if !f.exists() {
+                bail!("config file {} does not exist", f.display());
+            }
+            fig = fig.merge(Toml::file(f));
+        }
+        // the seeds' names for the key, weakest first
+        for alias in ["CI_API_KEY", "LIBRECHAT_CODE_API_KEY"] {
+            if let Ok(v) = std::env::var(alias) {
+                if !v.is_empty() {
+                    fig = fig.merge(Serialized::default("api_key", v));
+                }
+            }
+        }
+        // only known keys: other KILN_* variables (KILN_CONFIG, test settings)
+        // must not trip the unknown-key check meant for typos in the file
+        let known: Vec<String> = match serde_json::to_value(Config::default()) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        fig = fig
+            .merge(Env::prefixed("KILN_").filter(move |k| known.iter().any(|n| k.as_str() == n)));
+        let cfg: Config = fig.extract().context("read configuration")?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.listen_addr()?;
+        self.auth_mode()?;
+        if self.max_concurrency == 0 {
+            bail!("max_concurrency must be at least 1");
+        }
+        if self.timeout_secs == 0 || self.memory_mb < 16 || self.pids < 4 {
+            bail!("timeout_secs must be > 0, memory_mb >= 16 and pids >= 4");
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            bail!("log_format must be text or json");
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.listen
+            .parse()
+            .with_context(|| format!("listen address {:?} is not host:port", self.listen))
+    }
+
+    pub fn auth_mode(&self) -> anyhow::Result<Auth> {
+        let key_set = self.api_key.as_deref().is_some_and(|k| !k.is_empty());
+        match self.auth.as_deref() {
+            None | Some("") => Ok(if key_set { Auth::ApiKey } else { Auth::None }),
+            Some("none") => Ok(Auth::None),
+            Some("api-key") | Some("api_key") => {
+                if !key_set {
+                    bail!("auth is api-key but no KILN_API_KEY (or LIBRECHAT_CODE_API_KEY) is set");
+                }
+                Ok(Auth::ApiKey)
+            }
+            Some("jwt") | Some("api-key,jwt") => {
+                bail!("auth mode {:?} is not supported yet", self.auth)
+            }
+            Some(other) => bail!("unknown auth mode {other:?} (use none or api-key)"),
+        }
+    }
+
+    /// Limits of one run.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            wall_time: Duration::from_secs(self.timeout_secs),
+            cpu_time: Duration::from_secs(self.cpu_secs),
+            memory_bytes: self.memory_mb * 1024 * 1024,
+            pids: self.pids,
+            file_size_bytes: self.file_size_mb * 1024 * 1024,
+            open_files: self.open_files,
+            stdout_bytes: self.stdout_bytes,
+            stderr_bytes: self.stderr_bytes,
+            tmp_bytes: self.tmp_mb * 1024 * 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_brief() {
+        let c = Config::default();
+        assert_eq!(c.listen, "127.0.0.1:8000");
+        assert_eq!(c.memory_mb, 512);
+        assert_eq!(c.pids, 256);
+        assert_eq!(c.timeout_secs, 30);
+        assert_eq!(c.auth_mode().unwrap(), Auth::None);
+    }
+
+    #[test]
+    fn a_key_without_explicit_mode_means_api_key() {
+        let c = Config {
+            api_key: Some("k".into()),
+            ..Config::default()
+        };
+        assert_eq!(c.auth_mode().unwrap(), Auth::ApiKey);
+        let c = Config {
+            auth: Some("api-key".into()),
+            ..Config::default()
+        };
+        assert!(c.auth_mode().is_err());
+        let c = Config {
+            auth: Some("bogus".into()),
+            ..Config::default()
+        };
+        assert!(c.auth_mode().is_err());
+    }
+
+    #[test]
+    fn toml_file_and_env_layer_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("kiln.toml");
+        std::fs::write(&f, "memory_mb = 256\npids = 64\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("KILN_PIDS", "32");
+            let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
+            assert_eq!(c.memory_mb, 256);
+            assert_eq!(c.pids, 32);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("kiln.toml");
+        std::fs::write(&f, "memroy_mb = 256\n").unwrap();
+        assert!(Config::load(Some(&f)).is_err());
+    }
+}

@@ -1,0 +1,77 @@
+//! Test support: start a real Kiln server on `127.0.0.1:0` with a fresh
+//! data directory, as integration tests (and the LibreChat end-to-end test)
+//! need. Not used by the binary.
+
+use std::path::Path;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+
+/// A running server; stopped (gracefully) when dropped.
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT` (no trailing slash, no `/v1`).
+    pub base_url: String,
+    /// The data directory (removed on drop).
+    pub data_dir: tempfile::TempDir,
+    pub shutdown: CancellationToken,
+    /// Host uids this server's jails run as.
+    pub uid_range: std::ops::Range<u32>,
+    handle: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    /// Start a server whose jail helper is `helper` (integration tests pass
+    /// `env!("CARGO_BIN_EXE_kiln")`), after `tweak` adjusted the config.
+    pub async fn start(
+        helper: &Path,
+        tweak: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<TestServer> {
+        let data_dir = tempfile::Builder::new().prefix("kiln-test-").tempdir()?;
+        let mut cfg = Config {
+            listen: "127.0.0.1:0".into(),
+            data_dir: data_dir.path().to_owned(),
+            jail_helper: Some(helper.to_owned()),
+            shutdown_grace_secs: 5,
+            ..Config::default()
+        };
+        tweak(&mut cfg);
+        cfg.validate()?;
+        crate::init_logging_with("text", "info", true);
+        let uid_range = cfg.uid_base..cfg.uid_base + cfg.max_concurrency * 65_536;
+        let kiln = crate::build(cfg).await?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let base_url = format!("http://{}", listener.local_addr()?);
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(crate::serve(kiln, listener, shutdown.clone()));
+        Ok(TestServer {
+            base_url,
+            data_dir,
+            shutdown,
+            uid_range,
+            handle: Some(handle),
+        })
+    }
+
+    /// `base_url` + `/v1`, what LibreChat's `LIBRECHAT_CODE_BASEURL` holds.
+    pub fn v1(&self) -> String {
+        format!("{}/v1", self.base_url)
+    }
+
+    /// Stop gracefully and wait for the server to finish.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        match self.handle.take() {
+            Some(h) => h.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

@@ -1,0 +1,176 @@
+//! Shared helpers for integration tests: a real Kiln server on 127.0.0.1:0
+//! and small HTTP helpers speaking LibreChat's shapes.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use kiln::testing::TestServer;
+use serde_json::{Value, json};
+
+/// Start a server with default settings.
+pub async fn server() -> TestServer {
+    server_with(|_| {}).await
+}
+
+/// Start a server after adjusting its configuration.
+pub async fn server_with(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestServer {
+    require_root();
+    TestServer::start(Path::new(env!("CARGO_BIN_EXE_kiln")), |c| {
+        c.uid_base = fresh_uid_base();
+        tweak(c)
+    })
+    .await
+    .expect("start kiln test server")
+}
+
+/// These tests build real jails: they need root. Under CI a missing
+/// capability is a failure, never a skip.
+pub fn require_root() {
+    let uid = unsafe_free_uid();
+    assert_eq!(
+        uid, 0,
+        "integration tests need root (namespaces, cgroups); run as root"
+    );
+}
+
+fn unsafe_free_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
+/// POST /v1/exec and return (status, json).
+pub async fn exec_raw(s: &TestServer, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}/exec", s.v1()))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    let v = r.json::<Value>().await.unwrap_or(Value::Null);
+    (status, v)
+}
+
+/// POST /v1/exec expecting 200.
+pub async fn exec(s: &TestServer, body: Value) -> Value {
+    let (status, v) = exec_raw(s, body).await;
+    assert_eq!(status, 200, "exec failed: {v}");
+    v
+}
+
+/// Run `code` in `lang` with no inputs.
+pub async fn run(s: &TestServer, lang: &str, code: &str) -> Value {
+    exec(s, json!({"lang": lang, "code": code})).await
+}
+
+/// Upload one file (G2/G3 shape: kind/id/version fields first).
+pub async fn upload(
+    s: &TestServer,
+    user: &str,
+    fields: &[(&str, &str)],
+    name: &str,
+    bytes: Vec<u8>,
+) -> (u16, Value) {
+    let mut form = reqwest::multipart::Form::new();
+    for (k, v) in fields {
+        form = form.text(k.to_string(), v.to_string());
+    }
+    form = form.part(
+        "file",
+        reqwest::multipart::Part::bytes(bytes).file_name(name.to_owned()),
+    );
+    let r = client()
+        .post(format!("{}/upload", s.v1()))
+        .header("User-Id", user)
+        .multipart(form)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Download `session/file` with a query string; (status, bytes).
+pub async fn download(s: &TestServer, session: &str, file: &str, query: &str) -> (u16, Vec<u8>) {
+    let r = client()
+        .get(format!("{}/download/{session}/{file}{query}", s.v1()))
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (
+        status,
+        r.bytes().await.map(|b| b.to_vec()).unwrap_or_default(),
+    )
+}
+
+/// The entry of `files` named `name`.
+pub fn file<'a>(res: &'a Value, name: &str) -> &'a Value {
+    res["files"]
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["name"] == name))
+        .unwrap_or_else(|| panic!("no file {name} in {res}"))
+}
+
+pub fn is_nanoid(v: &Value) -> bool {
+    v.as_str().is_some_and(kiln_core::id::is_nanoid)
+}
+
+/// A uid base no other test server (in this or a parallel test process)
+/// is likely to use: 1 Mi uids (16 slots) per server.
+pub fn fresh_uid_base() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let index = (std::process::id().wrapping_mul(8).wrapping_add(n)) % 3000;
+    200_000 + index * 16 * 65_536
+}
+
+/// Host processes running as one of `s`'s jail uids.
+pub fn jail_processes_of(s: &TestServer) -> Vec<String> {
+    processes_in(s.uid_range.clone())
+}
+
+/// Host processes running under any jail uid (>= 200 000).
+pub fn jail_processes() -> Vec<String> {
+    processes_in(200_000..u32::MAX)
+}
+
+pub fn processes_in(range: std::ops::Range<u32>) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let uid: u32 = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|u| u.parse().ok())
+            .unwrap_or(0);
+        if range.contains(&uid) {
+            out.push(format!("{pid}: {}", status.lines().next().unwrap_or("")));
+        }
+    }
+    out
+}

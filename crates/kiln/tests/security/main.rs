@@ -1,0 +1,124 @@
+//! The attack suite: real programs sent through the public HTTP API, each
+//! asserting that the attack fails *and* that the service stays healthy.
+//!
+//! All attacks hit one shared server (started once, on its own runtime), so
+//! a successful denial of service by one case shows up in every other case
+//! and in the health check each case ends with.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod exhaustion;
+mod files;
+mod info;
+mod isolation;
+mod network;
+mod privilege;
+mod syscalls;
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// Base URL (`http://127.0.0.1:PORT/v1`) and port of the shared server.
+pub struct Shared {
+    pub v1: String,
+    pub port: u16,
+    pub uids: std::ops::Range<u32>,
+}
+
+pub fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        common::require_root();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let s =
+                    kiln::testing::TestServer::start(Path::new(env!("CARGO_BIN_EXE_kiln")), |c| {
+                        c.uid_base = common::fresh_uid_base();
+                        c.memory_mb = 128;
+                        c.pids = 64;
+                        c.timeout_secs = 5;
+                        c.stdout_bytes = 64 * 1024;
+                        c.tmp_mb = 16;
+                        c.max_concurrency = 4;
+                    })
+                    .await
+                    .expect("start shared server");
+                let port = s.base_url.rsplit(':').next().unwrap().parse().unwrap();
+                tx.send(Shared {
+                    v1: s.v1(),
+                    port,
+                    uids: s.uid_range.clone(),
+                })
+                .unwrap();
+                // keep serving until the test process exits
+                std::future::pending::<()>().await;
+                drop(s);
+            });
+        });
+        rx.recv().expect("shared server started")
+    })
+}
+
+pub fn client() -> reqwest::Client {
+    common::client()
+}
+
+/// Run code on the shared server; the run must complete (HTTP 200).
+pub async fn attack(lang: &str, code: &str) -> Value {
+    let s = shared();
+    let r = client()
+        .post(format!("{}/exec", s.v1))
+        .json(&json!({"lang": lang, "code": code, "user_id": "attacker"}))
+        .send()
+        .await
+        .expect("server unreachable during attack");
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 200, "attack did not complete as a normal run: {v}");
+    v
+}
+
+/// After an attack: the server still answers a trivial run quickly.
+pub async fn assert_healthy() {
+    let t = Instant::now();
+    let r = attack("py", "print('alive')").await;
+    assert_eq!(
+        r["stdout"], "alive\n",
+        "service unhealthy after attack: {r}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "service slow after attack: {:?}",
+        t.elapsed()
+    );
+}
+
+/// stdout of the run, as text.
+pub fn out(r: &Value) -> &str {
+    r["stdout"].as_str().unwrap_or("")
+}
+
+/// Python prelude: `denied(nr, *args)` prints DENIED when the syscall fails
+/// with EPERM/EACCES/ENOSYS, else ALLOWED with the result and errno.
+pub const PY_SYSCALL: &str = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *a):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(x) for x in a])
+    return r, ctypes.get_errno()
+def denied(nr, *a):
+    r, e = sc(nr, *a)
+    print('DENIED' if r == -1 and e in (errno.EPERM, errno.EACCES, errno.ENOSYS) else 'ALLOWED r=%d errno=%d' % (r, e))
+"#;
