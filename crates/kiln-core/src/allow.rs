@@ -7,34 +7,130 @@
 /// Extensions (and dotted basenames) reported as outputs.
 pub static ALLOWED: &[&str] = &[
     // code
-    ".c", ".cs", ".cpp", ".go", ".java", ".js", ".kt", ".kts", ".lua", ".php", ".pl", ".ps1",
-    ".py", ".r", ".rb", ".rs", ".scala", ".sh", ".sql", ".swift", ".ts", ".jsx", ".tsx",
+    ".c",
+    ".cs",
+    ".cpp",
+    ".go",
+    ".java",
+    ".js",
+    ".kt",
+    ".kts",
+    ".lua",
+    ".php",
+    ".pl",
+    ".ps1",
+    ".py",
+    ".r",
+    ".rb",
+    ".rs",
+    ".scala",
+    ".sh",
+    ".sql",
+    ".swift",
+    ".ts",
+    ".jsx",
+    ".tsx",
     ".groovy",
     // web / markup
-    ".css", ".htm", ".html", ".less", ".sass", ".scss", ".svg", ".svelte", ".vue",
+    ".css",
+    ".htm",
+    ".html",
+    ".less",
+    ".sass",
+    ".scss",
+    ".svg",
+    ".svelte",
+    ".vue",
     // docs / text
-    ".adoc", ".asciidoc", ".md", ".rst", ".tex", ".txt", ".wiki",
+    ".adoc",
+    ".asciidoc",
+    ".md",
+    ".rst",
+    ".tex",
+    ".txt",
+    ".wiki",
     // data
-    ".csv", ".json", ".bson", ".json5", ".jsonl", ".parquet", ".tsv", ".xml", ".yaml", ".yml",
+    ".csv",
+    ".json",
+    ".bson",
+    ".json5",
+    ".jsonl",
+    ".parquet",
+    ".tsv",
+    ".xml",
+    ".yaml",
+    ".yml",
     // calendar
-    ".ics", ".ical", ".ifb", ".icalendar",
+    ".ics",
+    ".ical",
+    ".ifb",
+    ".icalendar",
     // config
-    ".conf", ".env", ".gitignore", ".ini", ".properties", ".toml",
+    ".conf",
+    ".env",
+    ".gitignore",
+    ".ini",
+    ".properties",
+    ".toml",
     // office
-    ".doc", ".docx", ".pdf", ".ppt", ".pptx", ".xls", ".xlsx", ".odt", ".ods", ".odp", ".rtf",
+    ".doc",
+    ".docx",
+    ".pdf",
+    ".ppt",
+    ".pptx",
+    ".xls",
+    ".xlsx",
+    ".odt",
+    ".ods",
+    ".odp",
+    ".rtf",
     // images
-    ".avif", ".bmp", ".gif", ".ico", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp",
+    ".avif",
+    ".bmp",
+    ".gif",
+    ".ico",
+    ".jpeg",
+    ".jpg",
+    ".png",
+    ".tif",
+    ".tiff",
+    ".webp",
     // fonts
-    ".eot", ".ttf", ".woff", ".woff2",
+    ".eot",
+    ".ttf",
+    ".woff",
+    ".woff2",
     // archives
-    ".7z", ".bz2", ".gz", ".gzip", ".rar", ".tar", ".zip",
+    ".7z",
+    ".bz2",
+    ".gz",
+    ".gzip",
+    ".rar",
+    ".tar",
+    ".zip",
     // infra
-    ".tf", ".tfvars", ".tfstate", ".hcl",
+    ".tf",
+    ".tfvars",
+    ".tfstate",
+    ".hcl",
     // dotfile / basename forms
-    ".dockerfile", ".dockerignore", ".helmignore", ".helmfile", ".jenkinsfile", ".vagrantfile",
-    ".eslintrc", ".prettierrc", ".editorconfig", ".nomad",
+    ".dockerfile",
+    ".dockerignore",
+    ".helmignore",
+    ".helmfile",
+    ".jenkinsfile",
+    ".vagrantfile",
+    ".eslintrc",
+    ".prettierrc",
+    ".editorconfig",
+    ".nomad",
     // misc
-    ".bat", ".cmd", ".deb", ".log", ".rpm", ".vbs",
+    ".bat",
+    ".cmd",
+    ".deb",
+    ".log",
+    ".rpm",
+    ".vbs",
     // empty-directory marker
     ".dirkeep",
 ];
@@ -53,7 +149,11 @@ pub fn is_reportable(basename: &str) -> bool {
     }
     // whole basename as a dotted form: `Dockerfile` → `.dockerfile`,
     // `.gitignore` → `.gitignore`
-    let dotted = if lower.starts_with('.') { lower } else { format!(".{lower}") };
+    let dotted = if lower.starts_with('.') {
+        lower
+    } else {
+        format!(".{lower}")
+    };
     ALLOWED.contains(&dotted.as_str())
 }
 
@@ -63,21 +163,37 @@ mod tests {
 
     #[test]
     fn reports_common_outputs() {
-        for name in ["a.csv", "plot.PNG", "r.xlsx", "x.tar.gz", "notes.md", "main.py", ".dirkeep"] {
+        for name in [
+            "a.csv", "plot.PNG", "r.xlsx", "x.tar.gz", "notes.md", "main.py", ".dirkeep",
+        ] {
             assert!(is_reportable(name), "{name}");
         }
     }
 
     #[test]
     fn reports_dotted_basenames() {
-        for name in ["Dockerfile", "Jenkinsfile", "Vagrantfile", ".gitignore", ".env"] {
+        for name in [
+            "Dockerfile",
+            "Jenkinsfile",
+            "Vagrantfile",
+            ".gitignore",
+            ".env",
+        ] {
             assert!(is_reportable(name), "{name}");
         }
     }
 
     #[test]
     fn ignores_unlisted_types_and_extensionless_files() {
-        for name in ["model.pkl", "a.npy", "db.sqlite", "song.mp3", "README", "binary", "x."] {
+        for name in [
+            "model.pkl",
+            "a.npy",
+            "db.sqlite",
+            "song.mp3",
+            "README",
+            "binary",
+            "x.",
+        ] {
             assert!(!is_reportable(name), "{name}");
         }
     }

@@ -54,15 +54,18 @@ pub fn is_nanoid(s: &str) -> bool {
 /// `agent_<nanoid>` slugs, user ids. `^[A-Za-z0-9_.:-]{1,128}$`.
 pub fn is_resource_id(s: &str) -> bool {
     (1..=128).contains(&s.len())
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
 }
 
 impl TryFrom<String> for Nanoid {
     type Error = InvalidNanoid;
     fn try_from(s: String) -> Result<Self, Self::Error> {
-        if is_nanoid(&s) { Ok(Nanoid(s)) } else { Err(InvalidNanoid) }
+        if is_nanoid(&s) {
+            Ok(Nanoid(s))
+        } else {
+            Err(InvalidNanoid)
+        }
     }
 }
 

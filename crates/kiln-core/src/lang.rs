@@ -122,7 +122,10 @@ impl PartialEq for Language {
 }
 
 fn fill(template: &[&str], entry: &str) -> Vec<String> {
-    template.iter().map(|a| a.replace("{entry}", entry)).collect()
+    template
+        .iter()
+        .map(|a| a.replace("{entry}", entry))
+        .collect()
 }
 
 #[cfg(test)]

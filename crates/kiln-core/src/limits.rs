@@ -70,6 +70,9 @@ mod tests {
             l.clone().with_requested_timeout(Some(900_000)).wall_time,
             Duration::from_secs(30)
         );
-        assert_eq!(l.clone().with_requested_timeout(None).wall_time, l.wall_time);
+        assert_eq!(
+            l.clone().with_requested_timeout(None).wall_time,
+            l.wall_time
+        );
     }
 }

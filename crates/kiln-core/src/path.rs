@@ -48,9 +48,7 @@ impl RelPath {
 
     /// Parent directories, outermost first (`a/b/c.txt` → `a`, `a/b`).
     pub fn ancestors(&self) -> impl Iterator<Item = &str> {
-        self.0
-            .match_indices('/')
-            .map(move |(i, _)| &self.0[..i])
+        self.0.match_indices('/').map(move |(i, _)| &self.0[..i])
     }
 
     /// Number of parent directories.

@@ -141,7 +141,10 @@ mod tests {
     use super::*;
 
     fn alice() -> Principal {
-        Principal { tenant: "local".into(), user_id: "alice".into() }
+        Principal {
+            tenant: "local".into(),
+            user_id: "alice".into(),
+        }
     }
 
     #[test]
@@ -152,7 +155,10 @@ mod tests {
 
     #[test]
     fn agent_and_skill_keys_are_shared_across_users() {
-        let bob = Principal { tenant: "local".into(), user_id: "bob".into() };
+        let bob = Principal {
+            tenant: "local".into(),
+            user_id: "bob".into(),
+        };
         let a1 = SessionKey::derive(&alice(), Kind::Agent, Some("agent_x"), None).unwrap();
         let a2 = SessionKey::derive(&bob, Kind::Agent, Some("agent_x"), None).unwrap();
         assert_eq!(a1, a2);
