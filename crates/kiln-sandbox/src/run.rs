@@ -118,6 +118,9 @@ pub(crate) struct Supervised {
 /// How long to wait for the output pipes to close once the helper exited
 /// (the jail's processes die with it; this only guards against a leak).
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long the helper gets to kill and reap the jail after its control
+/// pipe closed, before it is SIGKILLed.
+const HARD_KILL_AFTER: Duration = Duration::from_secs(2);
 /// The status pipe carries a line or two.
 const STATUS_CAP: usize = 64 * 1024;
 
@@ -128,15 +131,30 @@ async fn maybe_sleep_until(at: Option<Instant>) {
     }
 }
 
+/// Waits for an optional future; pending forever when there is none.
+async fn maybe<F: std::future::Future + Unpin>(f: &mut Option<F>) -> F::Output {
+    match f {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Runs the helper for `spec` to the end.
+///
+/// The helper's stdin carries the spec (one JSON line) and then stays open as
+/// a control channel: closing it asks the helper to kill the jail and reap
+/// it, so the jail's init never becomes an orphan zombie. SIGKILL of the
+/// helper (the jail follows through PDEATHSIG) is the fallback when that
+/// takes longer than [`HARD_KILL_AFTER`].
 pub(crate) async fn supervise(
     helper: &Path,
     spec: &JailSpec,
     limits: &Limits,
     cancel: &CancellationToken,
 ) -> Result<Supervised, SandboxError> {
-    let spec_json =
+    let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
+    spec_line.push(b'\n');
     // O_CLOEXEC: only the helper gets it, through the dup onto fd 3.
     let (status_r, status_w) = pipe2(OFlag::O_CLOEXEC)
         .map_err(|e| SandboxError::io("create status pipe", helper, e.into()))?;
@@ -157,7 +175,7 @@ pub(crate) async fn supervise(
     })?;
     drop(status_w);
     let pid = child.id().map(|p| Pid::from_raw(p as i32));
-    let kill_helper = || {
+    let hard_kill = || {
         if let Some(pid) = pid {
             // The helper is not reaped before `wait` returns, so the pid is
             // still ours. Its death SIGKILLs the jail's init (PDEATHSIG),
@@ -171,16 +189,16 @@ pub(crate) async fn supervise(
     let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
-        kill_helper();
+        hard_kill();
         return Err(SandboxError::Helper("helper pipes missing".to_owned()));
     };
 
-    let write_spec = async move {
-        let r = stdin.write_all(&spec_json).await;
-        drop(stdin);
-        r
-    };
-    tokio::pin!(write_spec);
+    // Hands stdin back once the spec is written; it then is the control pipe.
+    let mut write_spec = Some(Box::pin(async move {
+        let r = stdin.write_all(&spec_line).await;
+        (stdin, r)
+    }));
+    let mut control = None;
     let wall = tokio::time::sleep_until(started + limits.wall_time);
     tokio::pin!(wall);
 
@@ -188,40 +206,52 @@ pub(crate) async fn supervise(
     let mut err = Capture::new(limits.stderr_bytes);
     let mut status_bytes = Vec::new();
     let mut status_eof = false;
-    let mut spec_written = false;
     let mut killed = None;
     let mut exited = None;
     let mut wall_time = Duration::ZERO;
+    let mut hard_kill_at = None;
     let mut drain_until = None;
     let (mut obuf, mut ebuf, mut sbuf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024], [0u8; 1024]);
+
+    // Asks the helper to kill the jail: closes the control pipe (or abandons
+    // the spec write, which closes it too).
+    macro_rules! stop {
+        ($reason:expr) => {
+            if killed.is_none() && exited.is_none() {
+                killed = Some($reason);
+                write_spec = None;
+                control = None;
+                hard_kill_at = Some(Instant::now() + HARD_KILL_AFTER);
+            }
+        };
+    }
 
     loop {
         if exited.is_some() && out.eof && err.eof && status_eof {
             break;
         }
         tokio::select! {
-            r = &mut write_spec, if !spec_written => {
-                spec_written = true;
-                if let Err(e) = r {
+            (stdin, r) = maybe(&mut write_spec) => {
+                write_spec = None;
+                match r {
+                    Ok(()) => control = Some(stdin),
                     // The helper died before reading; its exit tells why.
-                    tracing::debug!(error = %e, "writing the jail spec failed");
+                    Err(e) => tracing::debug!(error = %e, "writing the jail spec failed"),
                 }
             }
             r = stdout.read(&mut obuf), if !out.eof => match r {
                 Ok(0) | Err(_) => out.eof = true,
                 Ok(n) => {
-                    if out.push(&obuf[..n]) && killed.is_none() && exited.is_none() {
-                        killed = Some(KillReason::StdoutOverflow);
-                        kill_helper();
+                    if out.push(&obuf[..n]) {
+                        stop!(KillReason::StdoutOverflow);
                     }
                 }
             },
             r = stderr.read(&mut ebuf), if !err.eof => match r {
                 Ok(0) | Err(_) => err.eof = true,
                 Ok(n) => {
-                    if err.push(&ebuf[..n]) && killed.is_none() && exited.is_none() {
-                        killed = Some(KillReason::StderrOverflow);
-                        kill_helper();
+                    if err.push(&ebuf[..n]) {
+                        stop!(KillReason::StderrOverflow);
                     }
                 }
             },
@@ -235,15 +265,19 @@ pub(crate) async fn supervise(
             r = child.wait(), if exited.is_none() => {
                 wall_time = started.elapsed();
                 exited = Some(r.map_err(|e| SandboxError::io("wait for helper", helper, e))?);
+                control = None;
                 drain_until = Some(Instant::now() + DRAIN);
             }
             () = &mut wall, if killed.is_none() && exited.is_none() => {
-                killed = Some(KillReason::Timeout);
-                kill_helper();
+                stop!(KillReason::Timeout);
             }
             () = cancel.cancelled(), if killed.is_none() && exited.is_none() => {
-                killed = Some(KillReason::Cancelled);
-                kill_helper();
+                stop!(KillReason::Cancelled);
+            }
+            () = maybe_sleep_until(hard_kill_at), if exited.is_none() => {
+                tracing::warn!("jail helper did not stop within {HARD_KILL_AFTER:?}; killing it");
+                hard_kill();
+                hard_kill_at = None;
             }
             () = maybe_sleep_until(drain_until) => {
                 tracing::warn!(
@@ -254,6 +288,7 @@ pub(crate) async fn supervise(
             }
         }
     }
+    drop(control);
     let Some(helper_exit) = exited else {
         return Err(SandboxError::Helper("helper did not exit".to_owned()));
     };

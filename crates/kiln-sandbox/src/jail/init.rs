@@ -6,10 +6,11 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
@@ -41,11 +42,10 @@ pub(super) fn init_main(
 }
 
 /// Blocks until the helper wrote the id maps. EOF means the helper died.
-fn wait_for_release(release_r: OwnedFd, release_w: OwnedFd) -> Result<(), JailError> {
-    drop(release_w);
+fn wait_for_release(release_r: &OwnedFd) -> Result<(), JailError> {
     let mut byte = [0u8; 1];
     loop {
-        match read(&release_r, &mut byte) {
+        match read(release_r, &mut byte) {
             Ok(1) => return Ok(()),
             Ok(_) => {
                 return Err(JailError::Setup(
@@ -70,7 +70,8 @@ fn init(
     // shows up as EOF on the release pipe instead.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| JailError::setup("set parent-death signal", e))?;
-    wait_for_release(release_r, release_w)?;
+    drop(release_w);
+    wait_for_release(&release_r)?;
 
     // Uid 0 of the new user namespace: without this the unmapped host root
     // credentials cannot even create files on the new tmpfs.
@@ -78,6 +79,18 @@ fn init(
     let root_u = Uid::from_raw(0);
     setresgid(root_g, root_g, root_g).map_err(|e| JailError::setup("setresgid 0", e))?;
     setresuid(root_u, root_u, root_u).map_err(|e| JailError::setup("setresuid 0", e))?;
+    // Changing credentials cleared the parent-death signal: set it again,
+    // then make sure the helper did not die in between (it keeps the
+    // release pipe's write end open for its whole life).
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| JailError::setup("set parent-death signal", e))?;
+    let mut fds = [PollFd::new(release_r.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(0) => {}
+        Ok(_) => return Err(JailError::Setup("helper exited during setup".to_owned())),
+        Err(e) => return Err(JailError::setup("check helper", e)),
+    }
+    drop(release_r);
     sethostname(HOSTNAME).map_err(|e| JailError::setup("sethostname", e))?;
 
     rootfs::build_and_enter(&spec.root_dir, plan)?;

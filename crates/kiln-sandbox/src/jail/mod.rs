@@ -19,7 +19,7 @@ pub mod plan;
 mod rootfs;
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufRead, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -106,10 +106,14 @@ fn write_id_maps(pid: Pid, base: u32) -> Result<(), JailError> {
     write("gid_map", &map)
 }
 
-/// Waits for C, killing it once `deadline` passes.
+/// Waits for C. Kills it (and still reaps it, so the whole pid namespace is
+/// gone when this returns) once `deadline` passes or when the server closes
+/// the control pipe — the server's way of stopping a run, and what happens
+/// if the server dies.
 fn wait_init(
     pid: Pid,
     pidfd: Option<&OwnedFd>,
+    control: &OwnedFd,
     deadline: Instant,
 ) -> Result<WaitStatus, JailError> {
     if let Some(pidfd) = pidfd {
@@ -117,16 +121,29 @@ fn wait_init(
             let left = deadline.saturating_duration_since(Instant::now());
             let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
             let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-            let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+            let mut fds = [
+                PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
+                PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            ];
             match poll(&mut fds, timeout) {
                 Ok(0) => {
-                    // Wall time plus grace: the server should have killed us.
+                    // Wall time plus grace: the server should have stopped us.
                     let _ = kill(pid, Signal::SIGKILL);
                     break;
                 }
-                Ok(_) => break,
+                Ok(_) => {
+                    let init_done = fds[0].revents().is_some_and(|r| !r.is_empty());
+                    if !init_done {
+                        let _ = kill(pid, Signal::SIGKILL);
+                    }
+                    break;
+                }
                 Err(Errno::EINTR) => continue,
-                Err(e) => return Err(JailError::setup("wait for jail init", e)),
+                Err(e) => {
+                    let _ = kill(pid, Signal::SIGKILL);
+                    let _ = waitpid(pid, None);
+                    return Err(JailError::setup("wait for jail init", e));
+                }
             }
         }
     }
@@ -144,13 +161,20 @@ fn helper(status: &File) -> Result<(), JailError> {
     // Nothing but 0-3 may travel into the jail.
     sys::close_from(STATUS_FD + 1).map_err(|e| JailError::setup("close inherited fds", e))?;
 
-    let mut raw = Vec::new();
-    std::io::stdin()
+    // The spec is one line; stdin then stays open as the control pipe (see
+    // `wait_init`), kept on a close-on-exec fd above 3.
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    stdin
         .lock()
-        .read_to_end(&mut raw)
+        .read_line(&mut line)
         .map_err(|e| JailError::setup("read spec", e))?;
     let spec: JailSpec =
-        serde_json::from_slice(&raw).map_err(|e| JailError::setup("parse spec", e))?;
+        serde_json::from_str(&line).map_err(|e| JailError::setup("parse spec", e))?;
+    let control = stdin
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| JailError::setup("keep control pipe", e))?;
     let devnull = open_devnull()?;
     sys::dup2_raw(&devnull, 0).map_err(|e| JailError::setup("stdin from /dev/null", e))?;
 
@@ -192,6 +216,7 @@ fn helper(status: &File) -> Result<(), JailError> {
         Forked::Child => {
             drop(cgroup_fd);
             drop(devnull);
+            drop(control);
             init::init_main(&spec, &plan, &filters, release_r, release_w, status)
         }
         Forked::Parent { pid, pidfd } => (pid, pidfd),
@@ -204,11 +229,11 @@ fn helper(status: &File) -> Result<(), JailError> {
         let _ = waitpid(pid, None);
         return Err(e);
     }
+    // Kept open until we exit: init checks it to see that we are alive.
     let mut release = File::from(release_w);
     release
         .write_all(b"1")
         .map_err(|e| JailError::setup("release jail init", e))?;
-    drop(release);
 
     // Only the jail holds the output pipes from now on, so their EOF marks
     // the jail's end.
@@ -216,7 +241,9 @@ fn helper(status: &File) -> Result<(), JailError> {
         sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach output", e))?;
     }
     let deadline = started + Duration::from_millis(spec.limits.wall_ms) + BACKSTOP_GRACE;
-    match wait_init(pid, pidfd.as_ref(), deadline)? {
+    let ended = wait_init(pid, pidfd.as_ref(), &control, deadline)?;
+    drop(release);
+    match ended {
         WaitStatus::Exited(_, 0 | EXIT_REPORTED) => Ok(()),
         other => Err(JailError::Setup(format!(
             "jail init ended without a status: {other:?}"

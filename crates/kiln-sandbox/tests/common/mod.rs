@@ -110,7 +110,7 @@ pub fn stderr(r: &RunResult) -> String {
     String::from_utf8_lossy(&r.stderr).into_owned()
 }
 
-/// Host pids whose real uid is `uid`.
+/// Live (not zombie) host pids whose real uid is `uid`.
 pub fn host_pids_with_uid(uid: u32) -> Vec<u32> {
     let mut found = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -128,7 +128,11 @@ pub fn host_pids_with_uid(uid: u32) -> Vec<u32> {
             .find_map(|l| l.strip_prefix("Uid:"))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|u| u.parse::<u32>().ok());
-        if real == Some(uid) {
+        let zombie = status
+            .lines()
+            .find_map(|l| l.strip_prefix("State:"))
+            .is_some_and(|s| s.trim_start().starts_with(['Z', 'X']));
+        if real == Some(uid) && !zombie {
             found.push(pid);
         }
     }
