@@ -70,7 +70,11 @@ pub enum Forked {
 
 /// Number of threads of the calling process, from `/proc/self/stat`.
 fn thread_count() -> io::Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    use std::io::Read;
+    // One read: procfs regenerates the line on every read call.
+    let mut buf = Vec::with_capacity(1024);
+    std::fs::File::open("/proc/self/stat")?.read_to_end(&mut buf)?;
+    let stat = String::from_utf8_lossy(&buf);
     // Field 20 (num_threads); fields after the `(comm)` are space separated.
     let after = stat
         .rsplit_once(')')
@@ -255,10 +259,12 @@ pub fn cloexec_from(first: RawFd) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Closes every fd `>= first`.
+/// Closes every fd `>= first` (`close_range`, or a walk of `/proc/self/fd`
+/// on kernels older than 5.9). Only for process start-up, before this
+/// process opened anything of its own above `first`.
 pub fn close_from(first: RawFd) -> Result<(), Errno> {
-    // SAFETY: close_range only closes descriptors; callers own every fd in
-    // the range (it is used once at helper start, before any fd is opened).
+    // SAFETY: close_range only closes descriptors; per this function's
+    // contract no Rust object owns a descriptor in the range.
     let r = unsafe {
         libc::syscall(
             libc::SYS_close_range,
@@ -267,7 +273,23 @@ pub fn close_from(first: RawFd) -> Result<(), Errno> {
             0 as libc::c_uint,
         )
     };
-    if r == 0 { Ok(()) } else { Err(Errno::last()) }
+    if r == 0 {
+        return Ok(());
+    }
+    let err = Errno::last();
+    if err != Errno::ENOSYS {
+        return Err(err);
+    }
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= first)
+        .collect();
+    for fd in fds {
+        // EBADF is expected for the directory fd read_dir already closed.
+        close_raw(fd);
+    }
+    Ok(())
 }
 
 /// Sets or clears `FD_CLOEXEC` on a raw fd number.

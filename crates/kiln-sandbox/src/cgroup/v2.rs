@@ -136,6 +136,74 @@ pub fn stats(dir: &Path) -> CgroupStats {
 mod tests {
     use super::*;
 
+    /// A directory tree shaped like a non-root cgroup2 group that holds
+    /// processes (regular files stand in for the control files).
+    fn fake_group() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let own = dir.path();
+        fs::write(own.join("cgroup.type"), "domain\n").expect("type");
+        fs::write(own.join("cgroup.procs"), "123\n456\n").expect("procs");
+        fs::write(own.join("cgroup.subtree_control"), "").expect("control");
+        fs::create_dir(own.join(KILN_GROUP)).expect("kiln");
+        fs::write(own.join(KILN_GROUP).join("cgroup.subtree_control"), "").expect("kiln control");
+        dir
+    }
+
+    #[test]
+    fn setup_moves_our_processes_to_a_leaf_and_delegates_controllers() {
+        let dir = fake_group();
+        let own = dir.path();
+        let d = V2::setup(own).expect("setup");
+        assert_eq!(d.parents(), vec![own.join(KILN_GROUP)]);
+        // Each pid is written to the leaf (the last write stays in a plain file).
+        assert_eq!(
+            fs::read_to_string(own.join(SERVER_LEAF).join("cgroup.procs")).expect("leaf"),
+            "456"
+        );
+        for group in [own.to_path_buf(), own.join(KILN_GROUP)] {
+            assert_eq!(
+                fs::read_to_string(group.join("cgroup.subtree_control")).expect("control"),
+                "+memory +pids"
+            );
+        }
+    }
+
+    #[test]
+    fn setup_leaves_a_group_with_controllers_already_delegated_alone() {
+        let dir = fake_group();
+        let own = dir.path();
+        fs::write(own.join("cgroup.subtree_control"), "cpu memory pids\n").expect("control");
+        V2::setup(own).expect("setup");
+        assert!(!own.join(SERVER_LEAF).exists(), "no evacuation needed");
+    }
+
+    #[test]
+    fn run_groups_get_memory_swap_and_pids_limits() {
+        let dir = fake_group();
+        let d = V2::setup(dir.path()).expect("setup");
+        let limits = Limits {
+            memory_bytes: 1 << 20,
+            pids: 7,
+            ..Limits::default()
+        };
+        let mut dirs = Vec::new();
+        d.create("1-0-0", &limits, &mut dirs).expect("create");
+        let run = dir.path().join(KILN_GROUP).join("1-0-0");
+        assert_eq!(dirs, vec![run.clone()]);
+        let read = |f: &str| fs::read_to_string(run.join(f)).expect(f);
+        assert_eq!(read("memory.max"), "1048576");
+        assert_eq!(read("pids.max"), "8");
+        fs::write(run.join("memory.peak"), "4096\n").expect("peak");
+        fs::write(run.join("memory.events"), "oom 1\noom_kill 2\n").expect("events");
+        assert_eq!(
+            stats(&run),
+            CgroupStats {
+                memory_peak: Some(4096),
+                oom_kills: 2
+            }
+        );
+    }
+
     #[test]
     fn subtree_control_needs_both_controllers() {
         assert!(enabled("cpu memory pids\n"));
