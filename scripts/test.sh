@@ -6,11 +6,11 @@
 #   2. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
 #      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
 #      since the last install;
-#   3. the whole Rust test suite (cargo nextest when installed, else cargo test), whose exit
-#      status is this script's.
+#   3. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
+#      whose exit status is this script's; it closes with one "N passed, N failed" line.
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
-# Usage: scripts/test.sh [extra args for cargo test / cargo nextest run]
+# Usage: scripts/test.sh [extra args for cargo test (or cargo nextest run)]
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,7 +51,10 @@ section "Rust tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-if cargo nextest --version >/dev/null 2>&1; then
+# cargo test by default: the suites share per-process state (uid ranges handed out by a
+# static counter, one uid base per test file), which holds for cargo test's one process per
+# test binary but not for nextest's one process per test. KILN_TEST_RUNNER=nextest opts in.
+if [[ "${KILN_TEST_RUNNER:-cargo}" == nextest ]]; then
   # nextest does not run doctests; run those first so nextest's summary closes the run
   cargo test --workspace --locked --doc 2>&1 | tee -a "$log" || status=1
   cargo nextest run --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
@@ -62,7 +65,7 @@ fi
 section "done"
 # Sum cargo's "test result:" lines and nextest's "Summary" line.
 awk '
-  /test result: / {
+  /^test result: / {
     for (i = 1; i <= NF; i++) {
       if ($(i + 1) ~ /^passed/) p += $i
       if ($(i + 1) ~ /^failed/) f += $i
