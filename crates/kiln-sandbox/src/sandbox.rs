@@ -284,6 +284,16 @@ mod tests {
         }
     }
 
+    /// Compile-time: the executor shares a `Sandbox` across tasks and spawns
+    /// `run` futures on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn sandbox_and_run_future_are_shareable(sb: &Sandbox, slot: &Slot, req: RunRequest) {
+        fn shareable<T: Send + Sync + Clone + 'static>(_: &T) {}
+        fn sendable<T: Send>(_: &T) {}
+        shareable(sb);
+        sendable(&sb.run(slot, req, CancellationToken::new()));
+    }
+
     #[test]
     fn requests_with_relative_or_empty_argv_are_refused() {
         assert!(matches!(

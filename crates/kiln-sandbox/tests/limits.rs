@@ -184,8 +184,10 @@ async fn cpu_limit_stops_a_busy_loop() {
         matches!(r.exit, ExitStatus::Signal(s) if s == libc::SIGXCPU || s == libc::SIGKILL),
         "{r:?}"
     );
+    // RLIMIT_CPU (1 s after rounding up) counts tick-sampled time, while
+    // rusage reports precise runtime, which is lower on a loaded VM.
     let cpu = r.cpu_time.expect("cpu time");
-    assert!(cpu >= Duration::from_millis(900), "cpu {cpu:?}");
+    assert!(cpu >= Duration::from_millis(500), "cpu {cpu:?}");
 }
 
 #[tokio::test]
