@@ -160,7 +160,9 @@ pub(crate) async fn supervise(
         .map_err(|e| SandboxError::io("create status pipe", helper, e.into()))?;
 
     let mut cmd = Command::new(helper);
-    cmd.arg("__jail")
+    // argv[0] is what the jail sees as /proc/1/cmdline: never the host path
+    cmd.arg0("kiln")
+        .arg("__jail")
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -417,3 +417,45 @@ pub fn pass_fd_to_child(cmd: &mut tokio::process::Command, fd: RawFd, target: Ra
         cmd.pre_exec(hook);
     }
 }
+
+/// Empty the capability bounding set and the ambient set of the calling
+/// process, so no later transition (file capabilities, setuid binaries) can
+/// ever hand a capability back. Needs CAP_SETPCAP in the current user
+/// namespace (the jail's root has it before it drops to uid 1000).
+pub fn drop_bounding_and_ambient_caps() -> Result<(), Errno> {
+    // SAFETY: PR_CAP_AMBIENT with PR_CAP_AMBIENT_CLEAR_ALL takes no pointers;
+    // the unused arguments are zero as the man page requires.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    for cap in 0..64 as libc::c_ulong {
+        // SAFETY: PR_CAPBSET_DROP takes a capability number by value and no
+        // pointers; numbers past the kernel's last capability fail with EINVAL.
+        let r = unsafe {
+            libc::prctl(
+                libc::PR_CAPBSET_DROP,
+                cap,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if r != 0 {
+            let e = Errno::last();
+            if e == Errno::EINVAL {
+                break;
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}

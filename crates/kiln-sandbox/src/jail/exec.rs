@@ -75,6 +75,8 @@ fn exec(spec: &JailSpec, filters: &[BpfProgram]) -> Result<Infallible, JailError
             "setgroups: supplementary groups remain: {groups:?}"
         )));
     }
+    // Nothing may ever hand a capability back (file caps, setuid binaries).
+    sys::drop_bounding_and_ambient_caps().map_err(|e| JailError::setup("drop bounding set", e))?;
     let gid = Gid::from_raw(JAIL_UID);
     let uid = Uid::from_raw(JAIL_UID);
     setresgid(gid, gid, gid).map_err(|e| JailError::setup("setresgid 1000", e))?;

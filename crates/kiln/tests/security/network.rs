@@ -1,5 +1,7 @@
 //! No network of any kind leaves the jail.
 
+use std::os::linux::net::SocketAddrExt;
+
 use crate::*;
 
 #[tokio::test]
