@@ -1,11 +1,42 @@
 //! The language table: one declarative entry per runtime.
 //!
 //! Adding a language means adding an entry to [`LANGUAGES`]; the executor has
-//! no per-language branches. Placeholders in command lines: `{entry}` is the
-//! entry file name (relative to `/mnt/data`), `{out}` a build output path in
-//! the jail's writable space.
+//! no per-language branches. An entry says where the code is written, how it
+//! is compiled and run, its environment, the support files staged next to it,
+//! the host `/etc` entries it reads, how to ask for its version and how long
+//! its compiler may take.
+//!
+//! Placeholders, filled in command lines and environment values:
+//! - `{entry}`: the entry file name (relative to `/mnt/data`, the working
+//!   directory of every step);
+//! - `{build}`: [`BUILD_DIR`] inside the jail (`/mnt/data/.kiln-build`), a
+//!   writable, executable place for build outputs and compiler caches
+//!   (`/tmp` is `noexec`); it exists for every language that compiles;
+//! - `{support}`: [`SUPPORT_DIR`] inside the jail (`/mnt/data/.kiln`), where
+//!   the entry's [`SupportFile`]s are staged;
+//! - `{memory_mb}`: the run's memory limit in MiB (for runtimes that size
+//!   their heap themselves, such as the JVM).
+//!
+//! Both directories are hidden, so the output walker never reports them.
 
 use std::time::Duration;
+
+use crate::limits::Limits;
+
+/// The workspace as the jail sees it (also the working directory).
+pub const WORKSPACE: &str = "/mnt/data";
+/// Support files, relative to the workspace.
+pub const SUPPORT_DIR: &str = ".kiln";
+/// Build outputs and compiler caches, relative to the workspace.
+pub const BUILD_DIR: &str = ".kiln-build";
+
+/// A file staged read-only into [`SUPPORT_DIR`] before a run.
+#[derive(Debug)]
+pub struct SupportFile {
+    /// Path below [`SUPPORT_DIR`] (may contain `/`).
+    pub name: &'static str,
+    pub contents: &'static str,
+}
 
 /// One runtime recipe.
 #[derive(Debug)]
@@ -27,11 +58,23 @@ pub struct LanguageSpec {
     pub version: &'static [&'static str],
     /// Executables that must exist on the host for the runtime to be usable.
     pub requires: &'static [&'static str],
-    /// Compile-step wall-time limit (compilers get their own budget).
+    /// Compile-step wall-time limit: compilers get their own budget, which a
+    /// request's `timeout` does not lower (it applies to the run step).
     pub compile_timeout: Duration,
+    /// Files staged into [`SUPPORT_DIR`] for this runtime.
+    pub support_files: &'static [SupportFile],
+    /// Host `/etc` entries the runtime reads (configuration its packages
+    /// install there); the jail must bind them read-only.
+    pub etc: &'static [&'static str],
 }
 
-/// Every runtime Kiln knows. Order is the order `health` lists them in.
+/// Budget of compilers that are quick on anything a chat produces.
+const FAST_COMPILE: Duration = Duration::from_secs(15);
+/// Budget of heavier toolchains (rustc, the Go tool, javac, GDC, C++ templates).
+const SLOW_COMPILE: Duration = Duration::from_secs(30);
+
+/// Every runtime Kiln knows. Order is the order `health` lists them in
+/// (py and js first: other crates' tests rely on it).
 pub static LANGUAGES: &[LanguageSpec] = &[
     LanguageSpec {
         name: "py",
@@ -44,21 +87,269 @@ pub static LANGUAGES: &[LanguageSpec] = &[
             ("PYTHONDONTWRITEBYTECODE", "1"),
             ("MPLBACKEND", "Agg"),
             ("MPLCONFIGDIR", "/tmp/.mpl"),
+            // sitecustomize.py: plt.show() saves plot_<n>.png
+            ("PYTHONPATH", "{support}/python"),
         ],
         version: &["/usr/bin/python3", "--version"],
         requires: &["/usr/bin/python3"],
-        compile_timeout: Duration::from_secs(10),
+        compile_timeout: FAST_COMPILE,
+        support_files: &[SupportFile {
+            name: "python/sitecustomize.py",
+            contents: include_str!("lang/sitecustomize.py"),
+        }],
+        etc: &["python3", "python3.11", "matplotlibrc"],
     },
     LanguageSpec {
         name: "js",
-        aliases: &["javascript", "node", "nodejs", "node-js", "node-javascript"],
+        aliases: &[
+            "javascript",
+            "node",
+            "nodejs",
+            "node-js",
+            "node-javascript",
+            "bun",
+            "bun-js",
+        ],
         entry_file: "index.js",
         compile: None,
         run: &["/usr/bin/node", "{entry}"],
         env: &[],
         version: &["/usr/bin/node", "--version"],
         requires: &["/usr/bin/node"],
-        compile_timeout: Duration::from_secs(10),
+        compile_timeout: FAST_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "ts",
+        aliases: &["typescript", "bun-ts", "bun-typescript"],
+        entry_file: "main.ts",
+        // esbuild strips the types (no type checking, like Bun, which the
+        // hosted API runs TypeScript with) into an ES module. The banner gives
+        // the module CommonJS's `require`, `__filename` and `__dirname` as
+        // globals, so both `import` and `require` styles run; globals, not
+        // declarations, so code that defines its own does not clash.
+        compile: Some(&[
+            "/usr/bin/esbuild",
+            "{entry}",
+            "--outfile={build}/main.mjs",
+            "--format=esm",
+            "--platform=node",
+            "--target=node18",
+            "--sourcemap",
+            "--log-level=warning",
+            "--color=false",
+            "--banner:js=import { createRequire as __kilnCreateRequire } from 'node:module'; \
+             globalThis.require = __kilnCreateRequire('/mnt/data/main.ts'); \
+             globalThis.__filename = '/mnt/data/main.ts'; globalThis.__dirname = '/mnt/data';",
+        ]),
+        run: &["/usr/bin/node", "--enable-source-maps", "{build}/main.mjs"],
+        env: &[],
+        version: &[
+            "/bin/sh",
+            "-c",
+            "echo \"esbuild $(/usr/bin/esbuild --version) on node $(/usr/bin/node --version)\"",
+        ],
+        requires: &["/usr/bin/esbuild", "/usr/bin/node"],
+        compile_timeout: FAST_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "c",
+        aliases: &["gcc"],
+        entry_file: "main.c",
+        compile: Some(&[
+            "/usr/bin/gcc",
+            "-std=gnu17",
+            "-O2",
+            "-o",
+            "{build}/main",
+            "{entry}",
+            "-lm",
+        ]),
+        run: &["{build}/main"],
+        env: &[],
+        version: &["/usr/bin/gcc", "--version"],
+        requires: &["/usr/bin/gcc"],
+        compile_timeout: FAST_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "cpp",
+        aliases: &["c++", "cxx", "g++"],
+        entry_file: "main.cpp",
+        compile: Some(&[
+            "/usr/bin/g++",
+            "-std=gnu++20",
+            "-O2",
+            "-o",
+            "{build}/main",
+            "{entry}",
+        ]),
+        run: &["{build}/main"],
+        env: &[],
+        version: &["/usr/bin/g++", "--version"],
+        requires: &["/usr/bin/g++"],
+        compile_timeout: SLOW_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "java",
+        aliases: &[],
+        entry_file: "Main.java",
+        // javac.sh compiles Main.java whatever its public class is called and
+        // records the class to run in {build}/main-class. Both JVMs are sized
+        // from the memory limit (a jail has no /sys, so the JVM cannot see its
+        // cgroup and would size its heap from the host's RAM) and use the
+        // serial collector (few threads: the pids limit counts threads).
+        compile: Some(&[
+            "/bin/bash",
+            "{support}/javac.sh",
+            "-J-XX:+UseSerialGC",
+            "-J-XX:TieredStopAtLevel=1",
+            "-J-XX:-UsePerfData",
+            "-J-XX:MaxRAM={memory_mb}m",
+            "-J-XX:MaxRAMPercentage=60",
+        ]),
+        run: &[
+            "/usr/bin/java",
+            "-XX:+UseSerialGC",
+            "-XX:-UsePerfData",
+            "-XX:MaxRAM={memory_mb}m",
+            "-XX:MaxRAMPercentage=60",
+            "-cp",
+            "{build}/classes",
+            "@{build}/main-class",
+        ],
+        env: &[],
+        version: &["/usr/bin/java", "--version"],
+        requires: &[
+            "/usr/bin/java",
+            "/usr/bin/javac",
+            "/bin/bash",
+            "/usr/bin/sed",
+        ],
+        compile_timeout: SLOW_COMPILE,
+        support_files: &[SupportFile {
+            name: "javac.sh",
+            contents: include_str!("lang/javac.sh"),
+        }],
+        etc: &["java-17-openjdk"],
+    },
+    LanguageSpec {
+        name: "php",
+        aliases: &[],
+        entry_file: "index.php",
+        compile: None,
+        run: &["/usr/bin/php", "{entry}"],
+        env: &[],
+        version: &["/usr/bin/php", "--version"],
+        requires: &["/usr/bin/php"],
+        compile_timeout: FAST_COMPILE,
+        support_files: &[],
+        // php.ini and conf.d, which load the extensions (mbstring, xml, ...)
+        etc: &["php"],
+    },
+    LanguageSpec {
+        name: "rs",
+        aliases: &["rust", "rustc"],
+        entry_file: "main.rs",
+        compile: Some(&[
+            "/usr/bin/rustc",
+            "--edition=2021",
+            "-C",
+            "opt-level=2",
+            "-o",
+            "{build}/main",
+            "{entry}",
+        ]),
+        run: &["{build}/main"],
+        env: &[],
+        version: &["/usr/bin/rustc", "--version"],
+        requires: &["/usr/bin/rustc", "/usr/bin/cc"],
+        compile_timeout: SLOW_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "go",
+        aliases: &["golang"],
+        entry_file: "main.go",
+        compile: Some(&["/usr/bin/go", "build", "-o", "{build}/main", "{entry}"]),
+        run: &["{build}/main"],
+        // The build cache lives in the run's own workspace (never shared
+        // between users) and dies with it. No module proxy: there is no
+        // network. Parallelism is bounded so a many-core host cannot run the
+        // build into the pids limit.
+        env: &[
+            ("GOCACHE", "{build}/go-cache"),
+            ("GOPATH", "{build}/go"),
+            ("GOPROXY", "off"),
+            ("GOTOOLCHAIN", "local"),
+            ("GOFLAGS", "-p=2"),
+            ("GOMAXPROCS", "4"),
+        ],
+        version: &["/usr/bin/go", "version"],
+        requires: &["/usr/bin/go"],
+        compile_timeout: SLOW_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "d",
+        aliases: &["dlang", "gdc"],
+        entry_file: "main.d",
+        // GDC (GCC's D front end) finds Phobos beside itself; LDC would need
+        // /etc/ldc2.conf inside the jail.
+        compile: Some(&["/usr/bin/gdc", "-O2", "-o", "{build}/main", "{entry}"]),
+        run: &["{build}/main"],
+        env: &[],
+        version: &["/usr/bin/gdc", "--version"],
+        requires: &["/usr/bin/gdc"],
+        compile_timeout: SLOW_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "f90",
+        aliases: &["fortran", "gfortran", "f95"],
+        entry_file: "main.f90",
+        compile: Some(&[
+            "/usr/bin/gfortran",
+            "-O2",
+            "-J",
+            "{build}",
+            "-o",
+            "{build}/main",
+            "{entry}",
+        ]),
+        run: &["{build}/main"],
+        env: &[],
+        version: &["/usr/bin/gfortran", "--version"],
+        requires: &["/usr/bin/gfortran"],
+        compile_timeout: FAST_COMPILE,
+        support_files: &[],
+        etc: &[],
+    },
+    LanguageSpec {
+        name: "r",
+        aliases: &["rscript"],
+        entry_file: "main.r",
+        compile: None,
+        run: &["/usr/bin/Rscript", "{entry}"],
+        // Rprofile: the default graphics device writes plot_<n>.png (Cairo)
+        env: &[("R_PROFILE_USER", "{support}/Rprofile")],
+        version: &["/usr/bin/Rscript", "--version"],
+        requires: &["/usr/bin/Rscript"],
+        compile_timeout: FAST_COMPILE,
+        support_files: &[SupportFile {
+            name: "Rprofile",
+            contents: include_str!("lang/Rprofile"),
+        }],
+        etc: &["R"],
     },
     LanguageSpec {
         name: "bash",
@@ -66,10 +357,20 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         entry_file: "script.sh",
         compile: None,
         run: &["/bin/bash", "{entry}"],
-        env: &[],
+        // Bash is the glue: every other runtime is on PATH; these make
+        // python3 plot headless and `go build` fail fast instead of trying
+        // the network (its cache defaults to $HOME/.cache, in the workspace).
+        env: &[
+            ("MPLBACKEND", "Agg"),
+            ("MPLCONFIGDIR", "/tmp/.mpl"),
+            ("GOPROXY", "off"),
+            ("GOTOOLCHAIN", "local"),
+        ],
         version: &["/bin/bash", "--version"],
         requires: &["/bin/bash"],
-        compile_timeout: Duration::from_secs(10),
+        compile_timeout: FAST_COMPILE,
+        support_files: &[],
+        etc: &[],
     },
 ];
 
@@ -103,15 +404,47 @@ impl Language {
     }
 
     /// The run argv with placeholders filled and `args` appended.
-    pub fn run_argv(&self, args: &[String]) -> Vec<String> {
-        let mut v = fill(self.0.run, self.0.entry_file);
+    pub fn run_argv(&self, args: &[String], limits: &Limits) -> Vec<String> {
+        let mut v = self.fill_all(self.0.run, limits);
         v.extend(args.iter().cloned());
         v
     }
 
     /// The compile argv, if this runtime compiles.
-    pub fn compile_argv(&self) -> Option<Vec<String>> {
-        self.0.compile.map(|c| fill(c, self.0.entry_file))
+    pub fn compile_argv(&self, limits: &Limits) -> Option<Vec<String>> {
+        self.0.compile.map(|c| self.fill_all(c, limits))
+    }
+
+    /// This runtime's own environment with placeholders filled.
+    pub fn env(&self, limits: &Limits) -> Vec<(String, String)> {
+        self.0
+            .env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), self.fill(v, limits)))
+            .collect()
+    }
+
+    /// Does the run need [`BUILD_DIR`]? (Every compiled runtime does.)
+    pub fn needs_build_dir(&self) -> bool {
+        self.0.compile.is_some()
+    }
+
+    fn fill_all(&self, template: &[&str], limits: &Limits) -> Vec<String> {
+        template.iter().map(|a| self.fill(a, limits)).collect()
+    }
+
+    fn fill(&self, template: &str, limits: &Limits) -> String {
+        if !template.contains('{') {
+            return template.to_owned();
+        }
+        template
+            .replace("{entry}", self.0.entry_file)
+            .replace("{build}", &format!("{WORKSPACE}/{BUILD_DIR}"))
+            .replace("{support}", &format!("{WORKSPACE}/{SUPPORT_DIR}"))
+            .replace(
+                "{memory_mb}",
+                &(limits.memory_bytes / (1024 * 1024)).to_string(),
+            )
     }
 }
 
@@ -121,16 +454,34 @@ impl PartialEq for Language {
     }
 }
 
-fn fill(template: &[&str], entry: &str) -> Vec<String> {
-    template
-        .iter()
-        .map(|a| a.replace("{entry}", entry))
-        .collect()
+/// Every host `/etc` entry some runtime reads, each once, in table order.
+/// The sandbox binds these read-only into jails.
+pub fn etc_binds() -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for e in LANGUAGES.iter().flat_map(|l| l.etc.iter().copied()) {
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn limits() -> Limits {
+        Limits::default()
+    }
+
+    /// Everything a table entry expands to, for checks over all entries.
+    fn expanded(l: Language) -> Vec<String> {
+        let lim = limits();
+        let mut all = l.run_argv(&[], &lim);
+        all.extend(l.compile_argv(&lim).unwrap_or_default());
+        all.extend(l.env(&lim).into_iter().map(|(_, v)| v));
+        all
+    }
 
     #[test]
     fn resolves_canonical_names_and_aliases_case_insensitively() {
@@ -138,14 +489,173 @@ mod tests {
         assert_eq!(Language::resolve("Python").unwrap().name(), "py");
         assert_eq!(Language::resolve("node").unwrap().name(), "js");
         assert_eq!(Language::resolve("sh").unwrap().name(), "bash");
+        assert_eq!(Language::resolve("TypeScript").unwrap().name(), "ts");
+        assert_eq!(Language::resolve("bun").unwrap().name(), "js");
+        assert_eq!(Language::resolve("rust").unwrap().name(), "rs");
+        assert_eq!(Language::resolve("golang").unwrap().name(), "go");
+        assert_eq!(Language::resolve("fortran").unwrap().name(), "f90");
+        assert_eq!(Language::resolve("c++").unwrap().name(), "cpp");
         assert!(Language::resolve("cobol").is_none());
+    }
+
+    #[test]
+    fn every_language_the_client_offers_is_in_the_table() {
+        // @librechat/agents' enum, in its order
+        let client = [
+            "py", "js", "ts", "c", "cpp", "java", "php", "rs", "go", "d", "f90", "r", "bash",
+        ];
+        for name in client {
+            let l = Language::resolve(name).unwrap_or_else(|| panic!("{name} missing"));
+            assert_eq!(l.name(), name);
+        }
+        assert_eq!(LANGUAGES.len(), client.len());
+        // the spec's aliases (§5.4)
+        for (alias, name) in [
+            ("python", "py"),
+            ("javascript", "js"),
+            ("bun-js", "js"),
+            ("nodejs", "js"),
+            ("node-js", "js"),
+            ("node-javascript", "js"),
+            ("bun-ts", "ts"),
+            ("bun-typescript", "ts"),
+            ("bash", "bash"),
+        ] {
+            assert_eq!(Language::resolve(alias).unwrap().name(), name, "{alias}");
+        }
     }
 
     #[test]
     fn run_argv_fills_entry_and_appends_args() {
         let py = Language::resolve("py").unwrap();
-        let argv = py.run_argv(&["--flag".into(), "x y".into()]);
+        let argv = py.run_argv(&["--flag".into(), "x y".into()], &limits());
         assert_eq!(argv, ["/usr/bin/python3", "-u", "main.py", "--flag", "x y"]);
+    }
+
+    #[test]
+    fn compiled_languages_build_into_the_hidden_build_dir_and_run_from_it() {
+        let lim = limits();
+        for l in Language::all().filter(Language::needs_build_dir) {
+            let run = l.run_argv(&[], &lim).join(" ");
+            assert!(
+                run.contains("/mnt/data/.kiln-build/"),
+                "{}: run {run}",
+                l.name()
+            );
+            let compile = l.compile_argv(&lim).unwrap().join(" ");
+            // directly, or through a staged build script
+            assert!(
+                compile.contains("/mnt/data/.kiln-build") || compile.contains("/mnt/data/.kiln/"),
+                "{}: compile {compile}",
+                l.name()
+            );
+        }
+        let c = Language::resolve("c").unwrap();
+        assert_eq!(
+            c.run_argv(&["a".into()], &lim),
+            ["/mnt/data/.kiln-build/main", "a"]
+        );
+    }
+
+    #[test]
+    fn jvm_heap_follows_the_memory_limit() {
+        let java = Language::resolve("java").unwrap();
+        let lim = Limits {
+            memory_bytes: 300 * 1024 * 1024,
+            ..Limits::default()
+        };
+        assert!(
+            java.run_argv(&[], &lim)
+                .contains(&"-XX:MaxRAM=300m".to_owned())
+        );
+        assert!(
+            java.compile_argv(&lim)
+                .unwrap()
+                .contains(&"-J-XX:MaxRAM=300m".to_owned())
+        );
+    }
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        for l in Language::all() {
+            for s in expanded(l) {
+                for p in ["{entry}", "{build}", "{support}", "{memory_mb}"] {
+                    assert!(!s.contains(p), "{}: {s}", l.name());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn caches_and_config_dirs_are_per_run_space() {
+        // Anything a runtime writes (caches, outputs) must be per-run space.
+        for l in Language::all() {
+            for (k, v) in l.env(&limits()) {
+                if v.starts_with('/') && (k.ends_with("DIR") || k.starts_with("GO")) {
+                    assert!(
+                        v.starts_with("/mnt/data/") || v.starts_with("/tmp/"),
+                        "{}: {k}={v}",
+                        l.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn support_files_are_referenced_and_named_safely() {
+        for l in LANGUAGES {
+            for f in l.support_files {
+                assert!(
+                    crate::RelPath::parse(f.name).is_ok(),
+                    "{}: {}",
+                    l.name,
+                    f.name
+                );
+                assert!(!f.contents.is_empty());
+                let expanded = expanded(Language(l)).join(" ");
+                let dir = f.name.split('/').next().unwrap_or(f.name);
+                assert!(
+                    expanded.contains(&format!("/mnt/data/.kiln/{dir}")),
+                    "{}: support file {} is never used",
+                    l.name,
+                    f.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn entry_files_are_distinct_plain_names() {
+        let mut seen = std::collections::HashSet::new();
+        for l in LANGUAGES {
+            assert!(crate::RelPath::parse(l.entry_file).is_ok(), "{}", l.name);
+            assert!(!l.entry_file.contains('/') && !l.entry_file.starts_with('.'));
+            assert!(seen.insert(l.entry_file), "{}", l.entry_file);
+        }
+    }
+
+    #[test]
+    fn programs_and_probes_are_absolute() {
+        for l in Language::all() {
+            let spec = l.spec();
+            assert!(spec.version[0].starts_with('/'), "{}", spec.name);
+            assert!(spec.requires.iter().all(|r| r.starts_with('/')));
+            assert!(l.run_argv(&[], &limits())[0].starts_with('/'));
+            if let Some(c) = l.compile_argv(&limits()) {
+                assert!(c[0].starts_with('/'), "{}", spec.name);
+            }
+        }
+    }
+
+    #[test]
+    fn etc_binds_are_single_names_listed_once() {
+        let binds = etc_binds();
+        assert!(binds.contains(&"php") && binds.contains(&"R"));
+        for b in &binds {
+            assert!(!b.is_empty() && !b.contains('/') && *b != "." && *b != "..");
+            assert_eq!(binds.iter().filter(|x| x == &b).count(), 1);
+        }
     }
 
     #[test]
