@@ -238,8 +238,9 @@ impl Inner {
             .record(t_stage.elapsed().as_secs_f64());
 
         let t_run = Instant::now();
-        let env = environment(lang);
-        if let Some(argv) = lang.compile_argv() {
+        // languages: env and argv may depend on the limits (e.g. the JVM heap)
+        let env = environment(lang, &limits);
+        if let Some(argv) = lang.compile_argv(&limits) {
             let mut cl = limits.clone();
             cl.wall_time = lang.spec().compile_timeout;
             let r = self
@@ -249,18 +250,19 @@ impl Inner {
                 metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
                     .record(t_run.elapsed().as_secs_f64());
                 drop(guard);
-                return Ok(self.finish(
-                    session_id,
-                    lang,
-                    r,
-                    Some("Compilation failed"),
-                    started,
-                    Harvest::default(),
-                ));
+                let message = compile_failure_message(&r);
+                return Ok(self.finish(session_id, lang, r, message, started, Harvest::default()));
             }
         }
         let r = self
-            .sandbox_run(&slot, &ws, lang.run_argv(&req.args), &env, limits, &cancel)
+            .sandbox_run(
+                &slot,
+                &ws,
+                lang.run_argv(&req.args, &limits),
+                &env,
+                limits,
+                &cancel,
+            )
             .await?;
         metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
             .record(t_run.elapsed().as_secs_f64());
@@ -450,6 +452,9 @@ impl Inner {
             .map_err(setup)?;
         set_owner(&entry, false, uid, gid).await.map_err(setup)?;
         staged.remove(lang.spec().entry_file);
+        stage_language_support(ws, lang, uid, gid)
+            .await
+            .map_err(setup)?;
         Ok(staged)
     }
 
@@ -625,7 +630,9 @@ fn stop_note(r: &RunResult, status: Option<RunStatus>, message: Option<&str>) ->
 }
 
 /// The complete environment of a jailed process. Nothing from the host.
-pub fn environment(lang: Language) -> Vec<(String, String)> {
+/// The base below, then the language table's own variables (placeholders
+/// filled from `limits`), which win over the base.
+pub fn environment(lang: Language, limits: &Limits) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", "/mnt/data"),
@@ -643,11 +650,66 @@ pub fn environment(lang: Language) -> Vec<(String, String)> {
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
     .collect();
     env.push(("SANDBOX_LANGUAGE".into(), lang.name().into()));
-    for (k, v) in lang.spec().env {
-        env.retain(|(ek, _)| ek != k);
-        env.push(((*k).to_owned(), (*v).to_owned()));
+    for (k, v) in lang.env(limits) {
+        env.retain(|(ek, _)| *ek != k);
+        env.push((k, v));
     }
     env
+}
+
+/// The `message` of a run whose compile step failed. Output overflows keep
+/// their own message (`None`).
+fn compile_failure_message(r: &RunResult) -> Option<&'static str> {
+    if r.stdout_overflow || r.stderr_overflow {
+        None
+    } else if r.timed_out {
+        Some("Compilation time limit exceeded")
+    } else if r.oom_killed {
+        Some("Out of memory during compilation")
+    } else {
+        Some("Compilation failed")
+    }
+}
+
+/// Stage what the language table asks for next to the code (languages):
+/// its support files, read-only, under `.kiln/`, and the jail-owned build
+/// directory `.kiln-build/` of compiled languages. Both are hidden, so the
+/// walker never reports them. Runs before any user code: the workspace holds
+/// only what staging created, so a path found here is ours to replace.
+async fn stage_language_support(
+    ws: &Path,
+    lang: Language,
+    uid: u32,
+    gid: u32,
+) -> std::io::Result<()> {
+    use kiln_core::lang::{BUILD_DIR, SUPPORT_DIR};
+    for f in lang.spec().support_files {
+        let name = RelPath::parse(&format!("{SUPPORT_DIR}/{}", f.name))
+            .map_err(|e| std::io::Error::other(format!("support file {}: {e}", f.name)))?;
+        make_parents(ws, &name, uid, gid).await?;
+        let dest = ws.join(name.as_str());
+        let _ = tokio::fs::remove_file(&dest).await;
+        write_new(&dest, f.contents.as_bytes().to_vec()).await?;
+        set_owner(&dest, true, uid, gid).await?;
+    }
+    if lang.needs_build_dir() {
+        let dir = ws.join(BUILD_DIR);
+        tokio::task::spawn_blocking(move || {
+            match fs::symlink_metadata(&dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    fs::remove_file(&dir)?;
+                    fs::create_dir(&dir)?;
+                }
+                Err(_) => fs::create_dir(&dir)?,
+            }
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+            chown(&dir, Some(uid), Some(gid))
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+    }
+    Ok(())
 }
 
 /// Content type for a stored output, from its name.
