@@ -36,6 +36,10 @@ pub struct SupportFile {
     /// Path below [`SUPPORT_DIR`] (may contain `/`).
     pub name: &'static str,
     pub contents: &'static str,
+    /// Stage it only when the code contains one of these strings; empty:
+    /// always. Keeps the workspace as the program left it (what
+    /// `os.listdir('.')` shows) for code that cannot need the file.
+    pub when_code_contains: &'static [&'static str],
 }
 
 /// One runtime recipe.
@@ -96,6 +100,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         support_files: &[SupportFile {
             name: "python/sitecustomize.py",
             contents: include_str!("lang/sitecustomize.py"),
+            // plt.show() needs pyplot, imported by name, via seaborn or pylab
+            when_code_contains: &["matplotlib", "seaborn", "pylab"],
         }],
         etc: &["python3", "python3.11", "matplotlibrc"],
     },
@@ -236,6 +242,7 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         support_files: &[SupportFile {
             name: "javac.sh",
             contents: include_str!("lang/javac.sh"),
+            when_code_contains: &[],
         }],
         etc: &["java-17-openjdk"],
     },
@@ -348,6 +355,7 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         support_files: &[SupportFile {
             name: "Rprofile",
             contents: include_str!("lang/Rprofile"),
+            when_code_contains: &[],
         }],
         etc: &["R"],
     },
@@ -357,15 +365,10 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         entry_file: "script.sh",
         compile: None,
         run: &["/bin/bash", "{entry}"],
-        // Bash is the glue: every other runtime is on PATH; these make
-        // python3 plot headless and `go build` fail fast instead of trying
-        // the network (its cache defaults to $HOME/.cache, in the workspace).
-        env: &[
-            ("MPLBACKEND", "Agg"),
-            ("MPLCONFIGDIR", "/tmp/.mpl"),
-            ("GOPROXY", "off"),
-            ("GOTOOLCHAIN", "local"),
-        ],
+        // Bash is the glue: every other runtime is on PATH (python3, node,
+        // gcc, java, go, Rscript, ...). Their caches default to $HOME (the
+        // workspace); matplotlib falls back to Agg without a display.
+        env: &[],
         version: &["/bin/bash", "--version"],
         requires: &["/bin/bash"],
         compile_timeout: FAST_COMPILE,
@@ -422,6 +425,16 @@ impl Language {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), self.fill(v, limits)))
             .collect()
+    }
+
+    /// The support files to stage for `code`.
+    pub fn support_files_for<'c>(
+        &self,
+        code: &'c str,
+    ) -> impl Iterator<Item = &'static SupportFile> + 'c {
+        self.0.support_files.iter().filter(move |f| {
+            f.when_code_contains.is_empty() || f.when_code_contains.iter().any(|w| code.contains(w))
+        })
     }
 
     /// Does the run need [`BUILD_DIR`]? (Every compiled runtime does.)
@@ -623,6 +636,23 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn plotting_support_is_staged_only_for_code_that_plots() {
+        let py = Language::resolve("py").unwrap();
+        assert_eq!(py.support_files_for("print(1)").count(), 0);
+        for code in [
+            "import matplotlib.pyplot as plt",
+            "import seaborn as sns",
+            "from pylab import *",
+        ] {
+            let names: Vec<_> = py.support_files_for(code).map(|f| f.name).collect();
+            assert_eq!(names, ["python/sitecustomize.py"], "{code}");
+        }
+        // unconditional files are always staged
+        let r = Language::resolve("r").unwrap();
+        assert_eq!(r.support_files_for("cat(1)").count(), 1);
     }
 
     #[test]
