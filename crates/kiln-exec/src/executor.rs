@@ -452,7 +452,7 @@ impl Inner {
             .map_err(setup)?;
         set_owner(&entry, false, uid, gid).await.map_err(setup)?;
         staged.remove(lang.spec().entry_file);
-        stage_language_support(ws, lang, uid, gid)
+        stage_language_support(ws, lang, code, uid, gid)
             .await
             .map_err(setup)?;
         Ok(staged)
@@ -672,18 +672,19 @@ fn compile_failure_message(r: &RunResult) -> Option<&'static str> {
 }
 
 /// Stage what the language table asks for next to the code (languages):
-/// its support files, read-only, under `.kiln/`, and the jail-owned build
+/// its support files that apply to `code`, read-only, under `.kiln/`, and the jail-owned build
 /// directory `.kiln-build/` of compiled languages. Both are hidden, so the
 /// walker never reports them. Runs before any user code: the workspace holds
 /// only what staging created, so a path found here is ours to replace.
 async fn stage_language_support(
     ws: &Path,
     lang: Language,
+    code: &str,
     uid: u32,
     gid: u32,
 ) -> std::io::Result<()> {
     use kiln_core::lang::{BUILD_DIR, SUPPORT_DIR};
-    for f in lang.spec().support_files {
+    for f in lang.support_files_for(code) {
         let name = RelPath::parse(&format!("{SUPPORT_DIR}/{}", f.name))
             .map_err(|e| std::io::Error::other(format!("support file {}: {e}", f.name)))?;
         make_parents(ws, &name, uid, gid).await?;
