@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{read_limited, require_json};
-use crate::config::AppState;
+use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
 use crate::identity::{Caller, header_user_id};
 
@@ -36,27 +36,7 @@ pub async fn exec(
     }
     require_json(&headers)?;
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|_| ApiError::BadRequest("Invalid JSON body".to_owned()))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::BadRequest(
-            "Request body must be a JSON object".to_owned(),
-        ));
-    };
-
-    let top = parse_top(&obj)?;
-    let caller = Caller::resolve(
-        &state.config,
-        &[header_user_id(&headers)?, top.user_id.as_deref()],
-    )?;
-    let files = parse_files(obj.get("files"), &caller)?;
-    let req = ExecRequest {
-        lang: top.lang,
-        code: top.code,
-        args: top.args,
-        files,
-        timeout_ms: top.timeout_ms,
-    };
+    let (caller, req) = parse_exec_body(&state.config, &headers, &bytes)?;
     tracing::info!(
         lang = req.lang.name(),
         files = req.files.len(),
@@ -72,6 +52,34 @@ pub async fn exec(
     guard.disarm();
     let result = result?;
     Ok(Json(exec_response(&result)).into_response())
+}
+
+/// Fuzz entry point (and the handler's parser): an `/exec` body's bytes →
+/// the caller and the request the executor receives. `headers` supply the
+/// `User-Id` identity source; never panics, whatever the bytes.
+pub fn parse_exec_body(
+    config: &ApiConfig,
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Result<(Caller, ExecRequest), ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|_| ApiError::BadRequest("Invalid JSON body".to_owned()))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::BadRequest(
+            "Request body must be a JSON object".to_owned(),
+        ));
+    };
+    let top = parse_top(&obj)?;
+    let caller = Caller::resolve(config, &[header_user_id(headers)?, top.user_id.as_deref()])?;
+    let files = parse_files(obj.get("files"), &caller)?;
+    let req = ExecRequest {
+        lang: top.lang,
+        code: top.code,
+        args: top.args,
+        files,
+        timeout_ms: top.timeout_ms,
+    };
+    Ok((caller, req))
 }
 
 /// The fields of the body other than `files`.
