@@ -1,27 +1,57 @@
 #!/usr/bin/env bash
 # scripts/install-runtimes.sh — installs the language runtimes Kiln's jails execute.
 #
-# Owns: the list of Debian packages per runtime, installing only what is missing, and
-# printing one line per runtime with its version. Jails run the system binaries
-# (/usr/bin/python3, /usr/bin/node, /bin/bash — see crates/kiln-core/src/lang.rs), so these
-# come from Debian packages, whatever else (pyenv, nvm...) is on PATH.
+# Owns: the list of Debian packages (and the few PyPI packages Debian 12 lacks) per runtime,
+# installing only what is missing, the prebuilt matplotlib font cache the jails seed from, and
+# printing one line per runtime with its version. Jails run the system binaries named in
+# crates/kiln-core/src/lang.rs (/usr/bin/python3, /usr/bin/node, /usr/bin/gcc, ...) and see only
+# the host's /usr (read-only), so everything lands under /usr, whatever else (pyenv, nvm, rustup)
+# is on PATH.
 #
 # Usage: scripts/install-runtimes.sh [--with-npm] [--check]
 #   --with-npm  also make sure `npm` exists (the e2e test's Node project needs it; not the jails)
 #   --check     install nothing; list what is missing and exit 1 if anything is
-# Idempotent and fast when everything is present: one dpkg-query call, no apt-get.
+# Idempotent and fast when everything is present: one dpkg-query call, one Python import check,
+# no apt-get. A fresh Debian 12 takes a few minutes (about 1 GB of packages; see docs/languages.md).
 # Needs root for installing (uses sudo when not root and sudo exists).
 set -euo pipefail
 
 # ---- what to install -------------------------------------------------------------------
 # One entry per runtime: its Debian packages. To add a language, add it to LANGUAGES and
-# give it a PACKAGES_<lang> list and a version_<lang> function below.
-LANGUAGES=(py js bash)
+# give it a PACKAGES_<lang> list and a version_<lang> function below (and its entry in
+# crates/kiln-core/src/lang.rs).
+LANGUAGES=(py js ts c cpp java php rs go d f90 r bash)
 
 # py: the interpreter plus the data stack LibreChat's models expect (plots need a font).
-PACKAGES_py=(python3 python3-numpy python3-pandas python3-matplotlib fonts-dejavu-core)
+PACKAGES_py=(
+  python3 python3-numpy python3-pandas python3-matplotlib python3-scipy python3-seaborn
+  python3-sympy python3-sklearn python3-statsmodels python3-openpyxl python3-xlsxwriter
+  python3-xlrd python3-docx python3-reportlab python3-pil python3-lxml python3-bs4
+  python3-tabulate python3-pip fonts-dejavu-core
+)
+# ... and from PyPI what Debian 12 does not package, pinned (module name=requirement). pip puts
+# it in /usr/local/lib/python3.11/dist-packages, which Debian's python3 searches.
+PYPI_py=("pptx=python-pptx==1.0.2")
 # js: the jail runs /usr/bin/node whatever its version (Debian 12 ships 18; NodeSource 20+ is fine).
 PACKAGES_js=(nodejs)
+# ts: esbuild strips the types (a static binary in Debian); node runs the result.
+PACKAGES_ts=(esbuild nodejs)
+PACKAGES_c=(gcc libc6-dev)
+PACKAGES_cpp=(g++)
+# java: javac + java 17; the JVM's size is set on its command line (see lang.rs).
+PACKAGES_java=(openjdk-17-jdk-headless)
+# php: the CLI plus the extensions scripts commonly use (ctype, iconv, ... come with php8.2-common).
+PACKAGES_php=(php-cli php-mbstring php-xml php-bcmath)
+PACKAGES_rs=(rustc)
+PACKAGES_go=(golang-go)
+# d: GDC (GCC's D front end) with Phobos.
+PACKAGES_d=(gdc)
+PACKAGES_f90=(gfortran)
+# r: R (Debian's is built with Cairo: png() works with no X11) and the usual tidyverse pieces.
+PACKAGES_r=(
+  r-base-core r-cran-ggplot2 r-cran-dplyr r-cran-tidyr r-cran-readr r-cran-data.table
+  r-cran-jsonlite
+)
 # bash: the shell plus what LibreChat runs in it (cat, sha256sum via coreutils; jq for bash PTC).
 PACKAGES_bash=(bash coreutils jq)
 # Shared by all runtimes.
@@ -30,8 +60,18 @@ PACKAGES_common=(ca-certificates)
 # package, so an existing `npm` command counts as present.
 PACKAGES_npm=(npm)
 
+# Where the prebuilt matplotlib font cache goes; the jail's sitecustomize.py copies it into
+# each run's MPLCONFIGDIR (crates/kiln-core/src/lang/sitecustomize.py).
+MPL_FONT_CACHE=/usr/local/share/kiln/matplotlib
+
+first_line() { "$@" 2>&1 | head -n 1; }
+
 version_py() {
+  # Imports the core three (proves they load); the rest by installed metadata and module
+  # location (importing all of them costs seconds).
   /usr/bin/python3 - <<'PY'
+import importlib.metadata as md
+import importlib.util
 import platform
 import sys
 mods, ok = [], True
@@ -41,11 +81,40 @@ for name in ("numpy", "pandas", "matplotlib"):
     except Exception as e:  # report, never hide, a broken module
         mods.append(f"{name} MISSING ({type(e).__name__})")
         ok = False
+for module, dist in (("scipy", "scipy"), ("sklearn", "scikit-learn"), ("openpyxl", "openpyxl"),
+                     ("docx", "python-docx"), ("pptx", "python-pptx"), ("reportlab", "reportlab"),
+                     ("PIL", "Pillow"), ("seaborn", "seaborn"), ("sympy", "sympy"),
+                     ("statsmodels", "statsmodels")):
+    try:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(module)
+        mods.append(f"{module} {md.version(dist)}")
+    except Exception as e:
+        mods.append(f"{module} MISSING ({type(e).__name__})")
+        ok = False
 print(f"Python {platform.python_version()} ({', '.join(mods)})")
 sys.exit(0 if ok else 1)
 PY
 }
 version_js() { echo "node $(/usr/bin/node --version)"; }
+version_ts() { echo "esbuild $(/usr/bin/esbuild --version) on node $(/usr/bin/node --version)"; }
+version_c() { first_line /usr/bin/gcc --version; }
+version_cpp() { first_line /usr/bin/g++ --version; }
+version_java() { echo "$(first_line /usr/bin/java --version), $(/usr/bin/javac --version 2>&1)"; }
+version_php() {
+  local v
+  v=$(first_line /usr/bin/php --version)
+  /usr/bin/php -r 'exit(extension_loaded("mbstring") && extension_loaded("dom") ? 0 : 1);' ||
+    { echo "${v}: mbstring or dom extension not loaded"; return 1; }
+  echo "$v"
+}
+version_rs() { first_line /usr/bin/rustc --version; }
+version_go() { first_line /usr/bin/go version; }
+version_d() { first_line /usr/bin/gdc --version; }
+version_f90() { first_line /usr/bin/gfortran --version; }
+version_r() {
+  /usr/bin/Rscript -e 'stopifnot(capabilities("cairo")); v <- sapply(c("ggplot2", "dplyr", "tidyr", "readr", "data.table", "jsonlite"), function(p) as.character(packageVersion(p))); cat(R.version.string, "(cairo;", paste(names(v), v, collapse = ", "), ")\n")'
+}
 version_bash() {
   local b c j
   b=$(/bin/bash --version | head -n1)
@@ -62,7 +131,7 @@ for arg in "$@"; do
     --with-npm) with_npm=1 ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,13p' "$0"
+      sed -n '2,17p' "$0"
       exit 0
       ;;
     *)
@@ -74,7 +143,7 @@ done
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "install-runtimes: dpkg-query not found: this script installs Debian packages (Debian 12 or" >&2
-  echo "a derivative); install python3 (+numpy, pandas, matplotlib), nodejs, bash, coreutils, jq by hand." >&2
+  echo "a derivative); install the runtimes listed at the top of this script by hand." >&2
   exit 1
 fi
 
@@ -98,11 +167,35 @@ done
 if ((with_npm)) && ! command -v npm >/dev/null 2>&1; then
   missing+=("${PACKAGES_npm[@]}")
 fi
+# deduplicate (nodejs is wanted by js and ts), keeping the order
+declare -A seen=()
+unique=()
+for pkg in "${missing[@]}"; do
+  [[ -n "${seen[$pkg]:-}" ]] || unique+=("$pkg")
+  seen[$pkg]=1
+done
+missing=("${unique[@]}")
+
+# PyPI packages whose module does not import (checked once Debian's are in place).
+pypi_missing() {
+  local entry module
+  [[ -x /usr/bin/python3 ]] || { printf '%s\n' "${PYPI_py[@]#*=}"; return; }
+  for entry in "${PYPI_py[@]}"; do
+    module=${entry%%=*}
+    /usr/bin/python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" \
+      2>/dev/null || printf '%s\n' "${entry#*=}"
+  done
+}
+mapfile -t pip_missing < <(pypi_missing)
+font_cache_missing=0
+compgen -G "$MPL_FONT_CACHE/fontlist-*.json" >/dev/null || font_cache_missing=1
 
 # ---- install -----------------------------------------------------------------------------
-if ((${#missing[@]} > 0)); then
+if ((${#missing[@]} + ${#pip_missing[@]} + font_cache_missing > 0)); then
   if ((check_only)); then
-    echo "install-runtimes: missing Debian packages: ${missing[*]}" >&2
+    ((${#missing[@]} == 0)) || echo "install-runtimes: missing Debian packages: ${missing[*]}" >&2
+    ((${#pip_missing[@]} == 0)) || echo "install-runtimes: missing PyPI packages: ${pip_missing[*]}" >&2
+    ((font_cache_missing == 0)) || echo "install-runtimes: missing matplotlib font cache in $MPL_FONT_CACHE" >&2
     exit 1
   fi
   as_root=()
@@ -110,16 +203,37 @@ if ((${#missing[@]} > 0)); then
     if command -v sudo >/dev/null 2>&1; then
       as_root=(sudo)
     else
-      echo "install-runtimes: need root to install: ${missing[*]}" >&2
+      echo "install-runtimes: need root to install: ${missing[*]} ${pip_missing[*]}" >&2
       echo "  run this script as root, or install those packages with your package manager." >&2
       exit 1
     fi
   fi
+fi
+if ((${#missing[@]} > 0)); then
   echo "install-runtimes: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt_opts=(-o DPkg::Lock::Timeout=300 -o Dpkg::Use-Pty=0)
+  # Slim images drop man pages, and openjdk's postinst fails without this directory.
+  "${as_root[@]}" mkdir -p /usr/share/man/man1
   "${as_root[@]}" apt-get "${apt_opts[@]}" update -qq
   "${as_root[@]}" apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}"
+  # new packages may bring new fonts or a new matplotlib: rebuild the font cache
+  font_cache_missing=1
+  mapfile -t pip_missing < <(pypi_missing)
+fi
+if ((${#pip_missing[@]} > 0)); then
+  echo "install-runtimes: installing from PyPI: ${pip_missing[*]}" >&2
+  # Debian's pip installs into /usr/local/lib/python3.11/dist-packages as root; its
+  # dependencies that Debian already provides (lxml, Pillow, XlsxWriter) are reused.
+  "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages \
+    --root-user-action=ignore --no-warn-script-location --disable-pip-version-check \
+    "${pip_missing[@]}"
+fi
+if ((font_cache_missing)); then
+  "${as_root[@]}" rm -rf "$MPL_FONT_CACHE"
+  "${as_root[@]}" mkdir -p "$MPL_FONT_CACHE"
+  "${as_root[@]}" env MPLCONFIGDIR="$MPL_FONT_CACHE" /usr/bin/python3 -c 'import matplotlib.font_manager'
+  "${as_root[@]}" chmod -R a+rX "$(dirname "$MPL_FONT_CACHE")"
 fi
 
 # ---- report ------------------------------------------------------------------------------
