@@ -24,6 +24,8 @@ pub const DEFAULT_ETC_BINDS: &[&str] = &[
     "magic",
     "magic.mime",
     "gai.conf",
+    "ldc2.conf",
+    "php",
 ];
 
 /// How jails are built.

@@ -25,14 +25,30 @@ use crate::sys;
 /// One program to run in a jail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRequest {
-    /// Host directory bound at `/mnt/data`; must exist and be owned by the
-    /// slot's `host_uid()`; every ancestor needs `o+x`.
+    /// Host directory bound at `/mnt/data`: a directory directly below the
+    /// slot's [`crate::Slot::workspace_parent`] (where the workspace quota
+    /// applies), owned by the slot's `host_uid()`.
     pub workspace: PathBuf,
     /// Program and arguments; `argv[0]` is an absolute path inside the jail.
     pub argv: Vec<String>,
     /// The complete environment (nothing of the host's is added).
     pub env: Vec<(String, String)>,
     pub limits: Limits,
+    /// Name of the seccomp profile (a file in `resources/seccomp/profiles/`).
+    pub seccomp_profile: String,
+}
+
+impl Default for RunRequest {
+    /// Nothing to run yet; the `default` seccomp profile and default limits.
+    fn default() -> Self {
+        RunRequest {
+            workspace: PathBuf::new(),
+            argv: Vec::new(),
+            env: Vec::new(),
+            limits: Limits::default(),
+            seccomp_profile: crate::seccomp::DEFAULT_PROFILE.to_owned(),
+        }
+    }
 }
 
 /// How a run ended. Produced for every run that got as far as executing the

@@ -19,9 +19,6 @@ use crate::seccomp;
 use crate::slots::{Slot, SlotPool};
 use crate::spec::{JailLimits, JailSpec, StatusMsg};
 
-/// The seccomp profile every run uses (per-language profiles come later).
-const PROFILE: &str = "default";
-
 #[derive(Debug)]
 struct Inner {
     cfg: SandboxConfig,
@@ -77,6 +74,9 @@ fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
     };
     if !program.starts_with('/') {
         return bad(format!("argv[0] {program:?} is not an absolute path"));
+    }
+    if !seccomp::is_profile(&req.seccomp_profile) {
+        return bad(format!("unknown seccomp profile {:?}", req.seccomp_profile));
     }
     if req.argv.iter().any(|a| a.contains('\0')) {
         return bad("argv contains a NUL byte".into());
@@ -202,8 +202,9 @@ impl Sandbox {
             env: req.env.clone(),
             id_base: slot.id_base(),
             limits: JailLimits::from_limits(&req.limits),
-            cgroup: cgroups.attach(),
-            seccomp_profile: PROFILE.to_owned(),
+            cgroup: Some(cgroups.attach()),
+            seccomp_profile: Some(req.seccomp_profile.clone()),
+            landlock: self.inner.report.landlock_abi.is_some(),
         };
         let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;
         // Always tear down, whatever happened above.
@@ -279,8 +280,7 @@ mod tests {
         RunRequest {
             workspace: std::env::temp_dir(),
             argv: argv.iter().map(|s| (*s).to_owned()).collect(),
-            env: vec![],
-            limits: kiln_core::Limits::default(),
+            ..RunRequest::default()
         }
     }
 

@@ -35,9 +35,15 @@ pub struct JailSpec {
     /// First host uid/gid of the slot's range (inside 0 ↦ `id_base`).
     pub id_base: u32,
     pub limits: JailLimits,
-    pub cgroup: CgroupAttach,
-    /// Name of the seccomp profile (a file in `resources/seccomp/`).
-    pub seccomp_profile: String,
+    /// How to join the run's cgroups; `None` only in degraded mode (the host
+    /// has no usable memory and pids controllers).
+    pub cgroup: Option<CgroupAttach>,
+    /// Name of the seccomp profile (`resources/seccomp/profiles/<name>.json`);
+    /// `None` only in degraded mode (the host has no seccomp).
+    pub seccomp_profile: Option<String>,
+    /// Landlock must be in force (the host has it): the run fails if the
+    /// kernel refuses it. Without, the jail runs without Landlock.
+    pub landlock: bool,
 }
 
 /// The limits the helper enforces itself (the cgroup limits are set by the

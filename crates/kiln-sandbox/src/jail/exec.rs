@@ -1,6 +1,6 @@
 //! The user program's process: leaves init's session, drops to uid 1000
-//! with limits, no capabilities, no_new_privs and the seccomp filters, and
-//! `execve`s `argv[0]` with exactly the spec's environment.
+//! with limits, no capabilities, no_new_privs, Landlock and the seccomp
+//! filters, and `execve`s `argv[0]` with exactly the spec's environment.
 //!
 //! Failures before `execve` are written to the exec pipe (close-on-exec, so
 //! a successful `execve` closes it without data) for init to report.
@@ -9,19 +9,18 @@ use std::convert::Infallible;
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 
-use nix::sys::resource::{Resource, getrlimit, setrlimit};
-use nix::sys::stat::{Mode, umask};
-use nix::unistd::{Gid, Uid, chdir, execve, getgroups, setresgid, setresuid, setsid, write};
-use seccompiler::BpfProgram;
-
-use super::JailError;
+use super::confine::{self, Enforcement};
+use super::{Confinement, JailError};
 use crate::seccomp;
 use crate::spec::{JAIL_UID, JailSpec, STATUS_FD};
 use crate::sys;
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::stat::{Mode, umask};
+use nix::unistd::{Gid, Uid, chdir, execve, getgroups, setresgid, setresuid, setsid, write};
 
 /// Runs G; only returns through `execve` or `_exit(127)`.
-pub(super) fn exec_main(spec: &JailSpec, filters: &[BpfProgram], err_w: OwnedFd) -> ! {
-    let failure = match exec(spec, filters) {
+pub(super) fn exec_main(spec: &JailSpec, confinement: &Confinement, err_w: OwnedFd) -> ! {
+    let failure = match exec(spec, confinement) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -43,7 +42,7 @@ fn limit(resource: Resource, soft: u64, hard: u64) -> Result<(), JailError> {
         .map_err(|e| JailError::setup(format_args!("setrlimit {resource:?}"), e))
 }
 
-fn exec(spec: &JailSpec, filters: &[BpfProgram]) -> Result<Infallible, JailError> {
+fn exec(spec: &JailSpec, confinement: &Confinement) -> Result<Infallible, JailError> {
     // The status pipe is init's alone.
     sys::close_raw(STATUS_FD);
     setsid().map_err(|e| JailError::setup("setsid", e))?;
@@ -102,7 +101,20 @@ fn exec(spec: &JailSpec, filters: &[BpfProgram]) -> Result<Infallible, JailError
     // Every fd above stderr (the exec pipe included) closes on execve.
     sys::cloexec_from(STATUS_FD).map_err(|e| JailError::setup("close fds", e))?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| JailError::setup("no_new_privs", e))?;
-    seccomp::install(filters).map_err(|e| JailError::setup("seccomp", e))?;
+    // Landlock first: its system calls are not on the seccomp allow-list.
+    if let Some(rules) = &confinement.landlock {
+        match confine::restrict(rules).map_err(|e| JailError::setup("landlock", e))? {
+            Enforcement::Full | Enforcement::Partial => {}
+            Enforcement::None => {
+                return Err(JailError::Setup(
+                    "landlock: the kernel enforced none of the rules".to_owned(),
+                ));
+            }
+        }
+    }
+    if !confinement.filters.is_empty() {
+        seccomp::install(&confinement.filters).map_err(|e| JailError::setup("seccomp", e))?;
+    }
     execve(program, &argv, &env)
         .map_err(|e| JailError::Exec(format!("execve {}: {e}", spec.argv[0])))
 }

@@ -15,10 +15,9 @@ use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid};
-use seccompiler::BpfProgram;
 
 use super::plan::{HOSTNAME, Op};
-use super::{EXIT_REPORTED, JailError, exec, open_devnull, report, rootfs};
+use super::{Confinement, EXIT_REPORTED, JailError, exec, open_devnull, report, rootfs};
 use crate::spec::{JailSpec, StatusMsg};
 use crate::sys::{self, Forked};
 
@@ -26,13 +25,13 @@ use crate::sys::{self, Forked};
 pub(super) fn init_main(
     spec: &JailSpec,
     plan: &[Op],
-    filters: &[BpfProgram],
+    confinement: &Confinement,
     release_r: OwnedFd,
     release_w: OwnedFd,
     status: &File,
 ) -> ! {
     let msg =
-        init(spec, plan, filters, release_r, release_w).unwrap_or_else(JailError::into_status);
+        init(spec, plan, confinement, release_r, release_w).unwrap_or_else(JailError::into_status);
     let code = match msg {
         StatusMsg::Finished { .. } => 0,
         _ => EXIT_REPORTED,
@@ -61,7 +60,7 @@ fn wait_for_release(release_r: &OwnedFd) -> Result<(), JailError> {
 fn init(
     spec: &JailSpec,
     plan: &[Op],
-    filters: &[BpfProgram],
+    confinement: &Confinement,
     release_r: OwnedFd,
     release_w: OwnedFd,
 ) -> Result<StatusMsg, JailError> {
@@ -99,7 +98,7 @@ fn init(
     let child = match sys::fork_single_threaded().map_err(|e| JailError::setup("fork", e))? {
         Forked::Child => {
             drop(err_r);
-            exec::exec_main(spec, filters, err_w)
+            exec::exec_main(spec, confinement, err_w)
         }
         Forked::Parent { pid, .. } => pid,
     };

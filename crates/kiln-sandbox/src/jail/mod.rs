@@ -13,6 +13,7 @@
 //! This module runs in a fresh single-threaded process, so it may allocate
 //! freely after forking. It must never be entered from the server itself.
 
+mod confine;
 mod exec;
 mod init;
 pub mod plan;
@@ -41,6 +42,15 @@ const EXIT_REPORTED: i32 = 3;
 /// The helper kills the jail itself this long after the wall time, in case
 /// the server is gone.
 const BACKSTOP_GRACE: Duration = Duration::from_secs(2);
+
+/// What the user program's process applies to itself just before `execve`,
+/// prepared by the helper before it clones.
+pub(crate) struct Confinement {
+    /// Seccomp programs in installation order (empty: no seccomp).
+    pub filters: Vec<seccompiler::BpfProgram>,
+    /// Landlock rules; `None`: no Landlock.
+    pub landlock: Option<Vec<(std::path::PathBuf, plan::PathAccess)>>,
+}
 
 /// A failure inside the jail's processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,12 +191,19 @@ fn helper(status: &File) -> Result<(), JailError> {
     // Host root's supplementary groups (gid 0 among them) must not follow
     // the jail; inside, setgroups is denied, so drop them here.
     nix::unistd::setgroups(&[]).map_err(|e| JailError::setup("setgroups", e))?;
-    let filters =
-        seccomp::compile(&spec.seccomp_profile).map_err(|e| JailError::setup("seccomp", e))?;
+    let filters = match &spec.seccomp_profile {
+        Some(profile) => seccomp::compile(profile).map_err(|e| JailError::setup("seccomp", e))?,
+        None => Vec::new(),
+    };
     let plan = plan::build(&spec, &plan::RealHost);
+    let confinement = Confinement {
+        filters,
+        landlock: spec.landlock.then(|| plan::landlock_rules(&plan)),
+    };
 
     let cgroup_fd = match &spec.cgroup {
-        CgroupAttach::V1 { procs } => {
+        None => None,
+        Some(CgroupAttach::V1 { procs }) => {
             let me = getpid().to_string();
             for p in procs {
                 std::fs::write(p, &me)
@@ -194,7 +211,7 @@ fn helper(status: &File) -> Result<(), JailError> {
             }
             None
         }
-        CgroupAttach::V2 { dir } => Some(
+        Some(CgroupAttach::V2 { dir }) => Some(
             open(
                 dir,
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -217,7 +234,7 @@ fn helper(status: &File) -> Result<(), JailError> {
             drop(cgroup_fd);
             drop(devnull);
             drop(control);
-            init::init_main(&spec, &plan, &filters, release_r, release_w, status)
+            init::init_main(&spec, &plan, &confinement, release_r, release_w, status)
         }
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };

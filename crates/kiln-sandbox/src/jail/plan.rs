@@ -1,8 +1,10 @@
 //! The jail's filesystem as data: an ordered list of [`Op`]s derived from the
-//! [`JailSpec`] and a few facts about the host's layout. The helper builds the
-//! plan before cloning (as host root, single-threaded); the jail's init
-//! executes it (see `rootfs.rs`). Keeping it data lets the layout be tested
-//! without privileges.
+//! [`JailSpec`] and a few facts about the host's layout, and the Landlock
+//! rules ([`landlock_rules`]) that match it. The helper builds both before
+//! cloning (as host root, single-threaded); the jail's init executes the plan
+//! (see `rootfs.rs`) and the user program's process applies the rules (see
+//! `confine.rs`). Keeping them data lets the layout be tested without
+//! privileges.
 
 use std::path::{Path, PathBuf};
 
@@ -60,6 +62,20 @@ pub enum Op {
         dst: PathBuf,
         attrs: u64,
     },
+}
+
+/// What the user program may do beneath one path once Landlock is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathAccess {
+    /// Read files, list directories, execute (runtimes, `/etc`).
+    ReadExec,
+    /// Read, and write to existing files (procfs: `/proc/self/...`).
+    Proc,
+    /// Read, write, truncate and ioctl on the few device nodes.
+    Devices,
+    /// Everything, including creating, removing and executing files (the
+    /// mount options still apply: `/tmp` stays `noexec`).
+    ReadWrite,
 }
 
 /// File types of host paths the plan depends on.
@@ -281,6 +297,48 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
     ops
 }
 
+/// The Landlock rules for a plan: read and execute beneath every read-only
+/// host bind outside `/etc`, `/dev` and `/proc` (the runtimes) and beneath
+/// `/etc`; procfs and the device nodes as such; read-write beneath the
+/// workspace, `/tmp` and `/dev/shm`. Nothing else — not `/` itself, not
+/// `/mnt` — is reachable.
+pub fn landlock_rules(ops: &[Op]) -> Vec<(PathBuf, PathAccess)> {
+    let mut rules = Vec::new();
+    let special = |p: &Path| ["/etc", "/dev", "/proc"].iter().any(|s| p.starts_with(s));
+    for op in ops {
+        let rule = match op {
+            Op::Bind {
+                src: Source::Host(_),
+                dst,
+                attrs,
+                ..
+            } if attrs & MOUNT_ATTR_RDONLY != 0 && !special(dst) => {
+                Some((dst.clone(), PathAccess::ReadExec))
+            }
+            Op::Bind {
+                src: Source::Host(_),
+                dst,
+                ..
+            } if dst == Path::new("/mnt/data") => Some((dst.clone(), PathAccess::ReadWrite)),
+            Op::Dir { path, .. } if path == Path::new("/etc") => {
+                Some((path.clone(), PathAccess::ReadExec))
+            }
+            Op::Tmpfs { dst, .. } if dst == Path::new("/dev") => {
+                Some((dst.clone(), PathAccess::Devices))
+            }
+            Op::Tmpfs { dst, .. } => Some((dst.clone(), PathAccess::ReadWrite)),
+            Op::Proc { dst } => Some((dst.clone(), PathAccess::Proc)),
+            _ => None,
+        };
+        if let Some(rule) = rule
+            && !rules.contains(&rule)
+        {
+            rules.push(rule);
+        }
+    }
+    rules
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -340,8 +398,9 @@ mod tests {
                 nproc: 16,
                 tmp_bytes: 1 << 20,
             },
-            cgroup: CgroupAttach::V1 { procs: vec![] },
-            seccomp_profile: "default".into(),
+            cgroup: Some(CgroupAttach::V1 { procs: vec![] }),
+            seccomp_profile: Some("default".into()),
+            landlock: true,
         }
     }
 
@@ -449,5 +508,38 @@ mod tests {
         assert!(ops.iter().any(|o| matches!(o,
             Op::Bind { src: Source::Jail(s), dst, attrs, .. }
                 if s == Path::new("/proc/sys") && dst == Path::new("/proc/sys") && attrs & MOUNT_ATTR_RDONLY != 0)));
+    }
+
+    #[test]
+    fn landlock_reaches_runtimes_etc_proc_dev_and_the_writable_mounts_only() {
+        let mut host = merged_usr_host();
+        host.0.insert(p("/lib64"), (Kind::Dir, None));
+        let mut sp = spec();
+        sp.ro_binds.push(p("/opt/R"));
+        let rules = landlock_rules(&build(&sp, &host));
+        let expect = [
+            ("/usr", PathAccess::ReadExec),
+            ("/opt/R", PathAccess::ReadExec),
+            ("/lib64", PathAccess::ReadExec),
+            ("/etc", PathAccess::ReadExec),
+            ("/mnt/data", PathAccess::ReadWrite),
+            ("/tmp", PathAccess::ReadWrite),
+            ("/dev", PathAccess::Devices),
+            ("/dev/shm", PathAccess::ReadWrite),
+            ("/proc", PathAccess::Proc),
+        ];
+        let mut got: Vec<(String, PathAccess)> = rules
+            .iter()
+            .map(|(path, a)| (path.display().to_string(), *a))
+            .collect();
+        let mut want: Vec<(String, PathAccess)> = expect
+            .iter()
+            .map(|(path, a)| ((*path).to_owned(), *a))
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, want);
+        // Not `/`, not `/mnt`, and no /etc entry, masked /proc file or
+        // device node widened on its own: the list above is exhaustive.
     }
 }

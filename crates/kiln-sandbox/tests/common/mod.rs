@@ -87,6 +87,7 @@ pub fn request(ws: &Workspace, argv: &[&str], limits: Limits) -> RunRequest {
             ("LANG".into(), "C.UTF-8".into()),
         ],
         limits,
+        ..RunRequest::default()
     }
 }
 
