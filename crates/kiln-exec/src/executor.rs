@@ -472,6 +472,7 @@ impl Inner {
             argv,
             env: env.to_vec(),
             limits,
+            ..RunRequest::default()
         };
         match self.sandbox.run(slot, req, cancel.clone()).await {
             Ok(r) => Ok(r),
