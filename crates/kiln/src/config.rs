@@ -133,7 +133,7 @@ impl Config {
             _ => Vec::new(),
         };
         fig = fig
-            .merge(Env::prefixed("KILN_").filter(move |k| known.iter().any(|n| k.as_str() == n)));
+            .merge(Env::prefixed("KILN_").filter(move |k| known.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))));
         let cfg: Config = fig.extract().context("read configuration")?;
         cfg.validate()?;
         Ok(cfg)
