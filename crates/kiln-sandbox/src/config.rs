@@ -3,6 +3,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::SandboxError;
+use crate::quota::QuotaMode;
 use crate::spec::ID_RANGE;
 
 /// Host `/etc` entries bound read-only into every jail when they exist.
@@ -28,6 +29,11 @@ pub const DEFAULT_ETC_BINDS: &[&str] = &[
     "php",
 ];
 
+/// Smallest workspace filesystem accepted (ext4 needs a few MiB itself).
+pub const MIN_WORKSPACE_BYTES: u64 = 16 << 20;
+/// Smallest inode count accepted.
+pub const MIN_WORKSPACE_INODES: u64 = 128;
+
 /// How jails are built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxConfig {
@@ -44,6 +50,21 @@ pub struct SandboxConfig {
     pub ro_binds: Vec<PathBuf>,
     /// Names under the host's `/etc` bound read-only when present.
     pub etc_binds: Vec<String>,
+    /// Directory of the slots' workspace filesystems (`<i>.img` images and
+    /// `<i>/` mount points); created if missing, must be root's. `None`:
+    /// `slots` next to `root_dir`.
+    pub slots_dir: Option<PathBuf>,
+    /// Size of each slot's workspace filesystem (the quota of one job).
+    pub workspace_bytes: u64,
+    /// Files and directories each slot's workspace filesystem can hold.
+    pub workspace_inodes: u64,
+    /// How the workspace quota is enforced.
+    pub workspace_quota: QuotaMode,
+    /// Development only: start even when a protection is missing (cgroup
+    /// limits, seccomp, workspace quota), logging an ERROR per missing
+    /// protection at start and a WARN per run. Namespaces and root remain
+    /// required: without them there is no jail at all.
+    pub allow_degraded: bool,
 }
 
 impl Default for SandboxConfig {
@@ -55,6 +76,11 @@ impl Default for SandboxConfig {
             slots: 4,
             ro_binds: vec![PathBuf::from("/usr")],
             etc_binds: DEFAULT_ETC_BINDS.iter().map(|s| (*s).to_owned()).collect(),
+            slots_dir: None,
+            workspace_bytes: 1 << 30,
+            workspace_inodes: 65_536,
+            workspace_quota: QuotaMode::Auto,
+            allow_degraded: false,
         }
     }
 }
@@ -66,6 +92,16 @@ fn is_clean_absolute(p: &Path) -> bool {
 }
 
 impl SandboxConfig {
+    /// Where the slots' workspace filesystems live.
+    pub fn slots_dir(&self) -> PathBuf {
+        self.slots_dir.clone().unwrap_or_else(|| {
+            self.root_dir
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join("slots")
+        })
+    }
+
     /// Checks the values that do not need the host.
     pub fn validate(&self) -> Result<(), SandboxError> {
         let bad = |m: String| Err(SandboxError::Config(m));
@@ -109,6 +145,29 @@ impl SandboxConfig {
                 return bad(format!("etc_bind {e:?} must be a single file name"));
             }
         }
+        let slots_dir = self.slots_dir();
+        if !is_clean_absolute(&slots_dir)
+            || slots_dir == Path::new("/")
+            || self.root_dir.starts_with(&slots_dir)
+            || slots_dir.starts_with(&self.root_dir)
+        {
+            return bad(format!(
+                "slots_dir {} must be an absolute path other than /, apart from root_dir",
+                slots_dir.display()
+            ));
+        }
+        if self.workspace_bytes < MIN_WORKSPACE_BYTES {
+            return bad(format!(
+                "workspace_bytes {} is below the minimum of {MIN_WORKSPACE_BYTES}",
+                self.workspace_bytes
+            ));
+        }
+        if self.workspace_inodes < MIN_WORKSPACE_INODES {
+            return bad(format!(
+                "workspace_inodes {} is below the minimum of {MIN_WORKSPACE_INODES}",
+                self.workspace_inodes
+            ));
+        }
         Ok(())
     }
 }
@@ -124,6 +183,10 @@ mod tests {
         assert_eq!(c.ro_binds, vec![PathBuf::from("/usr")]);
         assert!(c.etc_binds.iter().any(|e| e == "ld.so.cache"));
         assert!(!c.etc_binds.iter().any(|e| e == "passwd" || e == "shadow"));
+        assert_eq!(c.workspace_bytes, 1 << 30);
+        assert_eq!(c.workspace_inodes, 65_536);
+        assert!(!c.allow_degraded);
+        assert_eq!(c.slots_dir(), PathBuf::from("/run/kiln/slots"));
     }
 
     #[test]
@@ -172,6 +235,26 @@ mod tests {
             },
             SandboxConfig {
                 etc_binds: vec!["".into()],
+                ..ok.clone()
+            },
+            SandboxConfig {
+                slots_dir: Some("/".into()),
+                ..ok.clone()
+            },
+            SandboxConfig {
+                slots_dir: Some("/run/kiln/jail-root/slots".into()),
+                ..ok.clone()
+            },
+            SandboxConfig {
+                slots_dir: Some("relative".into()),
+                ..ok.clone()
+            },
+            SandboxConfig {
+                workspace_bytes: 1 << 20,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                workspace_inodes: 10,
                 ..ok.clone()
             },
         ];

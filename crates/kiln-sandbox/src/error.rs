@@ -56,6 +56,9 @@ pub enum SandboxError {
     /// The caller's cancellation token fired; the jail was killed.
     #[error("run cancelled")]
     Cancelled,
+    /// [`crate::Sandbox::shutdown`] was called: no more runs.
+    #[error("sandbox is shut down")]
+    ShutDown,
 }
 
 impl SandboxError {

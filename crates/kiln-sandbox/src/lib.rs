@@ -10,6 +10,11 @@
 //! no_new_privs and a seccomp filter; when the program exits, init exits and
 //! the kernel kills everything left in the namespace.
 //!
+//! The user program runs under Landlock (where the kernel has it) and a
+//! seccomp allow-list chosen per run ([`RunRequest::seccomp_profile`]); its
+//! workspace lives on the slot's own filesystem, so a size and file-count
+//! quota is enforced by the kernel ([`SandboxConfig::workspace_bytes`]).
+//!
 //! The server side ([`Sandbox`]) never forks itself: it spawns the helper
 //! with `tokio::process`, captures output with caps, enforces the wall time
 //! and cancellation, and returns only once every process of the jail is dead
@@ -23,6 +28,7 @@ mod config;
 mod error;
 mod jail;
 mod probe;
+mod quota;
 mod run;
 mod sandbox;
 mod seccomp;
@@ -31,12 +37,13 @@ mod spec;
 mod sys;
 
 pub use cgroup::CgroupSupport;
-pub use config::{DEFAULT_ETC_BINDS, SandboxConfig};
+pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
 pub use error::SandboxError;
 pub use jail::helper_main;
 pub use probe::{HostReport, probe_host};
+pub use quota::{QuotaMode, WorkspaceQuota};
 pub use run::{RunRequest, RunResult};
 pub use sandbox::Sandbox;
-pub use seccomp::PolicyError;
+pub use seccomp::{DEFAULT_PROFILE as DEFAULT_SECCOMP_PROFILE, PolicyError};
 pub use slots::Slot;
 pub use spec::JAIL_UID;

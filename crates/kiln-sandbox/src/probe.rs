@@ -7,6 +7,7 @@ use std::path::Path;
 use nix::unistd::{AccessFlags, Uid, access};
 
 use crate::cgroup::{self, CgroupSupport};
+use crate::quota::{self, WorkspaceQuota};
 use crate::sys;
 
 /// The namespaces every jail is created with.
@@ -17,8 +18,11 @@ pub(crate) const JAIL_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS;
 
-/// What the host offers; `problems` lists everything that prevents
-/// enforcing a jail.
+/// What the host offers and, for a [`crate::Sandbox`], what its jails
+/// enforce. `problems` lists every missing protection (a sandbox refuses to
+/// start with any unless `allow_degraded`), `warnings` what weakens the
+/// jail without being required, `degraded` what a sandbox started with
+/// `allow_degraded` runs without.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostReport {
     /// Kernel release (`uname -r`).
@@ -28,17 +32,42 @@ pub struct HostReport {
     /// A user+mount+pid+net+ipc+uts namespace could be created.
     pub user_namespaces: bool,
     pub cgroup: CgroupSupport,
+    /// `cgroup` has memory and pids controllers we can write to.
+    pub cgroup_limits: bool,
     /// seccomp filter mode with the `errno` action is available.
     pub seccomp: bool,
-    /// Landlock ABI version, if enabled (reported only; not required).
+    /// Landlock ABI version, if enabled (used when present; not required).
     pub landlock_abi: Option<u32>,
+    /// How workspaces are limited: what the host could offer (from
+    /// [`probe_host`]) or what a sandbox set up (from `Sandbox::report`).
+    pub workspace_quota: WorkspaceQuota,
     pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+    /// Protections a sandbox runs without (development flag).
+    pub degraded: Vec<String>,
 }
 
 impl HostReport {
-    /// Whether a jail with every limit can be built on this host.
+    /// Whether a jail with every required protection can be built.
     pub fn enforceable(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// Whether a jail can be built at all (root and namespaces); the other
+    /// problems can be waived with `allow_degraded`.
+    pub fn jail_possible(&self) -> bool {
+        self.root && self.user_namespaces
+    }
+}
+
+/// What a Landlock ABI version restricts in our jails.
+fn landlock_scope(abi: u32) -> &'static str {
+    match abi {
+        0 => "nothing",
+        1..=3 => "file access",
+        4 | 5 => "file access, TCP bind/connect",
+        6 => "file access, TCP bind/connect, signals and abstract sockets",
+        _ => "file access, TCP bind/connect, signals and abstract sockets; no audit flooding",
     }
 }
 
@@ -52,25 +81,46 @@ impl fmt::Display for HostReport {
             "namespaces (user, mount, pid, net, ipc, uts): {}",
             yes(self.user_namespaces)
         )?;
-        match &self.cgroup {
-            CgroupSupport::V1 { memory, pids } => writeln!(
-                f,
-                "cgroup: v1 (memory at {}, pids at {})",
+        let where_ = match &self.cgroup {
+            CgroupSupport::V1 { memory, pids } => format!(
+                "cgroup v1: memory at {}, pids at {}",
                 memory.display(),
                 pids.display()
-            )?,
-            CgroupSupport::V2 { group, controllers } => writeln!(
-                f,
-                "cgroup: v2 at {} (controllers: {})",
+            ),
+            CgroupSupport::V2 { group, controllers } => format!(
+                "cgroup v2 at {}: {}",
                 group.display(),
                 controllers.join(" ")
-            )?,
-            CgroupSupport::None => writeln!(f, "cgroup: NONE usable")?,
-        }
-        writeln!(f, "seccomp filters: {}", yes(self.seccomp))?;
+            ),
+            CgroupSupport::None => "no memory and pids controllers".to_owned(),
+        };
+        writeln!(
+            f,
+            "memory and pids limits: {} ({where_})",
+            yes(self.cgroup_limits)
+        )?;
+        writeln!(
+            f,
+            "seccomp filter (allow-list per profile): {}",
+            yes(self.seccomp)
+        )?;
         match self.landlock_abi {
-            Some(v) => writeln!(f, "landlock: abi {v}")?,
-            None => writeln!(f, "landlock: not available")?,
+            Some(v) => writeln!(f, "landlock: yes (ABI {v}: {})", landlock_scope(v))?,
+            None => writeln!(
+                f,
+                "landlock: NO (not in this kernel: file access is limited by the mount layout only)"
+            )?,
+        }
+        writeln!(f, "workspace quota: {}", self.workspace_quota)?;
+        if !self.degraded.is_empty() {
+            writeln!(
+                f,
+                "DEGRADED (development flag): running WITHOUT {}",
+                self.degraded.join(", ")
+            )?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "warning: {w}")?;
         }
         if self.problems.is_empty() {
             write!(f, "sandbox: enforceable")
@@ -112,6 +162,7 @@ pub fn probe_host() -> HostReport {
         }
     };
     let (cgroup, cg_problems) = cgroup::detect_support();
+    let before = problems.len();
     problems.extend(cg_problems);
     match &cgroup {
         CgroupSupport::V1 { memory, pids } => {
@@ -128,18 +179,35 @@ pub fn probe_host() -> HostReport {
         }
         CgroupSupport::None => {}
     }
+    let cgroup_limits = problems.len() == before && cgroup != CgroupSupport::None;
     let seccomp = seccomp_available();
     if !seccomp {
         problems.push("seccomp filter mode with errno action not available".to_owned());
+    }
+    let landlock_abi = sys::landlock_abi();
+    let mut warnings = Vec::new();
+    if landlock_abi.is_none() {
+        warnings.push("no Landlock: jails run without it".to_owned());
+    }
+    let workspace_quota = quota::probe();
+    match &workspace_quota {
+        WorkspaceQuota::LoopExt4 => {}
+        WorkspaceQuota::Tmpfs { .. } => warnings
+            .push("workspace quota falls back to tmpfs: workspaces use RAM, not disk".to_owned()),
+        WorkspaceQuota::None { reason } => problems.push(format!("no workspace quota: {reason}")),
     }
     HostReport {
         kernel,
         root,
         user_namespaces,
         cgroup,
+        cgroup_limits,
         seccomp,
-        landlock_abi: sys::landlock_abi(),
+        landlock_abi,
+        workspace_quota,
         problems,
+        warnings,
+        degraded: Vec::new(),
     }
 }
 
@@ -147,9 +215,8 @@ pub fn probe_host() -> HostReport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn report_lists_problems_and_is_not_enforceable_with_any() {
-        let mut r = HostReport {
+    fn full() -> HostReport {
+        HostReport {
             kernel: "6.18".into(),
             root: true,
             user_namespaces: true,
@@ -157,19 +224,71 @@ mod tests {
                 memory: "/sys/fs/cgroup/memory/x".into(),
                 pids: "/sys/fs/cgroup/pids".into(),
             },
+            cgroup_limits: true,
             seccomp: true,
             landlock_abi: Some(7),
+            workspace_quota: WorkspaceQuota::LoopExt4,
             problems: vec![],
-        };
+            warnings: vec![],
+            degraded: vec![],
+        }
+    }
+
+    #[test]
+    fn report_says_line_by_line_what_is_enforced() {
+        let r = full();
         assert!(r.enforceable());
         let text = r.to_string();
+        for line in [
+            "namespaces (user, mount, pid, net, ipc, uts): yes",
+            "memory and pids limits: yes (cgroup v1: memory at /sys/fs/cgroup/memory/x, pids at /sys/fs/cgroup/pids)",
+            "seccomp filter (allow-list per profile): yes",
+            "landlock: yes (ABI 7: file access, TCP bind/connect, signals and abstract sockets; no audit flooding)",
+            "workspace quota: yes (loop-mounted ext4 image per slot: bytes and inodes)",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(text.ends_with("sandbox: enforceable"), "{text}");
+    }
+
+    #[test]
+    fn report_lists_what_is_missing_and_what_runs_degraded() {
+        let mut r = full();
+        r.cgroup = CgroupSupport::None;
+        r.cgroup_limits = false;
+        r.landlock_abi = None;
+        r.workspace_quota = WorkspaceQuota::Tmpfs {
+            reason: "/dev/loop-control: No such file or directory".into(),
+        };
+        r.problems
+            .push("cgroup: no memory controller in cgroup v1 or v2".into());
+        r.warnings.push("no Landlock: jails run without it".into());
+        r.degraded.push("memory and pids limits".into());
+        assert!(!r.enforceable());
+        assert!(r.jail_possible());
+        let text = r.to_string();
         assert!(
-            text.contains("cgroup: v1 (memory at /sys/fs/cgroup/memory/x"),
+            text.contains("memory and pids limits: NO (no memory and pids controllers)"),
             "{text}"
         );
-        assert!(text.ends_with("sandbox: enforceable"), "{text}");
-        r.problems.push("seccomp missing".into());
-        assert!(!r.enforceable());
-        assert!(r.to_string().contains("\n  - seccomp missing"));
+        assert!(text.contains("landlock: NO"), "{text}");
+        assert!(
+            text.contains("workspace quota: tmpfs per slot (memory-backed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("DEGRADED (development flag): running WITHOUT memory and pids limits"),
+            "{text}"
+        );
+        assert!(text.contains("warning: no Landlock"), "{text}");
+        assert!(
+            text.contains("sandbox: NOT enforceable\n  - cgroup: no memory controller"),
+            "{text}"
+        );
+        r.user_namespaces = false;
+        assert!(!r.jail_possible());
     }
 }

@@ -1,30 +1,83 @@
 //! [`Sandbox`]: the executor's handle. Checks the host once, owns the slot
-//! pool and the cgroup driver, and runs one jail per [`Sandbox::run`].
+//! pool (with each slot's quota-limited workspace filesystem) and the cgroup
+//! driver, decides what runs degraded, and runs one jail per
+//! [`Sandbox::run`].
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kiln_core::ExitStatus;
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup::CgroupDriver;
+use crate::cgroup::{CgroupDriver, CgroupStats};
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::probe::{HostReport, probe_host};
+use crate::quota::{SlotFs, WorkspaceQuota};
 use crate::run::{KillReason, RunRequest, RunResult, supervise};
 use crate::seccomp;
 use crate::slots::{Slot, SlotPool};
 use crate::spec::{JailLimits, JailSpec, StatusMsg};
 
+/// Names of the protections a degraded sandbox can run without.
+const WITHOUT_CGROUP: &str = "memory and pids limits (cgroups)";
+const WITHOUT_SECCOMP: &str = "seccomp";
+const WITHOUT_QUOTA: &str = "workspace quota";
+
 #[derive(Debug)]
 struct Inner {
     cfg: SandboxConfig,
     report: HostReport,
-    cgroups: CgroupDriver,
+    /// `None` only when degraded.
+    cgroups: Option<CgroupDriver>,
     slots: Arc<SlotPool>,
+    areas: Arc<SlotFs>,
+    closed: AtomicBool,
+}
+
+/// Replaces the probe's guess about the workspace quota with what was set
+/// up, then decides: every problem refuses the start unless
+/// `allow_degraded`, which records what runs without protection.
+fn settle_report(
+    mut report: HostReport,
+    quota: &WorkspaceQuota,
+    allow_degraded: bool,
+) -> Result<HostReport, SandboxError> {
+    report
+        .problems
+        .retain(|p| !p.starts_with("no workspace quota"));
+    report
+        .warnings
+        .retain(|w| !w.starts_with("workspace quota"));
+    match quota {
+        WorkspaceQuota::LoopExt4 => {}
+        WorkspaceQuota::Tmpfs { .. } => report
+            .warnings
+            .push("workspace quota falls back to tmpfs: workspaces use RAM, not disk".to_owned()),
+        WorkspaceQuota::None { reason } => report
+            .problems
+            .push(format!("no workspace quota: {reason}")),
+    }
+    report.workspace_quota = quota.clone();
+    if report.problems.is_empty() {
+        return Ok(report);
+    }
+    if !allow_degraded || !report.jail_possible() {
+        return Err(SandboxError::Unsupported(report.problems.clone()));
+    }
+    if !report.cgroup_limits {
+        report.degraded.push(WITHOUT_CGROUP.to_owned());
+    }
+    if !report.seccomp {
+        report.degraded.push(WITHOUT_SECCOMP.to_owned());
+    }
+    if matches!(quota, WorkspaceQuota::None { .. }) {
+        report.degraded.push(WITHOUT_QUOTA.to_owned());
+    }
+    Ok(report)
 }
 
 /// Native Linux jails. Cheap to clone; all clones share one slot pool.
@@ -103,18 +156,36 @@ fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
     check_searchable(&req.workspace)
 }
 
+/// The workspace must be a directory directly below the slot's area, where
+/// the quota applies and which is emptied when the slot is released.
+fn check_workspace_location(req: &RunRequest, slot: &Slot) -> Result<(), SandboxError> {
+    let parent = slot.workspace_parent();
+    if req.workspace.parent() != Some(parent.as_path()) {
+        return Err(SandboxError::Request(format!(
+            "workspace {} is not directly below the slot's workspace parent {}",
+            req.workspace.display(),
+            parent.display()
+        )));
+    }
+    Ok(())
+}
+
 impl Sandbox {
-    /// Probes the host and prepares the cgroup parents and the root mount
-    /// point. Fails with [`SandboxError::Unsupported`] if a jail cannot be
-    /// enforced.
+    /// Probes the host, sets up each slot's workspace filesystem and the
+    /// cgroup parents, and prepares the root mount point. Fails with
+    /// [`SandboxError::Unsupported`] if a protection is missing — unless
+    /// `cfg.allow_degraded`, which starts anyway (never without root and
+    /// namespaces) and logs an ERROR per missing protection.
     pub fn new(cfg: SandboxConfig) -> Result<Sandbox, SandboxError> {
         cfg.validate()?;
-        let report = probe_host();
-        if !report.enforceable() {
-            return Err(SandboxError::Unsupported(report.problems.clone()));
+        let probed = probe_host();
+        if !probed.jail_possible() {
+            return Err(SandboxError::Unsupported(probed.problems.clone()));
         }
-        for name in seccomp::profile_names() {
-            seccomp::compile(name)?;
+        if probed.seccomp {
+            for name in seccomp::profile_names() {
+                seccomp::compile(name)?;
+            }
         }
         if !cfg.helper.is_file() {
             return Err(SandboxError::Config(format!(
@@ -132,23 +203,59 @@ impl Sandbox {
             }
             check_searchable(b)?;
         }
-        let cgroups = CgroupDriver::setup(&report.cgroup)?;
-        cgroups.sweep_stale();
+        let (areas, _) = SlotFs::setup(
+            &cfg.slots_dir(),
+            cfg.slots,
+            cfg.workspace_bytes,
+            cfg.workspace_inodes,
+            cfg.workspace_quota,
+        )?;
+        check_searchable(&areas.parent(0))?;
+        // On error, dropping `areas` unmounts everything again.
+        let report = settle_report(probed, areas.quota(), cfg.allow_degraded)?;
+        for p in &report.problems {
+            tracing::error!(
+                problem = %p,
+                "INSECURE: the sandbox runs without this protection (allow_degraded is set)"
+            );
+        }
+        let cgroups = if report.cgroup_limits {
+            let c = CgroupDriver::setup(&report.cgroup)?;
+            c.sweep_stale();
+            Some(c)
+        } else {
+            None
+        };
         tracing::info!(
-            cgroup = ?cgroups.parents(),
+            cgroup = ?cgroups.as_ref().map(CgroupDriver::parents),
             slots = cfg.slots,
             uid_base = cfg.uid_base,
+            workspace_quota = %report.workspace_quota,
+            workspace_bytes = cfg.workspace_bytes,
+            workspace_inodes = cfg.workspace_inodes,
+            landlock_abi = ?report.landlock_abi,
             "sandbox ready"
         );
-        let slots = SlotPool::new(cfg.uid_base, cfg.slots);
+        let slots = SlotPool::new(cfg.uid_base, cfg.slots, Arc::clone(&areas));
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 cfg,
                 report,
                 cgroups,
                 slots,
+                areas,
+                closed: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Refuses further runs and unmounts every slot's workspace filesystem,
+    /// removing images and mount points. Call once no run is in flight (a
+    /// run still going keeps its workspace until it ends, detached). Also
+    /// done when the last clone is dropped and at process exit.
+    pub fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.areas.teardown();
     }
 
     /// What the host provides (for `kiln doctor` and startup logs).
@@ -160,9 +267,14 @@ impl Sandbox {
         &self.inner.cfg
     }
 
-    /// The `kiln/` parent cgroups under which every run's groups live.
+    /// The `kiln/` parent cgroups under which every run's groups live
+    /// (none when running degraded without cgroups).
     pub fn cgroup_parents(&self) -> Vec<PathBuf> {
-        self.inner.cgroups.parents()
+        self.inner
+            .cgroups
+            .as_ref()
+            .map(CgroupDriver::parents)
+            .unwrap_or_default()
     }
 
     /// Takes a free uid slot, waiting while all are busy.
@@ -180,19 +292,32 @@ impl Sandbox {
         req: RunRequest,
         cancel: CancellationToken,
     ) -> Result<RunResult, SandboxError> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(SandboxError::ShutDown);
+        }
         if !slot.belongs_to(&self.inner.slots) {
             return Err(SandboxError::ForeignSlot(slot.index()));
         }
+        check_workspace_location(&req, slot)?;
         validate_request(&req)?;
+        let degraded = &self.inner.report.degraded;
+        if !degraded.is_empty() {
+            tracing::warn!(without = ?degraded, "INSECURE: jail runs without some protections");
+        }
         // process-wide sequence: several Sandboxes in one process (tests)
         // must never pick the same group name
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}-{}-{}", std::process::id(), slot.index(), seq);
-        let cgroups = self
-            .inner
-            .cgroups
-            .create_run(&name, &req.limits, slot.lease())?;
+        // Without cgroups the lease alone keeps the slot reserved until the
+        // helper (and with it the jail) is gone.
+        let (cgroups, lease) = match &self.inner.cgroups {
+            Some(driver) => (
+                Some(driver.create_run(&name, &req.limits, slot.lease())?),
+                None,
+            ),
+            None => (None, Some(slot.lease())),
+        };
         let spec = JailSpec {
             root_dir: self.inner.cfg.root_dir.clone(),
             ro_binds: self.inner.cfg.ro_binds.clone(),
@@ -202,13 +327,21 @@ impl Sandbox {
             env: req.env.clone(),
             id_base: slot.id_base(),
             limits: JailLimits::from_limits(&req.limits),
-            cgroup: Some(cgroups.attach()),
-            seccomp_profile: Some(req.seccomp_profile.clone()),
+            cgroup: cgroups.as_ref().map(|c| c.attach()),
+            seccomp_profile: self
+                .inner
+                .report
+                .seccomp
+                .then(|| req.seccomp_profile.clone()),
             landlock: self.inner.report.landlock_abi.is_some(),
         };
         let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;
         // Always tear down, whatever happened above.
-        let stats = cgroups.finish().await;
+        let stats = match cgroups {
+            Some(c) => c.finish().await,
+            None => Ok(CgroupStats::default()),
+        };
+        drop(lease);
         let s = supervised?;
         let stats = stats?;
         tracing::debug!(
@@ -320,6 +453,69 @@ mod tests {
             validate_request(&r),
             Err(SandboxError::Request(_))
         ));
+    }
+
+    fn report() -> HostReport {
+        HostReport {
+            kernel: "6.18".into(),
+            root: true,
+            user_namespaces: true,
+            cgroup: crate::CgroupSupport::None,
+            cgroup_limits: false,
+            seccomp: true,
+            landlock_abi: None,
+            workspace_quota: WorkspaceQuota::LoopExt4,
+            problems: vec!["cgroup: no memory controller in cgroup v1 or v2".into()],
+            warnings: vec![],
+            degraded: vec![],
+        }
+    }
+
+    #[test]
+    fn a_missing_protection_refuses_the_start_without_the_degraded_flag() {
+        let e = settle_report(report(), &WorkspaceQuota::LoopExt4, false).expect_err("refused");
+        assert!(matches!(e, SandboxError::Unsupported(p) if p.len() == 1));
+    }
+
+    #[test]
+    fn the_degraded_flag_records_every_protection_it_waives() {
+        let quota = WorkspaceQuota::None {
+            reason: "no mounts".into(),
+        };
+        let r = settle_report(report(), &quota, true).expect("degraded start");
+        assert_eq!(r.degraded, vec![WITHOUT_CGROUP, WITHOUT_QUOTA]);
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        assert!(r.to_string().contains("DEGRADED"));
+    }
+
+    #[test]
+    fn the_degraded_flag_never_waives_namespaces() {
+        let mut r = report();
+        r.user_namespaces = false;
+        r.problems
+            .push("cannot create the jail's namespaces: EPERM".into());
+        assert!(settle_report(r, &WorkspaceQuota::LoopExt4, true).is_err());
+    }
+
+    #[test]
+    fn a_tmpfs_quota_is_a_warning_and_a_missing_one_a_problem() {
+        let mut ok = report();
+        ok.problems.clear();
+        ok.cgroup_limits = true;
+        let tmpfs = WorkspaceQuota::Tmpfs {
+            reason: "no loop".into(),
+        };
+        let r = settle_report(ok.clone(), &tmpfs, false).expect("tmpfs is enough");
+        assert!(
+            r.warnings.iter().any(|w| w.contains("tmpfs")),
+            "{:?}",
+            r.warnings
+        );
+        assert_eq!(r.workspace_quota, tmpfs);
+        let none = WorkspaceQuota::None {
+            reason: "off".into(),
+        };
+        assert!(settle_report(ok, &none, false).is_err());
     }
 
     #[test]

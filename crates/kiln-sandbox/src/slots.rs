@@ -5,12 +5,17 @@
 //! A slot index is reused only when its [`Slot`] was dropped *and* every run
 //! started with it has been torn down (its processes dead, its cgroups gone),
 //! so two jails never share a uid even when a run's future is dropped while
-//! the jail is still dying.
+//! the jail is still dying. Each slot also owns a workspace area (its own
+//! filesystem where the quota is enforced, see `quota.rs`); the area is
+//! emptied before the index is handed out again, so every job starts with an
+//! empty area and the whole quota.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 
+use crate::quota::SlotFs;
 use crate::spec::{ID_RANGE, JAIL_UID};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -18,11 +23,13 @@ struct SlotState {
     held: bool,
     /// Runs started with this slot whose teardown is not finished.
     live_runs: u32,
+    /// The slot's workspace area is being emptied.
+    cleaning: bool,
 }
 
 impl SlotState {
     fn is_free(&self) -> bool {
-        !self.held && self.live_runs == 0
+        !self.held && self.live_runs == 0 && !self.cleaning
     }
 }
 
@@ -32,15 +39,17 @@ pub(crate) struct SlotPool {
     states: Mutex<Vec<SlotState>>,
     /// One permit per free index.
     free: Semaphore,
+    areas: Arc<SlotFs>,
 }
 
 impl SlotPool {
-    pub(crate) fn new(uid_base: u32, slots: u32) -> Arc<SlotPool> {
+    pub(crate) fn new(uid_base: u32, slots: u32, areas: Arc<SlotFs>) -> Arc<SlotPool> {
         let n = slots as usize;
         Arc::new(SlotPool {
             uid_base,
             states: Mutex::new(vec![SlotState::default(); n]),
             free: Semaphore::new(n),
+            areas,
         })
     }
 
@@ -67,15 +76,48 @@ impl SlotPool {
         }
     }
 
-    fn update(&self, index: u32, f: impl FnOnce(&mut SlotState)) {
-        let mut states = self.states();
-        let Some(state) = states.get_mut(index as usize) else {
-            return;
+    fn update(self: &Arc<Self>, index: u32, f: impl FnOnce(&mut SlotState)) {
+        let released = {
+            let mut states = self.states();
+            let Some(state) = states.get_mut(index as usize) else {
+                return;
+            };
+            let was_free = state.is_free();
+            f(state);
+            let released = !was_free && state.is_free();
+            if released {
+                state.cleaning = true;
+            }
+            released
         };
-        let was_free = state.is_free();
-        f(state);
-        if !was_free && state.is_free() {
-            self.free.add_permits(1);
+        if released {
+            self.empty_then_free(index);
+        }
+    }
+
+    /// Empties the slot's workspace area off the async runtime, then hands
+    /// the index out again. An area that cannot be emptied keeps its slot
+    /// out of use: the next job must never see another job's files.
+    fn empty_then_free(self: &Arc<Self>, index: u32) {
+        let pool = Arc::clone(self);
+        let work = move || match pool.areas.empty(index) {
+            Ok(()) => {
+                if let Some(s) = pool.states().get_mut(index as usize) {
+                    s.cleaning = false;
+                }
+                pool.free.add_permits(1);
+            }
+            Err(e) => tracing::error!(
+                slot = index,
+                error = %e,
+                "cannot empty the slot's workspace area; the slot stays out of use"
+            ),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(work);
+            }
+            Err(_) => work(),
         }
     }
 
@@ -110,6 +152,14 @@ impl Slot {
     /// Host gid of the in-jail group 1000.
     pub fn host_gid(&self) -> u32 {
         self.id_base() + JAIL_UID
+    }
+
+    /// The directory to create this job's workspace in (a directory directly
+    /// below it is what [`crate::RunRequest::workspace`] must be): the
+    /// slot's own filesystem, where the workspace quota applies. It is empty
+    /// when the slot is acquired and emptied again after the slot is dropped.
+    pub fn workspace_parent(&self) -> PathBuf {
+        self.pool.areas.parent(self.index)
     }
 
     /// Marks a run as started; the index stays reserved until the lease drops.
@@ -153,9 +203,15 @@ mod tests {
 
     use super::*;
 
+    fn pool(slots: u32) -> (tempfile::TempDir, Arc<SlotPool>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let areas = SlotFs::plain(dir.path(), slots);
+        (dir, SlotPool::new(200_000, slots, areas))
+    }
+
     #[tokio::test]
     async fn slots_map_to_disjoint_id_ranges() {
-        let pool = SlotPool::new(200_000, 2);
+        let (_dir, pool) = pool(2);
         let a = pool.acquire().await;
         let b = pool.acquire().await;
         assert_ne!(a.index(), b.index());
@@ -172,7 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn acquire_waits_until_a_slot_is_dropped() {
-        let pool = SlotPool::new(200_000, 1);
+        let (_dir, pool) = pool(1);
         let a = pool.acquire().await;
         let waiting = tokio::time::timeout(Duration::from_millis(50), pool.acquire()).await;
         assert!(waiting.is_err(), "second acquire must wait");
@@ -186,7 +242,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_live_lease_keeps_the_index_reserved_after_the_slot_drops() {
-        let pool = SlotPool::new(200_000, 1);
+        let (_dir, pool) = pool(1);
         let a = pool.acquire().await;
         let lease = a.lease();
         drop(a);
@@ -199,5 +255,20 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), pool.acquire())
             .await
             .expect("slot freed after the lease");
+    }
+
+    #[tokio::test]
+    async fn a_reacquired_slot_finds_its_workspace_area_empty() {
+        let (_dir, pool) = pool(1);
+        let a = pool.acquire().await;
+        let area = a.workspace_parent();
+        std::fs::create_dir(area.join("job1")).expect("mkdir");
+        std::fs::write(area.join("job1/secret"), "x").expect("write");
+        drop(a);
+        let b = tokio::time::timeout(Duration::from_secs(5), pool.acquire())
+            .await
+            .expect("slot freed");
+        assert_eq!(b.workspace_parent(), area);
+        assert_eq!(std::fs::read_dir(&area).expect("read").count(), 0);
     }
 }

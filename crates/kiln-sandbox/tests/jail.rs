@@ -314,11 +314,36 @@ async fn unreachable_workspace_is_refused_before_spawning() {
     let slot = sb.acquire_slot().await;
     let ws = workspace(&slot);
     let mut req = request(&ws, &["/bin/true"], limits());
-    req.workspace = ws.path.join("missing");
+    req.workspace = slot.workspace_parent().join("missing");
     assert!(matches!(
         sb.run(&slot, req, CancellationToken::new()).await,
         Err(SandboxError::Io { .. })
     ));
+}
+
+#[tokio::test]
+async fn a_workspace_outside_the_slots_quota_area_is_refused() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let other = sb.acquire_slot().await;
+    let ws = workspace(&slot);
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    for path in [
+        elsewhere.path().to_path_buf(),
+        ws.path.join("nested"),
+        workspace(&other).path.clone(),
+    ] {
+        let mut req = request(&ws, &["/bin/true"], limits());
+        req.workspace = path.clone();
+        assert!(
+            matches!(
+                sb.run(&slot, req, CancellationToken::new()).await,
+                Err(SandboxError::Request(_))
+            ),
+            "{} accepted",
+            path.display()
+        );
+    }
 }
 
 #[tokio::test]

@@ -22,9 +22,13 @@ pub fn sandbox(uid_base: u32) -> Option<&'static Sandbox> {
     static SB: OnceLock<Result<Sandbox, String>> = OnceLock::new();
     let sb = SB.get_or_init(|| {
         let root = std::env::temp_dir().join("kiln-sandbox-test-root");
+        // One slots dir per test binary: a sandbox unmounts whatever it
+        // finds in its own on start.
+        let slots = std::env::temp_dir().join(format!("kiln-sandbox-test-slots-{uid_base}"));
         let cfg = SandboxConfig {
             helper: PathBuf::from(env!("CARGO_BIN_EXE_kiln-jail")),
             root_dir: root,
+            slots_dir: Some(slots),
             uid_base,
             slots: 4,
             ..SandboxConfig::default()
@@ -58,7 +62,8 @@ pub fn limits() -> Limits {
     }
 }
 
-/// A fresh workspace owned by the slot's in-jail user.
+/// A fresh workspace owned by the slot's in-jail user, in the slot's
+/// workspace area (where the quota applies).
 pub struct Workspace {
     _dir: tempfile::TempDir,
     pub path: PathBuf,
@@ -67,7 +72,7 @@ pub struct Workspace {
 pub fn workspace(slot: &Slot) -> Workspace {
     let dir = tempfile::Builder::new()
         .prefix("kiln-ws-")
-        .tempdir()
+        .tempdir_in(slot.workspace_parent())
         .expect("create workspace");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod workspace");

@@ -1,0 +1,531 @@
+//! Workspace quotas enforced by the kernel. Every uid slot owns one
+//! filesystem mounted at `<slots_dir>/<i>/`; a job's workspace is a
+//! directory directly below it, so filling it ends in `ENOSPC` (bytes or
+//! inodes) and never takes more of the host than the quota.
+//!
+//! Backends, tried in order ([`QuotaMode::Auto`]):
+//! 1. a sparse ext4 image `<slots_dir>/<i>.img` (`mkfs.ext4`, no journal)
+//!    on a loop device with autoclear, mounted `nosuid,nodev,discard`, so
+//!    deleted files give their blocks back to the host;
+//! 2. a tmpfs with `size` and `nr_inodes` (memory-backed: the bytes count
+//!    against RAM, not disk);
+//! 3. plain directories: no quota (a problem [`crate::HostReport`] reports).
+//!
+//! [`SlotFs::setup`] first unmounts whatever a previous server left at those
+//! paths; [`SlotFs::teardown`] (on shutdown, on drop of the last
+//! [`crate::Sandbox`] clone, and at process exit) unmounts everything and
+//! removes the images and mount points.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+use crate::cgroup::detect::unescape;
+use crate::error::SandboxError;
+use crate::sys;
+
+/// Which backend to use for the workspace quota (configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuotaMode {
+    /// Loop-mounted ext4, else tmpfs, else none.
+    #[default]
+    Auto,
+    /// Loop-mounted ext4 only (else none).
+    Loop,
+    /// tmpfs only (else none).
+    Tmpfs,
+    /// No quota (refused unless the sandbox may run degraded).
+    Off,
+}
+
+/// What limits the workspaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceQuota {
+    /// One loop-mounted ext4 image per slot.
+    LoopExt4,
+    /// One size-limited tmpfs per slot (memory-backed); `reason` says why
+    /// not loop devices.
+    Tmpfs { reason: String },
+    /// No quota, and why.
+    None { reason: String },
+}
+
+impl fmt::Display for WorkspaceQuota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkspaceQuota::LoopExt4 => {
+                write!(
+                    f,
+                    "yes (loop-mounted ext4 image per slot: bytes and inodes)"
+                )
+            }
+            WorkspaceQuota::Tmpfs { reason } => write!(
+                f,
+                "tmpfs per slot (memory-backed: workspace bytes count against RAM); \
+                 no loop-device quota: {reason}"
+            ),
+            WorkspaceQuota::None { reason } => write!(f, "NO ({reason})"),
+        }
+    }
+}
+
+/// Where `mkfs.ext4` lives, looking in the sbin directories a server's PATH
+/// often lacks.
+pub fn find_mkfs() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(PathBuf::from)
+        .chain(std::env::split_paths(&path))
+        .map(|d| d.join("mkfs.ext4"))
+        .find(|p| p.is_file())
+}
+
+/// What the host could offer, without creating anything (for `kiln doctor`).
+pub fn probe() -> WorkspaceQuota {
+    if !nix::unistd::Uid::effective().is_root() {
+        return WorkspaceQuota::None {
+            reason: "not running as root: cannot mount".to_owned(),
+        };
+    }
+    match loop_unavailable() {
+        None => WorkspaceQuota::LoopExt4,
+        Some(reason) => WorkspaceQuota::Tmpfs { reason },
+    }
+}
+
+/// Why loop-mounted ext4 cannot work here, if it cannot.
+fn loop_unavailable() -> Option<String> {
+    if find_mkfs().is_none() {
+        return Some("mkfs.ext4 not found (install e2fsprogs)".to_owned());
+    }
+    let ext4 = fs::read_to_string("/proc/filesystems")
+        .map(|t| {
+            t.lines()
+                .any(|l| l.split_whitespace().last() == Some("ext4"))
+        })
+        .unwrap_or(false);
+    if !ext4 {
+        return Some("the kernel has no ext4".to_owned());
+    }
+    match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("/dev/loop-control: {e}")),
+    }
+}
+
+/// The slots' workspace filesystems.
+#[derive(Debug)]
+pub(crate) struct SlotFs {
+    dir: PathBuf,
+    slots: u32,
+    bytes: u64,
+    inodes: u64,
+    quota: WorkspaceQuota,
+    torn_down: AtomicBool,
+}
+
+/// Live slot filesystems of this process, torn down at exit.
+static LIVE: Mutex<Vec<Weak<SlotFs>>> = Mutex::new(Vec::new());
+
+extern "C" fn teardown_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        for fs in live.iter().filter_map(Weak::upgrade) {
+            fs.teardown();
+        }
+    });
+}
+
+/// Mount points equal to `path` in our mount namespace (stacked mounts
+/// count once each).
+fn mounts_at(path: &Path) -> usize {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(&unescape(m)) == path)
+        .count()
+}
+
+fn unmount_all(path: &Path) -> Result<(), String> {
+    for _ in 0..16 {
+        if mounts_at(path) == 0 {
+            return Ok(());
+        }
+        if let Err(e) = umount2(path, MntFlags::empty()) {
+            if e != nix::errno::Errno::EBUSY {
+                return Err(format!("unmount {}: {e}", path.display()));
+            }
+            umount2(path, MntFlags::MNT_DETACH)
+                .map_err(|e| format!("detach {}: {e}", path.display()))?;
+        }
+    }
+    Err(format!("{} stays mounted", path.display()))
+}
+
+/// Removes everything in `dir` (not `dir` itself), never following links.
+fn empty_dir(dir: &Path, keep: &[&str]) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if keep.iter().any(|k| e.file_name() == *k) {
+            continue;
+        }
+        let path = e.path();
+        let r = if e.file_type()?.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match r {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+impl SlotFs {
+    /// Prepares `dir` and one workspace filesystem per slot with the first
+    /// backend of `mode` that works. Returns the reasons earlier backends
+    /// failed. Fails only if `dir` itself is unusable.
+    pub(crate) fn setup(
+        dir: &Path,
+        slots: u32,
+        bytes: u64,
+        inodes: u64,
+        mode: QuotaMode,
+    ) -> Result<(Arc<SlotFs>, Vec<String>), SandboxError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| SandboxError::io("create slots dir", dir, e))?;
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| SandboxError::io("resolve slots dir", dir, e))?;
+        let meta = fs::metadata(&dir).map_err(|e| SandboxError::io("stat", &dir, e))?;
+        if meta.uid() != 0 {
+            return Err(SandboxError::Config(format!(
+                "slots_dir {} must be owned by root",
+                dir.display()
+            )));
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
+            .map_err(|e| SandboxError::io("chmod", &dir, e))?;
+        let mut this = SlotFs {
+            dir,
+            slots,
+            bytes,
+            inodes,
+            quota: WorkspaceQuota::None {
+                reason: "disabled by configuration".to_owned(),
+            },
+            torn_down: AtomicBool::new(false),
+        };
+        this.clear_all().map_err(SandboxError::Setup)?;
+        let mut failures = Vec::new();
+        let order: &[QuotaMode] = match mode {
+            QuotaMode::Auto => &[QuotaMode::Loop, QuotaMode::Tmpfs],
+            QuotaMode::Loop => &[QuotaMode::Loop],
+            QuotaMode::Tmpfs => &[QuotaMode::Tmpfs],
+            QuotaMode::Off => &[],
+        };
+        for backend in order {
+            match this.mount_all(*backend) {
+                Ok(()) => {
+                    this.quota = match backend {
+                        QuotaMode::Loop => WorkspaceQuota::LoopExt4,
+                        _ => WorkspaceQuota::Tmpfs {
+                            reason: failures.join("; "),
+                        },
+                    };
+                    failures.clear();
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(backend = ?backend, error = %e, "workspace quota backend failed");
+                    failures.push(e);
+                    this.clear_all().map_err(SandboxError::Setup)?;
+                }
+            }
+        }
+        if !failures.is_empty() {
+            this.quota = WorkspaceQuota::None {
+                reason: failures.join("; "),
+            };
+        }
+        let this = Arc::new(this);
+        let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        if live.is_empty()
+            && let Err(e) = sys::at_exit(teardown_at_exit)
+        {
+            tracing::warn!(error = %e, "slot filesystems will not be unmounted at exit");
+        }
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(&this));
+        Ok((this, failures))
+    }
+
+    pub(crate) fn quota(&self) -> &WorkspaceQuota {
+        &self.quota
+    }
+
+    /// The directory a slot's workspaces are created in.
+    pub(crate) fn parent(&self, slot: u32) -> PathBuf {
+        self.dir.join(slot.to_string())
+    }
+
+    fn image(&self, slot: u32) -> PathBuf {
+        self.dir.join(format!("{slot}.img"))
+    }
+
+    /// Unmounts and removes whatever is at every slot's paths and leaves
+    /// empty root-owned 0711 mount points.
+    fn clear_all(&self) -> Result<(), String> {
+        for i in 0..self.slots {
+            let parent = self.parent(i);
+            unmount_all(&parent)?;
+            match fs::remove_file(self.image(i)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(format!("remove {}: {e}", self.image(i).display()));
+                }
+                _ => {}
+            }
+            match fs::symlink_metadata(&parent) {
+                Ok(m) if m.is_dir() => empty_dir(&parent, &[])
+                    .map_err(|e| format!("empty {}: {e}", parent.display()))?,
+                Ok(_) => fs::remove_file(&parent)
+                    .map_err(|e| format!("remove {}: {e}", parent.display()))?,
+                Err(_) => {}
+            }
+            fs::DirBuilder::new()
+                .mode(0o711)
+                .create(&parent)
+                .or_else(|e| match e.kind() {
+                    io::ErrorKind::AlreadyExists => Ok(()),
+                    _ => Err(e),
+                })
+                .and_then(|()| fs::set_permissions(&parent, fs::Permissions::from_mode(0o711)))
+                .map_err(|e| format!("create {}: {e}", parent.display()))?;
+        }
+        Ok(())
+    }
+
+    fn mount_all(&self, backend: QuotaMode) -> Result<(), String> {
+        let mkfs = match backend {
+            QuotaMode::Loop => {
+                if let Some(reason) = loop_unavailable() {
+                    return Err(reason);
+                }
+                find_mkfs()
+            }
+            _ => None,
+        };
+        // mkfs and the mount take ~0.2 s per slot, mostly waiting: in parallel.
+        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..self.slots)
+                .map(|i| {
+                    let mkfs = mkfs.as_deref();
+                    s.spawn(move || match mkfs {
+                        Some(mkfs) => self.mount_loop(i, mkfs),
+                        None => self.mount_tmpfs(i),
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("slot set-up panicked".to_owned()))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>, String>>()?;
+        Ok(())
+    }
+
+    fn mount_loop(&self, slot: u32, mkfs: &Path) -> Result<(), String> {
+        let image = self.image(slot);
+        let parent = self.parent(slot);
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&image)
+            .map_err(|e| format!("create {}: {e}", image.display()))?;
+        file.set_len(self.bytes)
+            .map_err(|e| format!("size {}: {e}", image.display()))?;
+        let out = Command::new(mkfs)
+            .args([
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-O",
+                "^has_journal",
+                "-E",
+                "nodiscard",
+            ])
+            .arg("-N")
+            .arg(self.inodes.to_string())
+            .arg(&image)
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("run {}: {e}", mkfs.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} {}: {} {}",
+                mkfs.display(),
+                image.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let (device, device_fd) =
+            sys::loop_attach(&file).map_err(|e| format!("attach {}: {e}", image.display()))?;
+        mount(
+            Some(&device),
+            &parent,
+            Some("ext4"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("discard"),
+        )
+        .map_err(|e| format!("mount {} on {}: {e}", device.display(), parent.display()))?;
+        // The mount holds the device now; autoclear frees it on unmount.
+        drop(device_fd);
+        fs::set_permissions(&parent, fs::Permissions::from_mode(0o711))
+            .map_err(|e| format!("chmod {}: {e}", parent.display()))
+    }
+
+    fn mount_tmpfs(&self, slot: u32) -> Result<(), String> {
+        let parent = self.parent(slot);
+        let options = format!("size={},nr_inodes={},mode=0711", self.bytes, self.inodes);
+        mount(
+            Some("tmpfs"),
+            &parent,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| format!("mount tmpfs on {}: {e}", parent.display()))
+    }
+
+    /// Removes every workspace of `slot` (not ext4's `lost+found`).
+    pub(crate) fn empty(&self, slot: u32) -> io::Result<()> {
+        if self.torn_down.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        empty_dir(&self.parent(slot), &["lost+found"])
+    }
+
+    /// Unmounts every slot filesystem and removes images and mount points.
+    /// Idempotent; later runs find no workspace parent.
+    pub(crate) fn teardown(&self) {
+        if self.torn_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for i in 0..self.slots {
+            let parent = self.parent(i);
+            if let Err(e) = unmount_all(&parent) {
+                tracing::error!(error = %e, "slot filesystem left mounted");
+                continue;
+            }
+            let _ = fs::remove_file(self.image(i));
+            let _ = empty_dir(&parent, &[]);
+            let _ = fs::remove_dir(&parent);
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+
+    /// Slot areas as plain directories under `dir`, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn plain(dir: &Path, slots: u32) -> Arc<SlotFs> {
+        let this = SlotFs {
+            dir: dir.to_path_buf(),
+            slots,
+            bytes: 0,
+            inodes: 0,
+            quota: WorkspaceQuota::None {
+                reason: "test".to_owned(),
+            },
+            torn_down: AtomicBool::new(false),
+        };
+        this.clear_all().expect("plain slot dirs");
+        Arc::new(this)
+    }
+}
+
+impl Drop for SlotFs {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emptying_removes_everything_but_kept_names_without_following_links() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("precious"), "x").expect("write");
+        let fs = SlotFs::plain(top.path(), 1);
+        let area = fs.parent(0);
+        std::fs::create_dir_all(area.join("ws/a/b")).expect("mkdir");
+        std::fs::write(area.join("ws/a/b/f"), "x").expect("write");
+        std::os::unix::fs::symlink(outside.path(), area.join("ws/link")).expect("symlink");
+        std::os::unix::fs::symlink(outside.path(), area.join("toplink")).expect("symlink");
+        std::fs::create_dir(area.join("lost+found")).expect("mkdir");
+        fs.empty(0).expect("empty");
+        let left: Vec<_> = std::fs::read_dir(&area)
+            .expect("read")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("lost+found")]);
+        assert!(outside.path().join("precious").exists());
+    }
+
+    #[test]
+    fn teardown_removes_the_slot_areas() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let dir = top.path().join("slots");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let fs = SlotFs::plain(&dir, 2);
+        std::fs::write(fs.parent(1).join("left"), "x").expect("write");
+        fs.teardown();
+        assert!(!dir.exists(), "slots dir left behind");
+        fs.teardown();
+    }
+
+    #[test]
+    fn quota_display_says_what_is_missing() {
+        assert!(WorkspaceQuota::LoopExt4.to_string().starts_with("yes"));
+        let t = WorkspaceQuota::Tmpfs {
+            reason: "no loop".into(),
+        }
+        .to_string();
+        assert!(t.contains("memory-backed") && t.contains("no loop"), "{t}");
+        assert!(
+            WorkspaceQuota::None { reason: "x".into() }
+                .to_string()
+                .starts_with("NO")
+        );
+    }
+}
