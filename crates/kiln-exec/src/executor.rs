@@ -25,7 +25,9 @@ use crate::walker::{self, StagedInput, WalkLimits};
 /// Executor settings.
 #[derive(Debug, Clone)]
 pub struct ExecConfig {
-    /// Parent of every execution's workspace (`<data-dir>/work`).
+    /// Former parent of workspaces (`<data-dir>/work`), still created and
+    /// emptied at start; workspaces now live in each sandbox slot's
+    /// quota-limited area (`Slot::workspace_parent`).
     pub work_dir: PathBuf,
     /// Limits of one run; a request's `timeout` may lower the wall time.
     pub limits: Limits,
@@ -231,7 +233,9 @@ impl Inner {
             .map_err(|e| ExecError::Storage(e.to_string()))?;
 
         let t_stage = Instant::now();
-        let ws = self.cfg.work_dir.join(session_id.as_str());
+        // on the slot's own filesystem: the kernel enforces the workspace
+        // quota there, and the sandbox empties it when the slot is released
+        let ws = slot.workspace_parent().join(session_id.as_str());
         let guard = WorkspaceGuard(ws.clone());
         let staged = self.stage(&ws, &slot, resolved, lang, &req.code).await?;
         metrics::histogram!("kiln_exec_phase_seconds", "phase" => "stage")
