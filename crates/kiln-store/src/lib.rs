@@ -11,7 +11,7 @@
 //!
 //! PUBLIC API CONTRACT (other crates code against these signatures):
 //!
-//! ```ignore
+//! ```text
 //! pub struct StoreConfig { pub dir: PathBuf, pub retention: Duration }
 //! pub struct Store;                                   // Clone (Arc inside)
 //! impl Store {
