@@ -11,10 +11,14 @@
 //! 2. `deny_eperm`: argument checks (socket families, `CLONE_NEW*` flags);
 //! 3. the allow-list: everything else not listed answers `EPERM`. It is
 //!    installed last because installing a filter is itself a system call the
-//!    list does not allow. Its first instructions (ours, not seccompiler's)
-//!    refuse x32-ABI calls with `EPERM` and answer `ENOSYS` for system calls
-//!    newer than this policy knows, so libc falls back to older calls instead
-//!    of failing.
+//!    list does not allow. Its first instructions refuse x32-ABI calls with
+//!    `EPERM` and answer `ENOSYS` for system calls newer than this policy
+//!    knows, so libc falls back to older calls instead of failing. The
+//!    unconditional part is a binary search over the allowed numbers (built
+//!    here from seccompiler's output, see [`allowed_numbers`]): seccompiler
+//!    emits a linear chain, which made attaching the filter cost ~1 ms per
+//!    run (the kernel emulates the filter for every syscall number to build
+//!    its allow cache) and every unlisted call walk ~1400 instructions.
 //!
 //! The kernel runs every filter and keeps the most restrictive action, so an
 //! `EPERM`/`ENOSYS` from any filter wins over the allow-list's `allow`.
@@ -169,8 +173,7 @@ fn seccompiler_json(profile: &str, arch: &str) -> Result<Value, PolicyError> {
         .map_err(|e| compile_error(profile, format_args!("base: {e}")))?;
     let extra: Profile = serde_json::from_str(text).map_err(|e| compile_error(profile, e))?;
     let (names, rules) = allowed(profile, &base, &extra, arch)?;
-    let mut allow: Vec<Value> = names.iter().map(|n| json!({ "syscall": n })).collect();
-    allow.extend(rules);
+    let always: Vec<Value> = names.iter().map(|n| json!({ "syscall": n })).collect();
     let enosys: Vec<Value> = base
         .enosys
         .iter()
@@ -180,7 +183,12 @@ fn seccompiler_json(profile: &str, arch: &str) -> Result<Value, PolicyError> {
         "allow": {
             "mismatch_action": { "errno": libc::EPERM },
             "match_action": "allow",
-            "filter": allow,
+            "filter": always,
+        },
+        "allow_if": {
+            "mismatch_action": { "errno": libc::EPERM },
+            "match_action": "allow",
+            "filter": rules,
         },
         "deny_eperm": {
             "mismatch_action": "allow",
@@ -203,6 +211,8 @@ pub fn compile(profile: &str) -> Result<Vec<BpfProgram>, PolicyError> {
 
 fn compile_for(profile: &str, arch: &str) -> Result<Vec<BpfProgram>, PolicyError> {
     let target = TargetArch::try_from(arch).map_err(|e| compile_error(profile, e))?;
+    let audit_arch = audit_arch(arch)
+        .ok_or_else(|| compile_error(profile, format_args!("unsupported architecture {arch}")))?;
     let json = seccompiler_json(profile, arch)?;
     let text = serde_json::to_vec(&json).map_err(|e| compile_error(profile, e))?;
     let mut map = seccompiler::compile_from_json(text.as_slice(), target)
@@ -213,11 +223,17 @@ fn compile_for(profile: &str, arch: &str) -> Result<Vec<BpfProgram>, PolicyError
     };
     let enosys = take("enosys")?;
     let deny = take("deny_eperm")?;
-    let allow = take("allow")?;
-    let mut guarded = allow_prefix(arch)
-        .ok_or_else(|| compile_error(profile, format_args!("unsupported architecture {arch}")))?;
-    guarded.extend(allow);
-    Ok(vec![enosys, deny, guarded])
+    let always = take("allow")?;
+    let conditional = take("allow_if")?;
+    let numbers = allowed_numbers(&always, audit_arch).map_err(|e| compile_error(profile, e))?;
+    let allow = allow_program(arch, audit_arch, &numbers, conditional);
+    if allow.len() > BPF_MAXINSNS {
+        return Err(compile_error(
+            profile,
+            format_args!("allow filter has {} instructions", allow.len()),
+        ));
+    }
+    Ok(vec![enosys, deny, allow])
 }
 
 /// Installs the programs on the calling thread (sets no_new_privs first).
@@ -252,19 +268,34 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
-/// Instructions run before the allow-list's own: kill on a foreign
-/// architecture, refuse x32-ABI calls on x86_64 with EPERM (so the name-based
-/// filters cannot be bypassed through the x32 table), and answer ENOSYS for
-/// numbers from [`FIRST_UNKNOWN_NR`] on. Falls through otherwise.
-fn allow_prefix(arch: &str) -> Option<BpfProgram> {
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
+const BPF_JA: u16 = 0x05; // BPF_JMP | BPF_JA
+const BPF_JGT_K: u16 = 0x25; // BPF_JMP | BPF_JGT | BPF_K
+const BPF_JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const BPF_AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+/// The kernel's limit on one classic BPF program.
+const BPF_MAXINSNS: usize = 4096;
+
+/// `AUDIT_ARCH_*` of an architecture as `std::env::consts::ARCH` names it.
+fn audit_arch(arch: &str) -> Option<u32> {
+    match arch {
+        "x86_64" => Some(0xc000_003e),
+        "aarch64" => Some(0xc000_00b7),
+        _ => None,
+    }
+}
+
+/// The allow-list program: arch check, x32 refusal (x86_64), ENOSYS from
+/// [`FIRST_UNKNOWN_NR`] on, a binary search that allows `numbers`, and
+/// `conditional` (seccompiler's program for the calls allowed only with
+/// certain arguments, answering EPERM otherwise) for every other number.
+fn allow_program(
+    arch: &str,
+    audit_arch: u32,
+    numbers: &[u32],
+    conditional: BpfProgram,
+) -> BpfProgram {
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    let audit_arch = match arch {
-        "x86_64" => AUDIT_ARCH_X86_64,
-        "aarch64" => AUDIT_ARCH_AARCH64,
-        _ => return None,
-    };
     let mut p = vec![
         stmt(BPF_LD_W_ABS, OFFSET_ARCH),
         jump(BPF_JEQ_K, audit_arch, 1, 0),
@@ -277,7 +308,136 @@ fn allow_prefix(arch: &str) -> Option<BpfProgram> {
     }
     p.push(jump(BPF_JGE_K, FIRST_UNKNOWN_NR, 0, 1));
     p.push(stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
-    Some(p)
+    p.extend(search_tree(numbers));
+    p.extend(conditional);
+    p
+}
+
+/// One instruction of the search tree; `ToRest` jumps past the tree.
+enum Ins {
+    Real(sock_filter),
+    ToRest,
+}
+
+/// Runs of consecutive numbers.
+fn intervals(numbers: &[u32]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &n in numbers {
+        match out.last_mut() {
+            Some((_, hi)) if n == *hi + 1 => *hi = n,
+            _ => out.push((n, n)),
+        }
+    }
+    out
+}
+
+fn tree(iv: &[(u32, u32)], out: &mut Vec<Ins>) {
+    match iv {
+        [] => out.push(Ins::ToRest),
+        [(lo, hi)] => {
+            out.push(Ins::Real(jump(BPF_JGE_K, *lo, 1, 0)));
+            out.push(Ins::ToRest);
+            out.push(Ins::Real(jump(BPF_JGT_K, *hi, 0, 1)));
+            out.push(Ins::ToRest);
+            out.push(Ins::Real(stmt(BPF_RET_K, SECCOMP_RET_ALLOW)));
+        }
+        _ => {
+            let mid = iv.len() / 2;
+            // nr >= pivot: the next instruction jumps to the right half;
+            // otherwise skip it into the left half.
+            out.push(Ins::Real(jump(BPF_JGE_K, iv[mid].0, 0, 1)));
+            let ja = out.len();
+            out.push(Ins::Real(stmt(BPF_JA, 0)));
+            tree(&iv[..mid], out);
+            let right = out.len();
+            out[ja] = Ins::Real(stmt(BPF_JA, (right - ja - 1) as u32));
+            tree(&iv[mid..], out);
+        }
+    }
+}
+
+/// Expects the syscall number in the accumulator; returns ALLOW for
+/// `numbers` and falls through to the instruction after the tree otherwise.
+fn search_tree(numbers: &[u32]) -> BpfProgram {
+    let mut ins = Vec::new();
+    tree(&intervals(numbers), &mut ins);
+    let end = ins.len();
+    ins.into_iter()
+        .enumerate()
+        .map(|(i, ins)| match ins {
+            Ins::Real(f) => f,
+            Ins::ToRest => stmt(BPF_JA, (end - i - 1) as u32),
+        })
+        .collect()
+}
+
+/// What a seccomp program sees of one system call.
+struct SeccompData {
+    nr: u32,
+    arch: u32,
+    args: [u64; 6],
+}
+
+/// Runs a classic BPF seccomp program (the instructions seccompiler and
+/// this module emit); returns the action and the instructions executed.
+fn run_bpf(prog: &[sock_filter], d: &SeccompData) -> Result<(u32, usize), String> {
+    let word = |off: u32| -> Result<u32, String> {
+        Ok(match off {
+            0 => d.nr,
+            4 => d.arch,
+            16..=63 if off.is_multiple_of(4) => {
+                let arg = d.args[((off - 16) / 8) as usize];
+                if (off - 16).is_multiple_of(8) {
+                    arg as u32
+                } else {
+                    (arg >> 32) as u32
+                }
+            }
+            _ => return Err(format!("load at offset {off}")),
+        })
+    };
+    let (mut pc, mut acc, mut steps) = (0usize, 0u32, 0usize);
+    loop {
+        let Some(i) = prog.get(pc) else {
+            return Err(format!("ran off the program at {pc}"));
+        };
+        steps += 1;
+        let branch = |taken: bool| pc + 1 + usize::from(if taken { i.jt } else { i.jf });
+        pc = match i.code {
+            BPF_LD_W_ABS => {
+                acc = word(i.k)?;
+                pc + 1
+            }
+            BPF_AND_K => {
+                acc &= i.k;
+                pc + 1
+            }
+            BPF_JA => pc + 1 + i.k as usize,
+            BPF_JEQ_K => branch(acc == i.k),
+            BPF_JGT_K => branch(acc > i.k),
+            BPF_JGE_K => branch(acc >= i.k),
+            BPF_JSET_K => branch(acc & i.k != 0),
+            BPF_RET_K => return Ok((i.k, steps)),
+            code => return Err(format!("unexpected BPF opcode {code:#x}")),
+        };
+    }
+}
+
+/// The numbers an unconditional allow-list program (seccompiler's, with
+/// no argument checks) allows below [`FIRST_UNKNOWN_NR`].
+fn allowed_numbers(prog: &[sock_filter], audit_arch: u32) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for nr in 0..FIRST_UNKNOWN_NR {
+        let d = SeccompData {
+            nr,
+            arch: audit_arch,
+            args: [0; 6],
+        };
+        if run_bpf(prog, &d)?.0 == SECCOMP_RET_ALLOW {
+            out.push(nr);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -442,5 +602,127 @@ mod tests {
             assert!(!has(&arm, n), "{n} on aarch64");
         }
         assert!(has(&x86, "openat") && has(&arm, "openat"));
+    }
+
+    /// seccompiler's own (linear) compilation of the whole allow-list.
+    fn reference_allow(arch: &str) -> BpfProgram {
+        let json = seccompiler_json(DEFAULT_PROFILE, arch).expect("json");
+        let mut all = json["allow"]["filter"].as_array().expect("always").clone();
+        all.extend(
+            json["allow_if"]["filter"]
+                .as_array()
+                .expect("if")
+                .iter()
+                .cloned(),
+        );
+        let reference = json!({ "allow": {
+            "mismatch_action": { "errno": libc::EPERM },
+            "match_action": "allow",
+            "filter": all,
+        }});
+        let text = serde_json::to_vec(&reference).expect("encode");
+        let target = TargetArch::try_from(arch).expect("arch");
+        let mut map = seccompiler::compile_from_json(text.as_slice(), target).expect("compile");
+        map.remove("allow").expect("allow")
+    }
+
+    #[test]
+    fn the_search_tree_allows_exactly_what_seccompilers_linear_list_allows() {
+        for arch in ["x86_64", "aarch64"] {
+            let audit = audit_arch(arch).expect("supported");
+            let reference = reference_allow(arch);
+            let ours = compile_for(DEFAULT_PROFILE, arch)
+                .expect("compile")
+                .remove(2);
+            let arg_sets: [[u64; 6]; 5] = [
+                [0; 6],
+                [u64::MAX; 6],
+                [8, 0, 0, 0, 0, 0],
+                [0x0040000, 1, 2, 3, 4, 5],
+                [0xffff_ffff, 0, 0, 0, 0, 0],
+            ];
+            let mut allowed = 0;
+            let mut max_steps = 0;
+            for nr in 0..FIRST_UNKNOWN_NR {
+                for args in arg_sets {
+                    let d = SeccompData {
+                        nr,
+                        arch: audit,
+                        args,
+                    };
+                    let want = run_bpf(&reference, &d).expect("reference").0;
+                    let (got, steps) = run_bpf(&ours, &d).expect("ours");
+                    assert_eq!(got, want, "{arch} nr {nr} args {args:?}");
+                    allowed += usize::from(got == SECCOMP_RET_ALLOW);
+                    max_steps = max_steps.max(steps);
+                }
+            }
+            assert!(allowed > 5 * 240, "{arch}: only {allowed} allowed");
+            assert!(
+                max_steps < 60,
+                "{arch}: a call runs {max_steps} instructions"
+            );
+            let linear_steps = (0..FIRST_UNKNOWN_NR)
+                .map(|nr| {
+                    let d = SeccompData {
+                        nr,
+                        arch: audit,
+                        args: [0; 6],
+                    };
+                    run_bpf(&reference, &d).expect("reference").1
+                })
+                .max()
+                .unwrap_or(0);
+            assert!(
+                linear_steps > 10 * max_steps,
+                "{arch}: {linear_steps} vs {max_steps}"
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_newer_than_the_policy_answer_enosys_and_x32_eperm() {
+        let ours = compile_for(DEFAULT_PROFILE, "x86_64")
+            .expect("compile")
+            .remove(2);
+        let audit = audit_arch("x86_64").expect("x86_64");
+        let run = |nr: u32, arch: u32| {
+            run_bpf(
+                &ours,
+                &SeccompData {
+                    nr,
+                    arch,
+                    args: [0; 6],
+                },
+            )
+            .expect("run")
+            .0
+        };
+        for nr in [FIRST_UNKNOWN_NR, 470, 1000] {
+            assert_eq!(run(nr, audit), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        }
+        assert_eq!(
+            run(0x4000_0000 | 39, audit),
+            SECCOMP_RET_ERRNO | libc::EPERM as u32
+        );
+        assert_eq!(
+            run(39, 0x4000_0003),
+            SECCOMP_RET_KILL_PROCESS,
+            "i386 arch value"
+        );
+        assert_eq!(run(39, audit), SECCOMP_RET_ALLOW, "getpid");
+        assert_eq!(
+            run(103, audit),
+            SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            "syslog"
+        );
+    }
+
+    #[test]
+    fn consecutive_numbers_collapse_into_intervals() {
+        assert_eq!(intervals(&[0, 1, 2, 5, 7, 8]), vec![(0, 2), (5, 5), (7, 8)]);
+        assert!(intervals(&[]).is_empty());
+        let tree = search_tree(&[]);
+        assert_eq!(tree.len(), 1, "empty tree falls through");
     }
 }
