@@ -667,7 +667,8 @@ pub fn environment(lang: Language, limits: &Limits) -> Vec<(String, String)> {
 fn compile_failure_message(r: &RunResult) -> Option<&'static str> {
     if r.stdout_overflow || r.stderr_overflow {
         None
-    } else if r.timed_out {
+    } else if r.timed_out || r.exit == ExitStatus::Signal(24) {
+        // the compile budget (wall) or RLIMIT_CPU's SIGXCPU
         Some("Compilation time limit exceeded")
     } else if r.oom_killed {
         Some("Out of memory during compilation")
