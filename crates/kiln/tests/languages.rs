@@ -867,6 +867,50 @@ async fn bash_is_glue_with_every_runtime_on_path() {
 }
 
 #[tokio::test]
+async fn a_compiler_out_of_memory_is_reported_as_such() {
+    if !runtime_present("c") {
+        return;
+    }
+    let s = server_with(|c| c.memory_mb = 128).await;
+    // the preprocessor reads /dev/zero until the memory limit stops it
+    let r = run(
+        &s,
+        "c",
+        "#include \"/dev/zero\"\nint main(void) { return 0; }",
+    )
+    .await;
+    assert_eq!(r["status"], "SG", "{r}");
+    assert_eq!(r["message"], "Out of memory during compilation", "{r}");
+    assert_eq!(r["files"], json!([]), "{r}");
+}
+
+#[tokio::test]
+async fn a_compiler_past_its_own_budget_is_a_compile_timeout() {
+    if !runtime_present("d") {
+        return;
+    }
+    // CTFE that never ends: GDC loops until the compile budget (30 s for
+    // `d`, whatever the request's timeout); the CPU limit is raised so the
+    // wall-clock budget is what stops it
+    let s = server_with(|c| c.cpu_secs = 120).await;
+    let started = Instant::now();
+    let r = exec(
+        &s,
+        json!({"lang": "d", "timeout": 1000,
+               "code": "int forever() { while (true) {} return 0; }\nenum x = forever();\nvoid main() {}"}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(r["status"], "TO", "{r}");
+    assert_eq!(r["message"], "Compilation time limit exceeded", "{r}");
+    let budget = Language::resolve("d").unwrap().spec().compile_timeout;
+    assert!(
+        took >= budget && took < budget + Duration::from_secs(20),
+        "took {took:?} for a budget of {budget:?}"
+    );
+}
+
+#[tokio::test]
 #[ignore = "needs the jail to bind /etc/php: wire kiln_core::lang::etc_binds() into the sandbox's etc_binds"]
 async fn php_loads_the_extensions_debian_enables() {
     if !runtime_present("php") {
