@@ -10,6 +10,7 @@ mod common;
 
 mod exhaustion;
 mod files;
+mod hardening;
 mod info;
 mod isolation;
 mod network;
