@@ -62,6 +62,15 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// First host uid of the jail uid ranges (65 536 uids per concurrent execution).
     pub uid_base: u32,
+    /// Size of each execution's workspace (`/mnt/data`), MiB; enforced by the kernel.
+    pub workspace_mb: u64,
+    /// Files and directories one workspace can hold.
+    pub workspace_files: u64,
+    /// How the workspace size is enforced: `auto` (loop-mounted ext4, else tmpfs), `loop`, `tmpfs`, `off`.
+    pub workspace_quota: String,
+    /// DEVELOPMENT ONLY: start even when a protection (cgroup limits, seccomp,
+    /// workspace quota) cannot be enforced on this host, logging each loudly.
+    pub insecure_allow_degraded_sandbox: bool,
     /// `text` or `json` logs.
     pub log_format: String,
     /// The binary run as the jail helper (`<helper> __jail`); default: this executable.
@@ -95,6 +104,10 @@ impl Default for Config {
             gc_interval_secs: 600,
             shutdown_grace_secs: 20,
             uid_base: 200_000,
+            workspace_mb: 1024,
+            workspace_files: 65_536,
+            workspace_quota: "auto".into(),
+            insecure_allow_degraded_sandbox: false,
             log_format: "text".into(),
             jail_helper: None,
         }
@@ -132,8 +145,10 @@ impl Config {
             Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
             _ => Vec::new(),
         };
-        fig = fig
-            .merge(Env::prefixed("KILN_").filter(move |k| known.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))));
+        fig = fig.merge(
+            Env::prefixed("KILN_")
+                .filter(move |k| known.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))),
+        );
         let cfg: Config = fig.extract().context("read configuration")?;
         cfg.validate()?;
         Ok(cfg)
@@ -148,6 +163,7 @@ impl Config {
         if self.timeout_secs == 0 || self.memory_mb < 16 || self.pids < 4 {
             bail!("timeout_secs must be > 0, memory_mb >= 16 and pids >= 4");
         }
+        self.quota_mode()?;
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");
         }
@@ -176,6 +192,18 @@ impl Config {
             }
             Some(other) => bail!("unknown auth mode {other:?} (use none or api-key)"),
         }
+    }
+
+    /// The workspace quota mode.
+    pub fn quota_mode(&self) -> anyhow::Result<kiln_sandbox::QuotaMode> {
+        use kiln_sandbox::QuotaMode;
+        Ok(match self.workspace_quota.as_str() {
+            "auto" => QuotaMode::Auto,
+            "loop" => QuotaMode::Loop,
+            "tmpfs" => QuotaMode::Tmpfs,
+            "off" => QuotaMode::Off,
+            other => bail!("workspace_quota must be auto, loop, tmpfs or off, not {other:?}"),
+        })
     }
 
     /// Limits of one run.

@@ -52,6 +52,17 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     sc.root_dir = data.join("jail-root");
     sc.uid_base = config.uid_base;
     sc.slots = config.max_concurrency;
+    sc.slots_dir = Some(data.join("slots"));
+    sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
+    sc.workspace_inodes = config.workspace_files;
+    sc.workspace_quota = config.quota_mode()?;
+    sc.allow_degraded = config.insecure_allow_degraded_sandbox;
+    // the host /etc entries some runtimes read (php.ini, ...), from the language table
+    for name in kiln_core::lang::etc_binds() {
+        if !sc.etc_binds.iter().any(|b| b == name) {
+            sc.etc_binds.push(name.to_owned());
+        }
+    }
     let sandbox =
         Sandbox::new(sc).map_err(|e| anyhow::anyhow!("sandbox cannot be enforced: {e}"))?;
 

@@ -32,7 +32,7 @@ enum Command {
     },
     /// Run one file through the sandbox and print its output.
     Exec {
-        /// Language (py, js, bash, or an alias).
+        /// Language: py, js, ts, c, cpp, java, php, rs, go, d, f90, r, bash, or an alias.
         #[arg(long)]
         lang: String,
         /// Source file.

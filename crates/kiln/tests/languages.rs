@@ -911,7 +911,6 @@ async fn a_compiler_past_its_own_budget_is_a_compile_timeout() {
 }
 
 #[tokio::test]
-#[ignore = "needs the jail to bind /etc/php: wire kiln_core::lang::etc_binds() into the sandbox's etc_binds"]
 async fn php_loads_the_extensions_debian_enables() {
     if !runtime_present("php") {
         return;
