@@ -3,6 +3,7 @@
 //! driver, decides what runs degraded, and runs one jail per
 //! [`Sandbox::run`].
 
+use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::quota::{SlotFs, WorkspaceQuota};
 use crate::run::{KillReason, RunRequest, RunResult, supervise};
 use crate::seccomp;
 use crate::slots::{Slot, SlotPool};
-use crate::spec::{JailLimits, JailSpec, StatusMsg};
+use crate::spec::{BpfInsns, JailLimits, JailSpec, StatusMsg};
 
 /// Names of the protections a degraded sandbox can run without.
 const WITHOUT_CGROUP: &str = "memory and pids limits (cgroups)";
@@ -36,6 +37,8 @@ struct Inner {
     slots: Arc<SlotPool>,
     areas: Arc<SlotFs>,
     closed: AtomicBool,
+    /// Compiled seccomp profiles by name (empty when degraded without).
+    filters: HashMap<String, Vec<BpfInsns>>,
 }
 
 /// Replaces the probe's guess about the workspace quota with what was set
@@ -182,11 +185,11 @@ impl Sandbox {
         if !probed.jail_possible() {
             return Err(SandboxError::Unsupported(probed.problems.clone()));
         }
-        if probed.seccomp {
-            for name in seccomp::profile_names() {
-                seccomp::compile(name)?;
-            }
-        }
+        let filters = if probed.seccomp {
+            seccomp::compile_all()?
+        } else {
+            HashMap::new()
+        };
         if !cfg.helper.is_file() {
             return Err(SandboxError::Config(format!(
                 "helper {} is not a file",
@@ -245,6 +248,7 @@ impl Sandbox {
                 slots,
                 areas,
                 closed: AtomicBool::new(false),
+                filters,
             }),
         })
     }
@@ -328,11 +332,7 @@ impl Sandbox {
             id_base: slot.id_base(),
             limits: JailLimits::from_limits(&req.limits),
             cgroup: cgroups.as_ref().map(|c| c.attach()),
-            seccomp_profile: self
-                .inner
-                .report
-                .seccomp
-                .then(|| req.seccomp_profile.clone()),
+            seccomp_filters: self.inner.filters.get(&req.seccomp_profile).cloned(),
             landlock: self.inner.report.landlock_abi.is_some(),
         };
         let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;

@@ -1,9 +1,9 @@
 //! Seccomp policy: an allow-list per profile, kept as data in
 //! `resources/seccomp/` (the shared `base.json` plus one file per profile
 //! under `profiles/`), embedded at build time and compiled to BPF here with
-//! seccompiler. The server compiles every profile at startup (to fail early)
-//! and the helper compiles the run's profile before it clones, so the user
-//! program's process only installs ready programs.
+//! seccompiler. The server compiles every profile once at start-up and
+//! hands the run's programs to the helper in the jail spec, so neither the
+//! helper nor the user program's process parses or compiles anything.
 //!
 //! A profile compiles to three filters, installed in this order:
 //! 1. `enosys`: calls that must look absent (`clone3`, whose flags BPF cannot
@@ -23,11 +23,13 @@
 //! The kernel runs every filter and keeps the most restrictive action, so an
 //! `EPERM`/`ENOSYS` from any filter wins over the allow-list's `allow`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use seccompiler::{BpfProgram, TargetArch, sock_filter};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use crate::spec::BpfInsns;
 
 /// The profile every run uses unless the request names another.
 pub const DEFAULT_PROFILE: &str = "default";
@@ -234,6 +236,31 @@ fn compile_for(profile: &str, arch: &str) -> Result<Vec<BpfProgram>, PolicyError
         ));
     }
     Ok(vec![enosys, deny, allow])
+}
+
+/// A program as plain `(code, jt, jf, k)` tuples, for the jail spec.
+pub fn to_insns(program: &BpfProgram) -> BpfInsns {
+    program.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect()
+}
+
+/// The inverse of [`to_insns`].
+pub fn from_insns(insns: &BpfInsns) -> BpfProgram {
+    insns
+        .iter()
+        .map(|&(code, jt, jf, k)| sock_filter { code, jt, jf, k })
+        .collect()
+}
+
+/// Every embedded profile, compiled for the running architecture.
+pub fn compile_all() -> Result<HashMap<String, Vec<BpfInsns>>, PolicyError> {
+    profile_names()
+        .map(|name| {
+            Ok((
+                name.to_owned(),
+                compile(name)?.iter().map(to_insns).collect(),
+            ))
+        })
+        .collect()
 }
 
 /// Installs the programs on the calling thread (sets no_new_privs first).

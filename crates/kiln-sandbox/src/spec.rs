@@ -17,6 +17,9 @@ pub const JAIL_UID: u32 = 1000;
 /// Size of one slot's uid range (inside uid 0..65536).
 pub const ID_RANGE: u32 = 65536;
 
+/// One classic BPF program as `(code, jt, jf, k)` instructions.
+pub type BpfInsns = Vec<(u16, u8, u8, u32)>;
+
 /// Everything the helper needs to build and run one jail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JailSpec {
@@ -38,9 +41,9 @@ pub struct JailSpec {
     /// How to join the run's cgroups; `None` only in degraded mode (the host
     /// has no usable memory and pids controllers).
     pub cgroup: Option<CgroupAttach>,
-    /// Name of the seccomp profile (`resources/seccomp/profiles/<name>.json`);
-    /// `None` only in degraded mode (the host has no seccomp).
-    pub seccomp_profile: Option<String>,
+    /// The run's seccomp profile, compiled by the server at start-up, in
+    /// installation order; `None` only in degraded mode (no seccomp).
+    pub seccomp_filters: Option<Vec<BpfInsns>>,
     /// Landlock must be in force (the host has it): the run fails if the
     /// kernel refuses it. Without, the jail runs without Landlock.
     pub landlock: bool,

@@ -191,10 +191,11 @@ fn helper(status: &File) -> Result<(), JailError> {
     // Host root's supplementary groups (gid 0 among them) must not follow
     // the jail; inside, setgroups is denied, so drop them here.
     nix::unistd::setgroups(&[]).map_err(|e| JailError::setup("setgroups", e))?;
-    let filters = match &spec.seccomp_profile {
-        Some(profile) => seccomp::compile(profile).map_err(|e| JailError::setup("seccomp", e))?,
-        None => Vec::new(),
-    };
+    let filters = spec
+        .seccomp_filters
+        .as_ref()
+        .map(|programs| programs.iter().map(seccomp::from_insns).collect())
+        .unwrap_or_default();
     let plan = plan::build(&spec, &plan::RealHost);
     let confinement = Confinement {
         filters,

@@ -399,7 +399,7 @@ mod tests {
                 tmp_bytes: 1 << 20,
             },
             cgroup: Some(CgroupAttach::V1 { procs: vec![] }),
-            seccomp_profile: Some("default".into()),
+            seccomp_filters: Some(vec![]),
             landlock: true,
         }
     }
