@@ -25,20 +25,17 @@ use crate::walker::{self, StagedInput, WalkLimits};
 /// Executor settings.
 #[derive(Debug, Clone)]
 pub struct ExecConfig {
-    /// Former parent of workspaces (`<data-dir>/work`), still created and
-    /// emptied at start; workspaces now live in each sandbox slot's
-    /// quota-limited area (`Slot::workspace_parent`).
-    pub work_dir: PathBuf,
     /// Limits of one run; a request's `timeout` may lower the wall time.
     pub limits: Limits,
     /// Walker caps.
     pub walk: WalkLimits,
 }
 
-impl ExecConfig {
-    pub fn new(work_dir: PathBuf) -> Self {
+impl Default for ExecConfig {
+    /// Workspaces live in each sandbox slot's quota-limited area
+    /// (`Slot::workspace_parent`), so there is no directory to configure.
+    fn default() -> Self {
         ExecConfig {
-            work_dir,
             limits: Limits::default(),
             walk: WalkLimits {
                 max_output_files: 50,
@@ -77,15 +74,9 @@ impl Drop for ActiveGuard<'_> {
 }
 
 impl Executor {
+    /// The sandbox empties every slot's workspace area at start and before
+    /// a slot is reused, so nothing left by a crash survives.
     pub fn new(store: Store, sandbox: Sandbox, cfg: ExecConfig) -> std::io::Result<Self> {
-        fs::create_dir_all(&cfg.work_dir)?;
-        fs::set_permissions(&cfg.work_dir, fs::Permissions::from_mode(0o711))?;
-        // workspaces left by a crash belong to nobody any more
-        if let Ok(rd) = fs::read_dir(&cfg.work_dir) {
-            for e in rd.flatten() {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
         Ok(Executor {
             inner: Arc::new(Inner {
                 store,

@@ -66,7 +66,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let sandbox =
         Sandbox::new(sc).map_err(|e| anyhow::anyhow!("sandbox cannot be enforced: {e}"))?;
 
-    let mut ec = ExecConfig::new(data.join("work"));
+    let mut ec = ExecConfig::default();
     ec.limits = config.limits();
     ec.walk = WalkLimits {
         max_output_files: config.max_output_files,
@@ -177,6 +177,8 @@ pub async fn serve(
     };
     gc.abort();
     executor.wait_idle(Duration::from_secs(10)).await;
+    // unmount the slots' workspace filesystems now, in order, not at exit
+    executor.sandbox().shutdown();
     info!("stopped");
     result
 }
@@ -339,11 +341,10 @@ pub fn doctor(config: &Config) -> ExitCode {
         Ok(Auth::None) => println!("auth: none"),
         Err(e) => println!("auth: INVALID ({e})"),
     }
+    // the report's last line already says whether the sandbox is enforceable
     if report.enforceable() {
-        println!("sandbox: enforceable");
         ExitCode::SUCCESS
     } else {
-        println!("sandbox: CANNOT be enforced on this host");
         ExitCode::FAILURE
     }
 }

@@ -25,9 +25,26 @@ async fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 fn workspaces(s: &kiln::testing::TestServer) -> usize {
-    std::fs::read_dir(s.data_dir.path().join("work"))
-        .map(|d| d.count())
-        .unwrap_or(0)
+    workspaces_in(s.data_dir.path())
+}
+
+/// Workspaces left in the slots' areas (`<data>/slots/<i>/`; ext4's
+/// `lost+found` is not one).
+fn workspaces_in(data: &std::path::Path) -> usize {
+    let slots = std::fs::read_dir(data.join("slots")).expect("slots dir exists");
+    slots
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|area| {
+            std::fs::read_dir(area.path())
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_name() != "lost+found")
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 #[tokio::test]
@@ -129,10 +146,11 @@ async fn shutdown_finishes_short_runs_and_kills_long_ones() {
         "{:?}",
         processes_in(uids)
     );
-    let left = std::fs::read_dir(data_dir.join("work"))
+    // shutdown unmounts and removes the slots' areas altogether
+    let areas = std::fs::read_dir(data_dir.join("slots"))
         .map(|d| d.count())
         .unwrap_or(0);
-    assert_eq!(left, 0, "workspaces left after shutdown");
+    assert_eq!(areas, 0, "slot areas left after shutdown");
 }
 
 #[tokio::test]
