@@ -74,7 +74,10 @@ fn serve_stops_cleanly_on_sigterm() {
             }
         };
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("kiln listening")) {
+        if v["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("kiln listening"))
+        {
             break v["fields"]["addr"].as_str().unwrap().to_owned();
         }
     };

@@ -15,7 +15,10 @@ async fn host_processes_are_invisible() {
     assert!(count <= 6, "too many processes visible: {r}");
     assert!(!o.contains("systemd") && !o.contains("serve"), "{r}");
     // not even the host path of the kiln binary
-    assert!(!o.contains("/target/") && !o.contains("/usr/local/bin/kiln"), "host path visible: {r}");
+    assert!(
+        !o.contains("/target/") && !o.contains("/usr/local/bin/kiln"),
+        "host path visible: {r}"
+    );
 }
 
 #[tokio::test]
