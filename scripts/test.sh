@@ -62,6 +62,26 @@ else
   cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
 fi
 
+# ---- fuzzing: begin (owned by scripts/fuzz.sh) --------------------------------------------
+# Under CI (or with KILN_FUZZ_SECONDS set) every cargo-fuzz target runs for a bounded time
+# (KILN_FUZZ_SECONDS each, default 30). Its build is kept in a cache outside the clone
+# (KILN_FUZZ_TARGET_DIR) so later runs on the same machine only rebuild Kiln's crates. A
+# missing nightly/cargo-fuzz is reported loudly by fuzz.sh and fails the run under CI. The same
+# properties always run on stable inside `cargo test` above (fuzz/checks/).
+section "fuzz targets"
+if [[ -n "${CI:-}" || -n "${KILN_FUZZ_SECONDS:-}" ]]; then
+  export KILN_FUZZ_TARGET_DIR="${KILN_FUZZ_TARGET_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/kiln/fuzz-target}"
+  if scripts/fuzz.sh "${KILN_FUZZ_SECONDS:-30}"; then
+    echo "fuzz: passed"
+  else
+    echo "fuzz: FAILED (scripts/fuzz.sh exit $?; see above)"
+    status=1
+  fi
+else
+  echo "fuzz: not run (set CI or KILN_FUZZ_SECONDS to run scripts/fuzz.sh)"
+fi
+# ---- fuzzing: end -----------------------------------------------------------------------------
+
 section "done"
 # Sum cargo's "test result:" lines and nextest's "Summary" line.
 awk '
