@@ -1,0 +1,422 @@
+//! No-leak soak: thousands of executions through the real server, most of
+//! them trivial and a few hundred stopped the hard way (wall-time kills,
+//! memory bombs, stdout floods, clients that hang up mid-run), 16 in flight
+//! at once. Afterwards nothing may be left: no process under the server's
+//! jail uids, no child process of ours (helpers, zombies), no run cgroup of
+//! this process under the sandbox's `kiln/` parents, no workspace in the
+//! slot areas, no extra open file descriptors beyond a small pool slack, no
+//! new mount; the server still answers; and once it is stopped, none of its
+//! mounts or loop devices remain.
+//!
+//! `KILN_SOAK_RUNS` overrides the number of executions (default
+//! [`DEFAULT_RUNS`]). Needs root like every server test; under CI a missing
+//! capability fails it (see `common::require_root`).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt as _;
+use kiln_sandbox::CgroupSupport;
+use serde_json::{Value, json};
+
+/// Executions in the default soak.
+const DEFAULT_RUNS: usize = 2000;
+/// Requests in flight at once.
+const IN_FLIGHT: usize = 16;
+/// Open descriptors the process may hold beyond its level before the soak:
+/// the SQLite pool (up to 8 connections, 2 files each) may have grown, and
+/// the tokio runtime may keep an extra handle or two.
+const FD_SLACK: usize = 24;
+/// How long asynchronous cleanup may take after the last response.
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// One kind of execution in the mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Job {
+    BashTrue,
+    PyPrint,
+    /// `sleep 30` with a 300 ms timeout: killed at the wall-time limit.
+    Timeout,
+    /// Allocates until the memory cgroup kills it.
+    MemoryBomb,
+    /// Floods stdout past the cap.
+    OutputFlood,
+    /// `sleep 30` whose client hangs up after 400 ms.
+    Disconnect,
+}
+
+/// Every 20 runs: 4 stopped the hard way, the rest split bash / python.
+fn job(i: usize) -> Job {
+    match i % 20 {
+        0 => Job::Timeout,
+        5 => Job::MemoryBomb,
+        10 => Job::OutputFlood,
+        15 => Job::Disconnect,
+        n if n % 2 == 1 => Job::BashTrue,
+        _ => Job::PyPrint,
+    }
+}
+
+/// Send job `i` and check its answer; `Err` describes an unexpected one.
+async fn run_job(client: &reqwest::Client, url: &str, i: usize) -> Result<(), String> {
+    let job = job(i);
+    let body = match job {
+        Job::BashTrue => json!({"lang": "bash", "code": "true"}),
+        Job::PyPrint => json!({"lang": "py", "code": format!("print('ok', {i})")}),
+        Job::Timeout => json!({"lang": "bash", "code": "sleep 30", "timeout": 300}),
+        Job::MemoryBomb => json!({"lang": "py",
+            "code": "chunks = []\nwhile True:\n    chunks.append(bytearray(8 * 1024 * 1024))"}),
+        Job::OutputFlood => json!({"lang": "bash", "code": "yes kiln-soak"}),
+        Job::Disconnect => json!({"lang": "bash", "code": "sleep 30; echo late"}),
+    };
+    let mut req = client.post(url).json(&body);
+    if job == Job::Disconnect {
+        req = req.timeout(Duration::from_millis(400));
+    }
+    let resp = match req.send().await {
+        Err(e) if job == Job::Disconnect && e.is_timeout() => return Ok(()),
+        Err(e) => return Err(format!("{job:?} #{i}: request failed: {e}")),
+        Ok(r) => r,
+    };
+    let status = resp.status().as_u16();
+    let v: Value = match resp.json().await {
+        Err(e) if job == Job::Disconnect && e.is_timeout() => return Ok(()),
+        Err(e) => {
+            return Err(format!(
+                "{job:?} #{i}: {status} with an unreadable body: {e}"
+            ));
+        }
+        Ok(v) => v,
+    };
+    let ok = status == 200
+        && match job {
+            Job::BashTrue => v["code"] == 0 && v["status"].is_null(),
+            Job::PyPrint => v["stdout"] == format!("ok {i}\n"),
+            Job::Timeout => v["status"] == "TO",
+            Job::MemoryBomb => v["status"] == "SG" && v["message"] == "Out of memory",
+            Job::OutputFlood => v["status"] == "OL",
+            Job::Disconnect => false,
+        };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{job:?} #{i}: {status} {v}"))
+    }
+}
+
+/// Open descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(usize::MAX)
+}
+
+/// The targets of this process's open descriptors (for failure messages).
+fn fd_targets() -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let target = std::fs::read_link(e.path())
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "?".into());
+        // `socket:[123]` → `socket`, so the summary groups them.
+        let kind = target.split(":[").next().unwrap_or(&target).to_owned();
+        *out.entry(kind).or_insert(0) += 1;
+    }
+    out
+}
+
+/// `(mount point, full line without the mount ids)` of every mount we see.
+fn mounts() -> BTreeSet<(String, String)> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let point = fields.get(4)?;
+            Some(((*point).to_owned(), fields[2..].join(" ")))
+        })
+        .collect()
+}
+
+/// Mounts that appeared since `before`, except those inside another test
+/// server's data directory (other test processes may run beside this one).
+fn new_mounts(before: &BTreeSet<(String, String)>, own_dir: &Path) -> Vec<String> {
+    let own = own_dir.display().to_string();
+    let tmp = std::env::temp_dir()
+        .join("kiln-test-")
+        .display()
+        .to_string();
+    mounts()
+        .difference(before)
+        .filter(|(point, _)| point.starts_with(&own) || !point.starts_with(&tmp))
+        .map(|(_, line)| line.clone())
+        .collect()
+}
+
+/// The `kiln/` parent cgroups the server's sandbox creates run groups in
+/// (the same detection the sandbox does).
+fn cgroup_parents() -> Vec<PathBuf> {
+    match kiln_sandbox::probe_host().cgroup {
+        CgroupSupport::V1 { memory, pids } => vec![memory.join("kiln"), pids.join("kiln")],
+        CgroupSupport::V2 { group, .. } => vec![group.join("kiln")],
+        CgroupSupport::None => panic!("no usable cgroups: the server could not have started"),
+    }
+}
+
+/// Run cgroups of this process (named `<pid>-<slot>-<seq>`).
+fn run_cgroups(parents: &[PathBuf]) -> Vec<PathBuf> {
+    let prefix = format!("{}-", std::process::id());
+    parents
+        .iter()
+        .flat_map(|p| std::fs::read_dir(p).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Child processes of this process (jail helpers; zombies included).
+fn children() -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces, so split after ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let (state, ppid) = (f.next(), f.next());
+        if ppid == Some(me.as_str()) {
+            out.push(format!("{head}) {}", state.unwrap_or("?")));
+        }
+    }
+    out
+}
+
+/// Workspaces left in the slots' areas (`<data>/slots/<i>/`; ext4's
+/// `lost+found` is not one).
+fn workspaces(data: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(data.join("slots"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|area| area.path().is_dir())
+        .flat_map(|area| {
+            std::fs::read_dir(area.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|e| e.file_name() != "lost+found")
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Mount points at or below `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.display().to_string();
+    mounts()
+        .into_iter()
+        .filter(|(point, _)| point.starts_with(&dir))
+        .map(|(point, _)| point)
+        .collect()
+}
+
+/// Loop devices whose backing file lies below `dir`.
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let dir = dir.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            backing
+                .trim()
+                .starts_with(&dir)
+                .then(|| format!("{}: {}", e.file_name().to_string_lossy(), backing.trim()))
+        })
+        .collect()
+}
+
+/// Poll `f` until it returns an empty list or `limit` passes; the last list.
+async fn settle<T>(limit: Duration, mut f: impl FnMut() -> Vec<T>) -> Vec<T> {
+    let t = Instant::now();
+    loop {
+        let left = f();
+        if left.is_empty() || t.elapsed() >= limit {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Drive `runs` jobs starting at `first`, `IN_FLIGHT` at a time, with a
+/// fresh client dropped at the end; unexpected answers, first ones first.
+async fn drive(url: &str, first: usize, runs: usize) -> Vec<String> {
+    let client = Arc::new(
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+    );
+    let mut errors: Vec<String> = futures::stream::iter(first..first + runs)
+        .map(|i| {
+            let client = client.clone();
+            let url = url.to_owned();
+            async move { run_job(&client, &url, i).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .filter_map(|r| async move { r.err() })
+        .collect()
+        .await;
+    errors.sort();
+    errors
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
+    let runs: usize = std::env::var("KILN_SOAK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_RUNS);
+    let s = server_with(|c| {
+        c.max_concurrency = 8;
+        c.memory_mb = 64;
+    })
+    .await;
+    let url = format!("{}/exec", s.v1());
+    let uids = s.uid_range.clone();
+    let parents = cgroup_parents();
+
+    // Warm up every path (pool connections, lazily opened files), then
+    // take the baseline once the warm-up client's connections are closed.
+    let warm = drive(&url, 0, 40).await;
+    assert!(warm.is_empty(), "warm-up failed: {warm:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fds_before = open_fds();
+    let fd_kinds_before = fd_targets();
+    let mounts_before = mounts();
+
+    // While the soak runs, sample what the checks below look at: each must
+    // be seen non-empty at some point, or the checks would look in the
+    // wrong place and pass vacuously.
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (stop, parents, data, uids) = (
+            sampling.clone(),
+            parents.clone(),
+            s.data_dir.path().to_owned(),
+            uids.clone(),
+        );
+        async move {
+            let mut peak = [0usize; 3];
+            while !stop.is_cancelled() {
+                let now = [
+                    run_cgroups(&parents).len(),
+                    workspaces(&data).len(),
+                    processes_in(uids.clone()).len(),
+                ];
+                for (p, n) in peak.iter_mut().zip(now) {
+                    *p = (*p).max(n);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            peak
+        }
+    });
+
+    let t = Instant::now();
+    let errors = drive(&url, 40, runs).await;
+    let elapsed = t.elapsed();
+    sampling.cancel();
+    let [peak_cgroups, peak_workspaces, peak_procs] = sampler.await.expect("sampler");
+    println!(
+        "soak: at peak {peak_cgroups} run cgroups, {peak_workspaces} workspaces, \
+         {peak_procs} jail processes"
+    );
+    assert!(
+        peak_cgroups > 0 && peak_workspaces > 0 && peak_procs > 0,
+        "the leak checks never saw a run's cgroups ({peak_cgroups}), workspace \
+         ({peak_workspaces}) or processes ({peak_procs}): they look in the wrong place"
+    );
+    let killed = (40..40 + runs)
+        .filter(|&i| !matches!(job(i), Job::BashTrue | Job::PyPrint))
+        .count();
+    println!(
+        "soak: {runs} executions ({killed} stopped: timeouts, memory bombs, floods, disconnects) \
+         in {:.1} s = {:.1} executions/s, {IN_FLIGHT} in flight",
+        elapsed.as_secs_f64(),
+        runs as f64 / elapsed.as_secs_f64()
+    );
+    assert!(
+        errors.is_empty(),
+        "{} unexpected answers, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+
+    let procs = settle(SETTLE, || jail_processes_of(&s)).await;
+    assert!(procs.is_empty(), "jail processes left: {procs:?}");
+    let kids = settle(SETTLE, children).await;
+    assert!(kids.is_empty(), "child processes left: {kids:?}");
+    let groups = settle(SETTLE, || run_cgroups(&parents)).await;
+    assert!(groups.is_empty(), "run cgroups left: {groups:?}");
+    let data = s.data_dir.path().to_owned();
+    let ws = settle(SETTLE, || workspaces(&data)).await;
+    assert!(ws.is_empty(), "workspaces left: {ws:?}");
+    let extra_fds = settle(SETTLE, || {
+        let n = open_fds();
+        if n > fds_before + FD_SLACK {
+            vec![n]
+        } else {
+            Vec::new()
+        }
+    })
+    .await;
+    assert!(
+        extra_fds.is_empty(),
+        "open descriptors grew from {fds_before} to {:?}: before {fd_kinds_before:?}, after {:?}",
+        extra_fds,
+        fd_targets()
+    );
+    let mounted = new_mounts(&mounts_before, s.data_dir.path());
+    assert!(mounted.is_empty(), "new mounts: {mounted:?}");
+    println!(
+        "soak: after the soak {} fds (before {fds_before}), no process, cgroup, workspace or mount left",
+        open_fds()
+    );
+
+    // still serving
+    let r = run(&s, "py", "print('still here')").await;
+    assert_eq!(r["stdout"], "still here\n", "{r}");
+    let health = client()
+        .get(format!("{}/health", s.v1()))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(health.status(), 200);
+
+    // and a graceful stop takes down what the server set up (slot areas)
+    s.stop().await.expect("graceful stop");
+    let left = settle(SETTLE, || mounts_under(&data)).await;
+    assert!(left.is_empty(), "mounts left after stop: {left:?}");
+    let loops = settle(SETTLE, || loop_devices_under(&data)).await;
+    assert!(loops.is_empty(), "loop devices left after stop: {loops:?}");
+    let procs = settle(SETTLE, || processes_in(uids.clone())).await;
+    assert!(
+        procs.is_empty(),
+        "jail processes left after stop: {procs:?}"
+    );
+}
