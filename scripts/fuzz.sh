@@ -101,6 +101,17 @@ for t in "${targets[@]}"; do
   rm -f "$log"
 done
 
+# The multipart target's store lives in /dev/shm/kiln-fuzz-<pid>-* (else $TMPDIR); libFuzzer
+# exits without destructors, so remove the stores of processes that are gone.
+for d in /dev/shm/kiln-fuzz-* "${TMPDIR:-/tmp}"/kiln-fuzz-*; do
+  [[ -d "$d" ]] || continue
+  pid=${d##*/kiln-fuzz-}
+  pid=${pid%%-*}
+  if [[ "$pid" =~ ^[0-9]+$ && ! -d /proc/$pid ]]; then
+    rm -rf "$d"
+  fi
+done
+
 if [[ ${#failed[@]} -gt 0 ]]; then
   loud "failing targets: ${failed[*]}"
   exit 1
