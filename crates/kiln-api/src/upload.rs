@@ -439,10 +439,7 @@ fn content_type(declared: Option<&str>, name: &RelPath) -> String {
         Some(ct) if !ct.is_empty() && !ct.eq_ignore_ascii_case("application/octet-stream") => {
             ct.to_owned()
         }
-        _ => mime_guess::from_path(name.file_name())
-            .first_raw()
-            .unwrap_or("application/octet-stream")
-            .to_owned(),
+        _ => kiln_exec::content_type(name.file_name()),
     }
 }
 

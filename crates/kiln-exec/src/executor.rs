@@ -76,8 +76,8 @@ impl Drop for ActiveGuard<'_> {
 impl Executor {
     /// The sandbox empties every slot's workspace area at start and before
     /// a slot is reused, so nothing left by a crash survives.
-    pub fn new(store: Store, sandbox: Sandbox, cfg: ExecConfig) -> std::io::Result<Self> {
-        Ok(Executor {
+    pub fn new(store: Store, sandbox: Sandbox, cfg: ExecConfig) -> Self {
+        Executor {
             inner: Arc::new(Inner {
                 store,
                 sandbox,
@@ -86,7 +86,7 @@ impl Executor {
                 active: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
-        })
+        }
     }
 
     /// Kill every running execution (shutdown after the grace period).
@@ -710,7 +710,8 @@ async fn stage_language_support(
     Ok(())
 }
 
-/// Content type for a stored output, from its name.
+/// Content type guessed from a file name (outputs, and uploads that declare
+/// none).
 pub fn content_type(name: &str) -> String {
     mime_guess::from_path(name)
         .first_or_octet_stream()

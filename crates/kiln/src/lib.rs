@@ -72,7 +72,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         max_output_files: config.max_output_files,
         max_file_bytes: config.max_output_file_mb * 1024 * 1024,
     };
-    let executor = Executor::new(store.clone(), sandbox, ec).context("prepare workspaces")?;
+    let executor = Executor::new(store.clone(), sandbox, ec);
     let languages = probe_languages().await;
     Ok(Kiln {
         config,
