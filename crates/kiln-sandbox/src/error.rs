@@ -59,6 +59,9 @@ pub enum SandboxError {
     /// [`crate::Sandbox::shutdown`] was called: no more runs.
     #[error("sandbox is shut down")]
     ShutDown,
+    /// The fork-server (embedded interpreter for warm `py` jails) failed.
+    #[error("fork-server: {0}")]
+    Zygote(String),
 }
 
 impl SandboxError {

@@ -20,11 +20,17 @@
 //! and cancellation, and returns only once every process of the jail is dead
 //! and its cgroups are gone.
 //!
-//! This is the only crate of the workspace with `unsafe`, all of it in
-//! `sys.rs`.
+//! Warm jails ([`Sandbox::park`], [`Sandbox::run_parked`]) are the same
+//! jails built ahead and parked, fully confined, right before the program
+//! runs; [`WarmPool`] keeps some per runtime. For `py` the parked process is
+//! a fork of the fork-server's preloaded interpreter (`zygote.rs`).
+//!
+//! This is the only crate of the workspace with `unsafe`: system calls in
+//! `sys.rs` and the embedded interpreter's C API in `embed.rs`.
 
 mod cgroup;
 mod config;
+mod embed;
 mod error;
 mod jail;
 mod probe;
@@ -35,6 +41,8 @@ mod seccomp;
 mod slots;
 mod spec;
 mod sys;
+mod warm;
+mod zygote;
 
 pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
@@ -43,7 +51,9 @@ pub use jail::helper_main;
 pub use probe::{HostReport, probe_host};
 pub use quota::{QuotaMode, WorkspaceQuota};
 pub use run::{RunRequest, RunResult};
-pub use sandbox::Sandbox;
+pub use sandbox::{ParkSpec, ParkedJail, Sandbox};
 pub use seccomp::{DEFAULT_PROFILE as DEFAULT_SECCOMP_PROFILE, PolicyError};
 pub use slots::Slot;
-pub use spec::JAIL_UID;
+pub use spec::{JAIL_UID, ParkMode};
+pub use warm::{WarmConfig, WarmPool, WarmStats};
+pub use zygote::{ZygoteConfig, ZygoteInfo, find_libpython, zygote_main};

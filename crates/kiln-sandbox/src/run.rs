@@ -3,7 +3,7 @@
 //! cancellation by killing the helper (its death takes the whole jail down),
 //! and collects the status line.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -120,10 +120,11 @@ impl Capture {
     }
 }
 
-/// What [`supervise`] observed.
+/// What [`Started::drive`] observed.
 #[derive(Debug)]
 pub(crate) struct Supervised {
-    pub helper_exit: std::process::ExitStatus,
+    /// How the helper process ended, in words.
+    pub helper_exit: String,
     pub status: Option<StatusMsg>,
     pub stdout: Capture,
     pub stderr: Capture,
@@ -147,21 +148,362 @@ async fn maybe_sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Waits for an optional future; pending forever when there is none.
-async fn maybe<F: std::future::Future + Unpin>(f: &mut Option<F>) -> F::Output {
-    match f {
-        Some(f) => f.await,
-        None => std::future::pending().await,
+/// The server's ends of one helper's pipes.
+struct ServerEnds {
+    control: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    status: OwnedFd,
+}
+
+/// The helper's ends: its stdin (the control pipe: the spec line, then for
+/// a parked jail the go line; closing it stops the jail), stdout, stderr and
+/// the status pipe (fd 3). All `O_CLOEXEC` here, so concurrent spawns never
+/// inherit them.
+pub(crate) struct HelperPipes {
+    pub control: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub status: OwnedFd,
+}
+
+fn make_pipes() -> std::io::Result<(ServerEnds, HelperPipes)> {
+    let p = || pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from);
+    let (control_r, control_w) = p()?;
+    let (stdout_r, stdout_w) = p()?;
+    let (stderr_r, stderr_w) = p()?;
+    let (status_r, status_w) = p()?;
+    Ok((
+        ServerEnds {
+            control: control_w,
+            stdout: stdout_r,
+            stderr: stderr_r,
+            status: status_r,
+        },
+        HelperPipes {
+            control: control_r,
+            stdout: stdout_w,
+            stderr: stderr_w,
+            status: status_w,
+        },
+    ))
+}
+
+/// A helper process: spawned by the server, or forked by the fork-server
+/// (then only a pidfd ties the server to it; the fork-server reaps it).
+pub(crate) enum HelperProc {
+    Spawned(tokio::process::Child),
+    Forked {
+        pidfd: tokio::io::unix::AsyncFd<OwnedFd>,
+        exited: bool,
+    },
+}
+
+impl HelperProc {
+    /// SIGKILL; its death takes the jail down (PDEATHSIG of the jail's init).
+    fn kill(&self) {
+        match self {
+            // The helper is not reaped before `wait` returns, so the pid is
+            // still ours.
+            HelperProc::Spawned(child) => {
+                if let Some(pid) = child.id() {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                }
+            }
+            HelperProc::Forked { pidfd, exited } => {
+                if !exited {
+                    let _ = sys::pidfd_kill(pidfd.get_ref());
+                }
+            }
+        }
+    }
+
+    /// Waits for the helper's exit; describes how it ended.
+    async fn wait(&mut self) -> std::io::Result<String> {
+        match self {
+            HelperProc::Spawned(child) => Ok(child.wait().await?.to_string()),
+            HelperProc::Forked { pidfd, exited } => {
+                // A pidfd becomes readable once its process has exited.
+                let _ready = pidfd.readable().await?;
+                *exited = true;
+                Ok("exited (reaped by the fork-server)".to_owned())
+            }
+        }
     }
 }
 
-/// Runs the helper for `spec` to the end.
-///
-/// The helper's stdin carries the spec (one JSON line) and then stays open as
-/// a control channel: closing it asks the helper to kill the jail and reap
-/// it, so the jail's init never becomes an orphan zombie. SIGKILL of the
-/// helper (the jail follows through PDEATHSIG) is the fallback when that
-/// takes longer than [`HARD_KILL_AFTER`].
+impl Drop for HelperProc {
+    fn drop(&mut self) {
+        if let HelperProc::Forked { exited: false, .. } = self {
+            self.kill();
+        }
+    }
+}
+
+/// A helper that is running: its process and the server's pipe ends.
+pub(crate) struct Started {
+    path: PathBuf,
+    proc: HelperProc,
+    control: Option<pipe::Sender>,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    status: pipe::Receiver,
+    /// Status bytes read while waiting for `parked`.
+    status_bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Started {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Started").field("path", &self.path).finish()
+    }
+}
+
+/// Spawns `kiln __jail` (argv[0] is what the jail sees as /proc/1/cmdline:
+/// never the host path) with a cleared environment.
+pub(crate) fn spawn_helper(helper: &Path) -> Result<Started, SandboxError> {
+    let (ends, child_ends) =
+        make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
+    let mut cmd = Command::new(helper);
+    cmd.arg0("kiln")
+        .arg("__jail")
+        .env_clear()
+        .stdin(Stdio::from(child_ends.control))
+        .stdout(Stdio::from(child_ends.stdout))
+        .stderr(Stdio::from(child_ends.stderr))
+        .kill_on_drop(true);
+    sys::pass_fd_to_child(&mut cmd, child_ends.status.as_raw_fd(), STATUS_FD);
+    let child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+        path: helper.to_path_buf(),
+        source,
+    })?;
+    // `cmd` still holds the status pipe's write end: gone with it.
+    drop(cmd);
+    drop(child_ends.status);
+    Started::new(helper, HelperProc::Spawned(child), ends)
+}
+
+/// Creates the pipes for a helper the fork-server will fork: the server's
+/// ends wrapped once the helper exists ([`Started::forked`]).
+pub(crate) fn pipes_for_forked() -> std::io::Result<(ForkedEnds, HelperPipes)> {
+    let (ends, child) = make_pipes()?;
+    Ok((ForkedEnds(ends), child))
+}
+
+/// The server's ends for a helper that is not forked yet.
+pub(crate) struct ForkedEnds(ServerEnds);
+
+impl Started {
+    fn new(path: &Path, proc: HelperProc, ends: ServerEnds) -> Result<Started, SandboxError> {
+        let io = |what: &'static str, e| SandboxError::io(what, path, e);
+        Ok(Started {
+            path: path.to_path_buf(),
+            proc,
+            control: Some(
+                pipe::Sender::from_owned_fd(ends.control).map_err(|e| io("watch control", e))?,
+            ),
+            stdout: pipe::Receiver::from_owned_fd(ends.stdout)
+                .map_err(|e| io("watch stdout", e))?,
+            stderr: pipe::Receiver::from_owned_fd(ends.stderr)
+                .map_err(|e| io("watch stderr", e))?,
+            status: pipe::Receiver::from_owned_fd(ends.status)
+                .map_err(|e| io("watch status", e))?,
+            status_bytes: Vec::new(),
+        })
+    }
+
+    /// A helper the fork-server forked, known by its pidfd.
+    pub(crate) fn forked(
+        path: &Path,
+        pidfd: OwnedFd,
+        ends: ForkedEnds,
+    ) -> Result<Started, SandboxError> {
+        let pidfd =
+            sys::async_pidfd(pidfd).map_err(|e| SandboxError::io("watch helper pidfd", path, e))?;
+        Started::new(
+            path,
+            HelperProc::Forked {
+                pidfd,
+                exited: false,
+            },
+            ends.0,
+        )
+    }
+
+    /// Writes one line on the control pipe. A helper that died meanwhile
+    /// shows up later as its exit.
+    pub(crate) async fn send_line(&mut self, line: &[u8]) {
+        if let Some(control) = self.control.as_mut()
+            && let Err(e) = control.write_all(line).await
+        {
+            tracing::debug!(error = %e, "writing to the jail helper failed");
+        }
+    }
+
+    /// Waits until the jail reports `parked`. Fails with the jail's own
+    /// report when it ends first (or with what the helper printed).
+    pub(crate) async fn wait_parked(&mut self) -> Result<(), SandboxError> {
+        let mut buf = [0u8; 1024];
+        loop {
+            if self
+                .status_bytes
+                .split(|b| *b == b'\n')
+                .any(|l| serde_json::from_slice::<StatusMsg>(l).ok() == Some(StatusMsg::Parked))
+            {
+                return Ok(());
+            }
+            match self.status.read(&mut buf).await {
+                Ok(n) if n > 0 && self.status_bytes.len() < STATUS_CAP => {
+                    self.status_bytes.extend_from_slice(&buf[..n]);
+                }
+                _ => break,
+            }
+        }
+        // The jail ended before it parked: tell why.
+        self.control = None;
+        let mut err = Vec::new();
+        let _ = tokio::time::timeout(DRAIN, async {
+            let _ = (&mut self.stderr)
+                .take(STATUS_CAP as u64)
+                .read_to_end(&mut err)
+                .await;
+        })
+        .await;
+        let exit = tokio::time::timeout(HARD_KILL_AFTER, self.proc.wait()).await;
+        if exit.is_err() {
+            self.proc.kill();
+        }
+        Err(match StatusMsg::parse_last(&self.status_bytes) {
+            Some(StatusMsg::Error(m)) => SandboxError::Setup(m),
+            Some(StatusMsg::ExecFailed(m)) => SandboxError::Exec(m),
+            _ => SandboxError::Helper(format!(
+                "the jail ended before it parked (stderr: {})",
+                String::from_utf8_lossy(&err).trim()
+            )),
+        })
+    }
+
+    /// Sends the go (if any) and supervises the run to the end: captures
+    /// output with caps, enforces the wall time from now on, kills on
+    /// cancellation, and collects the status.
+    ///
+    /// Closing the control pipe asks the helper to kill the jail and reap
+    /// it, so the jail's init never becomes an orphan zombie. SIGKILL of the
+    /// helper (the jail follows through PDEATHSIG) is the fallback when that
+    /// takes longer than [`HARD_KILL_AFTER`].
+    pub(crate) async fn drive(
+        mut self,
+        go: Option<&[u8]>,
+        limits: &Limits,
+        cancel: &CancellationToken,
+    ) -> Result<Supervised, SandboxError> {
+        let started = Instant::now();
+        if let Some(go) = go {
+            self.send_line(go).await;
+        }
+        let Started {
+            path,
+            mut proc,
+            mut control,
+            mut stdout,
+            mut stderr,
+            status: mut status_rx,
+            mut status_bytes,
+        } = self;
+        let wall = tokio::time::sleep_until(started + limits.wall_time);
+        tokio::pin!(wall);
+
+        let mut out = Capture::new(limits.stdout_bytes);
+        let mut err = Capture::new(limits.stderr_bytes);
+        let mut status_eof = false;
+        let mut killed = None;
+        let mut exited = None;
+        let mut wall_time = Duration::ZERO;
+        let mut hard_kill_at = None;
+        let mut drain_until = None;
+        let (mut obuf, mut ebuf, mut sbuf) =
+            (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024], [0u8; 1024]);
+
+        // Asks the helper to kill the jail: closes the control pipe.
+        macro_rules! stop {
+            ($reason:expr) => {
+                if killed.is_none() && exited.is_none() {
+                    killed = Some($reason);
+                    control = None;
+                    hard_kill_at = Some(Instant::now() + HARD_KILL_AFTER);
+                }
+            };
+        }
+
+        loop {
+            if exited.is_some() && out.eof && err.eof && status_eof {
+                break;
+            }
+            tokio::select! {
+                r = stdout.read(&mut obuf), if !out.eof => match r {
+                    Ok(0) | Err(_) => out.eof = true,
+                    Ok(n) => {
+                        if out.push(&obuf[..n]) {
+                            stop!(KillReason::StdoutOverflow);
+                        }
+                    }
+                },
+                r = stderr.read(&mut ebuf), if !err.eof => match r {
+                    Ok(0) | Err(_) => err.eof = true,
+                    Ok(n) => {
+                        if err.push(&ebuf[..n]) {
+                            stop!(KillReason::StderrOverflow);
+                        }
+                    }
+                },
+                r = status_rx.read(&mut sbuf), if !status_eof => match r {
+                    Ok(0) | Err(_) => status_eof = true,
+                    Ok(n) => {
+                        let room = STATUS_CAP.saturating_sub(status_bytes.len());
+                        status_bytes.extend_from_slice(&sbuf[..n.min(room)]);
+                    }
+                },
+                r = proc.wait(), if exited.is_none() => {
+                    wall_time = started.elapsed();
+                    exited = Some(r.map_err(|e| SandboxError::io("wait for helper", &path, e))?);
+                    control = None;
+                    drain_until = Some(Instant::now() + DRAIN);
+                }
+                () = &mut wall, if killed.is_none() && exited.is_none() => {
+                    stop!(KillReason::Timeout);
+                }
+                () = cancel.cancelled(), if killed.is_none() && exited.is_none() => {
+                    stop!(KillReason::Cancelled);
+                }
+                () = maybe_sleep_until(hard_kill_at), if exited.is_none() => {
+                    tracing::warn!("jail helper did not stop within {HARD_KILL_AFTER:?}; killing it");
+                    proc.kill();
+                    hard_kill_at = None;
+                }
+                () = maybe_sleep_until(drain_until) => {
+                    tracing::warn!(
+                        stdout_eof = out.eof, stderr_eof = err.eof, status_eof,
+                        "jail output still open {DRAIN:?} after the helper exited"
+                    );
+                    break;
+                }
+            }
+        }
+        drop(control);
+        let Some(helper_exit) = exited else {
+            return Err(SandboxError::Helper("helper did not exit".to_owned()));
+        };
+        Ok(Supervised {
+            helper_exit,
+            status: StatusMsg::parse_last(&status_bytes),
+            stdout: out,
+            stderr: err,
+            killed,
+            wall_time,
+        })
+    }
+}
+
+/// Runs the helper for `spec` to the end (a jail built for this run only).
 pub(crate) async fn supervise(
     helper: &Path,
     spec: &JailSpec,
@@ -171,153 +513,9 @@ pub(crate) async fn supervise(
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
-    // O_CLOEXEC: only the helper gets it, through the dup onto fd 3.
-    let (status_r, status_w) = pipe2(OFlag::O_CLOEXEC)
-        .map_err(|e| SandboxError::io("create status pipe", helper, e.into()))?;
-
-    let mut cmd = Command::new(helper);
-    // argv[0] is what the jail sees as /proc/1/cmdline: never the host path
-    cmd.arg0("kiln")
-        .arg("__jail")
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    sys::pass_fd_to_child(&mut cmd, status_w.as_raw_fd(), STATUS_FD);
-
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
-        path: helper.to_path_buf(),
-        source,
-    })?;
-    drop(status_w);
-    let pid = child.id().map(|p| Pid::from_raw(p as i32));
-    let hard_kill = || {
-        if let Some(pid) = pid {
-            // The helper is not reaped before `wait` returns, so the pid is
-            // still ours. Its death SIGKILLs the jail's init (PDEATHSIG),
-            // which tears down the whole pid namespace.
-            let _ = kill(pid, Signal::SIGKILL);
-        }
-    };
-
-    let mut status_rx = pipe::Receiver::from_owned_fd(status_r)
-        .map_err(|e| SandboxError::io("watch status pipe", helper, e))?;
-    let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        hard_kill();
-        return Err(SandboxError::Helper("helper pipes missing".to_owned()));
-    };
-
-    // Hands stdin back once the spec is written; it then is the control pipe.
-    let mut write_spec = Some(Box::pin(async move {
-        let r = stdin.write_all(&spec_line).await;
-        (stdin, r)
-    }));
-    let mut control = None;
-    let wall = tokio::time::sleep_until(started + limits.wall_time);
-    tokio::pin!(wall);
-
-    let mut out = Capture::new(limits.stdout_bytes);
-    let mut err = Capture::new(limits.stderr_bytes);
-    let mut status_bytes = Vec::new();
-    let mut status_eof = false;
-    let mut killed = None;
-    let mut exited = None;
-    let mut wall_time = Duration::ZERO;
-    let mut hard_kill_at = None;
-    let mut drain_until = None;
-    let (mut obuf, mut ebuf, mut sbuf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024], [0u8; 1024]);
-
-    // Asks the helper to kill the jail: closes the control pipe (or abandons
-    // the spec write, which closes it too).
-    macro_rules! stop {
-        ($reason:expr) => {
-            if killed.is_none() && exited.is_none() {
-                killed = Some($reason);
-                write_spec = None;
-                control = None;
-                hard_kill_at = Some(Instant::now() + HARD_KILL_AFTER);
-            }
-        };
-    }
-
-    loop {
-        if exited.is_some() && out.eof && err.eof && status_eof {
-            break;
-        }
-        tokio::select! {
-            (stdin, r) = maybe(&mut write_spec) => {
-                write_spec = None;
-                match r {
-                    Ok(()) => control = Some(stdin),
-                    // The helper died before reading; its exit tells why.
-                    Err(e) => tracing::debug!(error = %e, "writing the jail spec failed"),
-                }
-            }
-            r = stdout.read(&mut obuf), if !out.eof => match r {
-                Ok(0) | Err(_) => out.eof = true,
-                Ok(n) => {
-                    if out.push(&obuf[..n]) {
-                        stop!(KillReason::StdoutOverflow);
-                    }
-                }
-            },
-            r = stderr.read(&mut ebuf), if !err.eof => match r {
-                Ok(0) | Err(_) => err.eof = true,
-                Ok(n) => {
-                    if err.push(&ebuf[..n]) {
-                        stop!(KillReason::StderrOverflow);
-                    }
-                }
-            },
-            r = status_rx.read(&mut sbuf), if !status_eof => match r {
-                Ok(0) | Err(_) => status_eof = true,
-                Ok(n) => {
-                    let room = STATUS_CAP.saturating_sub(status_bytes.len());
-                    status_bytes.extend_from_slice(&sbuf[..n.min(room)]);
-                }
-            },
-            r = child.wait(), if exited.is_none() => {
-                wall_time = started.elapsed();
-                exited = Some(r.map_err(|e| SandboxError::io("wait for helper", helper, e))?);
-                control = None;
-                drain_until = Some(Instant::now() + DRAIN);
-            }
-            () = &mut wall, if killed.is_none() && exited.is_none() => {
-                stop!(KillReason::Timeout);
-            }
-            () = cancel.cancelled(), if killed.is_none() && exited.is_none() => {
-                stop!(KillReason::Cancelled);
-            }
-            () = maybe_sleep_until(hard_kill_at), if exited.is_none() => {
-                tracing::warn!("jail helper did not stop within {HARD_KILL_AFTER:?}; killing it");
-                hard_kill();
-                hard_kill_at = None;
-            }
-            () = maybe_sleep_until(drain_until) => {
-                tracing::warn!(
-                    stdout_eof = out.eof, stderr_eof = err.eof, status_eof,
-                    "jail output still open {DRAIN:?} after the helper exited"
-                );
-                break;
-            }
-        }
-    }
-    drop(control);
-    let Some(helper_exit) = exited else {
-        return Err(SandboxError::Helper("helper did not exit".to_owned()));
-    };
-    Ok(Supervised {
-        helper_exit,
-        status: StatusMsg::parse_last(&status_bytes),
-        stdout: out,
-        stderr: err,
-        killed,
-        wall_time,
-    })
+    let mut started = spawn_helper(helper)?;
+    started.send_line(&spec_line).await;
+    started.drive(None, limits, cancel).await
 }
 
 #[cfg(test)]

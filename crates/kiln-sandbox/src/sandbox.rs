@@ -10,18 +10,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kiln_core::ExitStatus;
+use kiln_core::{ExitStatus, Limits};
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup::{CgroupDriver, CgroupStats};
+use crate::cgroup::{CgroupDriver, CgroupStats, RunCgroups};
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::probe::{HostReport, probe_host};
 use crate::quota::{SlotFs, WorkspaceQuota};
-use crate::run::{KillReason, RunRequest, RunResult, supervise};
+use crate::run::{KillReason, RunRequest, RunResult, Started, Supervised, spawn_helper, supervise};
 use crate::seccomp;
-use crate::slots::{Slot, SlotPool};
-use crate::spec::{BpfInsns, JailLimits, JailSpec, StatusMsg};
+use crate::slots::{Slot, SlotLease, SlotPool};
+use crate::spec::{BpfInsns, GoMsg, JailLimits, JailSpec, ParkMode, StatusMsg};
+use crate::zygote::{Zygote, ZygoteConfig, ZygoteInfo};
 
 /// Names of the protections a degraded sandbox can run without.
 const WITHOUT_CGROUP: &str = "memory and pids limits (cgroups)";
@@ -39,6 +40,8 @@ struct Inner {
     closed: AtomicBool,
     /// Compiled seccomp profiles by name (empty when degraded without).
     filters: HashMap<String, Vec<BpfInsns>>,
+    /// The fork-server for embedded warm jails, once started.
+    zygote: std::sync::OnceLock<Zygote>,
 }
 
 /// Replaces the probe's guess about the workspace quota with what was set
@@ -249,6 +252,7 @@ impl Sandbox {
                 areas,
                 closed: AtomicBool::new(false),
                 filters,
+                zygote: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -308,11 +312,7 @@ impl Sandbox {
         if !degraded.is_empty() {
             tracing::warn!(without = ?degraded, "INSECURE: jail runs without some protections");
         }
-        // process-wide sequence: several Sandboxes in one process (tests)
-        // must never pick the same group name
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{}-{}-{}", std::process::id(), slot.index(), seq);
+        let name = Self::run_name(slot);
         // Without cgroups the lease alone keeps the slot reserved until the
         // helper (and with it the jail) is gone.
         let (cgroups, lease) = match &self.inner.cgroups {
@@ -322,19 +322,7 @@ impl Sandbox {
             ),
             None => (None, Some(slot.lease())),
         };
-        let spec = JailSpec {
-            root_dir: self.inner.cfg.root_dir.clone(),
-            ro_binds: self.inner.cfg.ro_binds.clone(),
-            etc_binds: self.inner.cfg.etc_binds.clone(),
-            workspace: req.workspace.clone(),
-            argv: req.argv.clone(),
-            env: req.env.clone(),
-            id_base: slot.id_base(),
-            limits: JailLimits::from_limits(&req.limits),
-            cgroup: cgroups.as_ref().map(|c| c.attach()),
-            seccomp_filters: self.inner.filters.get(&req.seccomp_profile).cloned(),
-            landlock: self.inner.report.landlock_abi.is_some(),
-        };
+        let spec = self.jail_spec(slot, &req, cgroups.as_ref(), None, Vec::new());
         let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;
         // Always tear down, whatever happened above.
         let stats = match cgroups {
@@ -343,7 +331,6 @@ impl Sandbox {
         };
         drop(lease);
         let s = supervised?;
-        let stats = stats?;
         tracing::debug!(
             run = %name,
             wall_ms = s.wall_time.as_millis() as u64,
@@ -351,58 +338,373 @@ impl Sandbox {
             status = ?s.status,
             "jail finished"
         );
+        into_result(s, stats?)
+    }
 
-        let (exit, cpu_time) = match (s.status, s.killed) {
-            (_, Some(KillReason::Cancelled)) => return Err(SandboxError::Cancelled),
-            (
-                Some(StatusMsg::Finished {
-                    code,
-                    signal,
-                    cpu_us,
-                }),
-                _,
-            ) => {
-                let exit = match (code, signal) {
-                    (_, Some(sig)) => ExitStatus::Signal(sig),
-                    (Some(code), None) => ExitStatus::Code(code),
-                    (None, None) => ExitStatus::Signal(libc::SIGKILL),
-                };
-                (exit, Some(Duration::from_micros(cpu_us)))
-            }
-            (Some(StatusMsg::Error(m)), None) => return Err(SandboxError::Setup(m)),
-            (Some(StatusMsg::ExecFailed(m)), None) => return Err(SandboxError::Exec(m)),
-            (_, Some(_)) => (ExitStatus::Signal(libc::SIGKILL), None),
-            (None, None) if stats.oom_kills > 0 => (ExitStatus::Signal(libc::SIGKILL), None),
-            (None, None) => {
-                let tail = String::from_utf8_lossy(&s.stderr.buf);
-                let tail: String = tail
-                    .chars()
-                    .rev()
-                    .take(500)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                return Err(SandboxError::Helper(format!(
-                    "{} (stderr: {})",
-                    s.helper_exit,
-                    tail.trim()
-                )));
+    fn jail_spec(
+        &self,
+        slot: &Slot,
+        req: &RunRequest,
+        cgroups: Option<&RunCgroups>,
+        park: Option<ParkMode>,
+        etc_files: Vec<(String, String)>,
+    ) -> JailSpec {
+        JailSpec {
+            root_dir: self.inner.cfg.root_dir.clone(),
+            ro_binds: self.inner.cfg.ro_binds.clone(),
+            etc_binds: self.inner.cfg.etc_binds.clone(),
+            workspace: req.workspace.clone(),
+            argv: req.argv.clone(),
+            env: req.env.clone(),
+            id_base: slot.id_base(),
+            limits: JailLimits::from_limits(&req.limits),
+            cgroup: cgroups.map(RunCgroups::attach),
+            seccomp_filters: self.inner.filters.get(&req.seccomp_profile).cloned(),
+            landlock: self.inner.report.landlock_abi.is_some(),
+            park,
+            etc_files,
+        }
+    }
+
+    /// A unique name for a run's cgroups and parked workspace.
+    fn run_name(slot: &Slot) -> String {
+        // process-wide sequence: several Sandboxes in one process (tests)
+        // must never pick the same group name
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{}-{}", std::process::id(), slot.index(), seq)
+    }
+
+    /// Builds a jail under `slot` and parks it before its program runs: a
+    /// warm jail. Everything a run needs is done here (namespaces, mounts,
+    /// cgroup attach, uid, rlimits, Landlock, seccomp; for
+    /// [`ParkMode::Prestart`] the runtime is started; for
+    /// [`ParkMode::Embedded`] the process is a fork of the fork-server's
+    /// preloaded interpreter). `limits` are the configured ones: a request
+    /// can later only lower the wall and CPU time.
+    ///
+    /// The workspace is `workspace` (a directory directly below the slot's
+    /// workspace parent, e.g. the one a compile step used) or a new empty
+    /// one, owned by the slot's uid.
+    pub async fn park(
+        &self,
+        slot: &Slot,
+        park: &ParkSpec,
+        limits: &Limits,
+        workspace: Option<PathBuf>,
+    ) -> Result<ParkedJail, SandboxError> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(SandboxError::ShutDown);
+        }
+        if !slot.belongs_to(&self.inner.slots) {
+            return Err(SandboxError::ForeignSlot(slot.index()));
+        }
+        let t0 = std::time::Instant::now();
+        let name = Self::run_name(slot);
+        let workspace = match workspace {
+            Some(w) => w,
+            None => {
+                let ws = slot.workspace_parent().join(format!("w{name}"));
+                let (uid, gid) = (slot.host_uid(), slot.host_gid());
+                let dir = ws.clone();
+                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                    std::fs::create_dir(&dir)?;
+                    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+                    std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+                })
+                .await
+                .map_err(|e| SandboxError::Helper(format!("create workspace: {e}")))?
+                .map_err(|e| SandboxError::io("create workspace", &ws, e))?;
+                ws
             }
         };
-        Ok(RunResult {
-            exit,
-            stdout: s.stdout.buf,
-            stderr: s.stderr.buf,
-            stdout_overflow: s.stdout.overflow,
-            stderr_overflow: s.stderr.overflow,
-            timed_out: s.killed == Some(KillReason::Timeout),
-            oom_killed: stats.oom_kills > 0,
-            wall_time: s.wall_time,
-            cpu_time,
-            memory_peak: stats.memory_peak,
+        let req = RunRequest {
+            workspace,
+            argv: if park.mode == ParkMode::Prestart {
+                park.argv.clone()
+            } else {
+                vec!["/parked".to_owned()]
+            },
+            env: park.env.clone(),
+            limits: limits.clone(),
+            seccomp_profile: park.seccomp_profile.clone(),
+        };
+        check_workspace_location(&req, slot)?;
+        validate_request(&req)?;
+        let (cgroups, lease) = match &self.inner.cgroups {
+            Some(driver) => (
+                Some(driver.create_run(&name, &req.limits, slot.lease())?),
+                None,
+            ),
+            None => (None, Some(slot.lease())),
+        };
+        let spec = self.jail_spec(
+            slot,
+            &req,
+            cgroups.as_ref(),
+            Some(park.mode),
+            park.etc_files.clone(),
+        );
+        let mut spec_line = serde_json::to_vec(&spec)
+            .map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
+        spec_line.push(b'\n');
+        let started = match park.mode {
+            ParkMode::Embedded => match self.inner.zygote.get() {
+                Some(z) => z.fork_helper(&self.inner.cfg.helper).await,
+                None => Err(SandboxError::Request(
+                    "no fork-server for embedded warm jails".to_owned(),
+                )),
+            },
+            _ => spawn_helper(&self.inner.cfg.helper),
+        };
+        let mut started = match started {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(c) = cgroups {
+                    let _ = c.finish().await;
+                }
+                return Err(e);
+            }
+        };
+        started.send_line(&spec_line).await;
+        if let Err(e) = started.wait_parked().await {
+            drop(started);
+            if let Some(c) = cgroups {
+                let _ = c.finish().await;
+            }
+            return Err(e);
+        }
+        Ok(ParkedJail {
+            name,
+            slot_index: slot.index(),
+            workspace: req.workspace,
+            started,
+            cgroups,
+            lease,
+            mode: park.mode,
+            build_time: t0.elapsed(),
         })
     }
+
+    /// Runs `req` in a parked jail of `slot`: sends the go (argv, env, the
+    /// request's wall and CPU time) and supervises the run like
+    /// [`Sandbox::run`]. `req.workspace` must be the jail's workspace; for
+    /// [`ParkMode::Prestart`] and [`ParkMode::Embedded`] `req.argv` goes to
+    /// the waiting runtime rather than to `execve`.
+    pub async fn run_parked(
+        &self,
+        slot: &Slot,
+        jail: ParkedJail,
+        req: RunRequest,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, SandboxError> {
+        if jail.slot_index != slot.index() || req.workspace != jail.workspace {
+            let e = SandboxError::Request(format!(
+                "parked jail {} belongs to slot {} and workspace {}",
+                jail.name,
+                jail.slot_index,
+                jail.workspace.display()
+            ));
+            self.discard(jail).await;
+            return Err(e);
+        }
+        if let Err(e) = validate_request(&req) {
+            self.discard(jail).await;
+            return Err(e);
+        }
+        let limits = JailLimits::from_limits(&req.limits);
+        let go = GoMsg {
+            argv: req.argv,
+            env: req.env,
+            wall_ms: limits.wall_ms,
+            cpu_secs: limits.cpu_secs,
+        };
+        let mut go_line = serde_json::to_vec(&go)
+            .map_err(|e| SandboxError::Request(format!("encode go: {e}")))?;
+        go_line.push(b'\n');
+        let ParkedJail {
+            name,
+            started,
+            cgroups,
+            lease,
+            ..
+        } = jail;
+        let supervised = started.drive(Some(&go_line), &req.limits, &cancel).await;
+        let stats = match cgroups {
+            Some(c) => c.finish().await,
+            None => Ok(CgroupStats::default()),
+        };
+        drop(lease);
+        let s = supervised?;
+        tracing::debug!(
+            run = %name,
+            wall_ms = s.wall_time.as_millis() as u64,
+            killed = ?s.killed,
+            status = ?s.status,
+            "parked jail finished"
+        );
+        into_result(s, stats?)
+    }
+
+    /// Tears down a parked jail that will not run: closes its control pipe
+    /// (the helper kills and reaps the jail) and removes its cgroups. Its
+    /// workspace goes when the slot is released.
+    pub async fn discard(&self, jail: ParkedJail) {
+        let ParkedJail {
+            started,
+            cgroups,
+            lease,
+            ..
+        } = jail;
+        let never = CancellationToken::new();
+        never.cancel();
+        let limits = Limits::default();
+        // Cancelled at once: the same path as a cancelled run, so the
+        // helper gets its grace to reap before it is killed.
+        let _ = started.drive(None, &limits, &never).await;
+        if let Some(c) = cgroups {
+            let _ = c.finish().await;
+        }
+        drop(lease);
+    }
+
+    /// Starts the fork-server (`helper __zygote`) with `cfg` and waits for
+    /// its preload. Once it runs, [`ParkMode::Embedded`] jails can be built.
+    pub async fn start_zygote(&self, cfg: &ZygoteConfig) -> Result<ZygoteInfo, SandboxError> {
+        if let Some(z) = self.inner.zygote.get() {
+            return Ok(z.info().clone());
+        }
+        let z = Zygote::start(&self.inner.cfg.helper, cfg).await?;
+        let info = z.info().clone();
+        // A concurrent start lost the race: its process goes with `z`.
+        let _ = self.inner.zygote.set(z);
+        Ok(info)
+    }
+
+    /// Whether the fork-server runs and answers (embedded warm jails are
+    /// possible).
+    pub fn has_zygote(&self) -> bool {
+        self.inner.zygote.get().is_some_and(Zygote::alive)
+    }
+
+    /// What the fork-server reported at start-up, if it runs.
+    pub fn zygote_info(&self) -> Option<&ZygoteInfo> {
+        self.inner.zygote.get().map(Zygote::info)
+    }
+}
+
+/// How a warm jail's program process is prepared (see [`Sandbox::park`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkSpec {
+    pub mode: ParkMode,
+    /// [`ParkMode::Prestart`]: the runtime started at park time.
+    pub argv: Vec<String>,
+    /// [`ParkMode::Prestart`]: its environment.
+    pub env: Vec<(String, String)>,
+    /// Files under `/etc/kiln/` in the jail (a runtime's bootstrap).
+    pub etc_files: Vec<(String, String)>,
+    pub seccomp_profile: String,
+}
+
+impl ParkSpec {
+    /// A jail that waits to `execve` whatever the go names.
+    pub fn exec() -> ParkSpec {
+        ParkSpec {
+            mode: ParkMode::Exec,
+            argv: Vec::new(),
+            env: Vec::new(),
+            etc_files: Vec::new(),
+            seccomp_profile: seccomp::DEFAULT_PROFILE.to_owned(),
+        }
+    }
+}
+
+/// A jail built ahead and parked before its program runs. Use it once with
+/// [`Sandbox::run_parked`] or tear it down with [`Sandbox::discard`];
+/// dropping it kills the helper (and with it the jail) and leaves the
+/// cgroups to a background thread.
+#[derive(Debug)]
+pub struct ParkedJail {
+    name: String,
+    slot_index: u32,
+    workspace: PathBuf,
+    started: Started,
+    cgroups: Option<RunCgroups>,
+    lease: Option<SlotLease>,
+    mode: ParkMode,
+    build_time: Duration,
+}
+
+impl ParkedJail {
+    /// Host path of the directory bound at `/mnt/data`.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    pub fn mode(&self) -> ParkMode {
+        self.mode
+    }
+
+    /// How long building and parking took.
+    pub fn build_time(&self) -> Duration {
+        self.build_time
+    }
+}
+
+/// Maps what the helper reported to a run's result.
+fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxError> {
+    let (exit, cpu_time) = match (s.status, s.killed) {
+        (_, Some(KillReason::Cancelled)) => return Err(SandboxError::Cancelled),
+        (
+            Some(StatusMsg::Finished {
+                code,
+                signal,
+                cpu_us,
+            }),
+            _,
+        ) => {
+            let exit = match (code, signal) {
+                (_, Some(sig)) => ExitStatus::Signal(sig),
+                (Some(code), None) => ExitStatus::Code(code),
+                (None, None) => ExitStatus::Signal(libc::SIGKILL),
+            };
+            (exit, Some(Duration::from_micros(cpu_us)))
+        }
+        (Some(StatusMsg::Error(m)), None) => return Err(SandboxError::Setup(m)),
+        (Some(StatusMsg::ExecFailed(m)), None) => return Err(SandboxError::Exec(m)),
+        (_, Some(_)) => (ExitStatus::Signal(libc::SIGKILL), None),
+        (None | Some(StatusMsg::Parked), None) if stats.oom_kills > 0 => {
+            (ExitStatus::Signal(libc::SIGKILL), None)
+        }
+        (None | Some(StatusMsg::Parked), None) => {
+            let tail = String::from_utf8_lossy(&s.stderr.buf);
+            let tail: String = tail
+                .chars()
+                .rev()
+                .take(500)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            return Err(SandboxError::Helper(format!(
+                "{} (stderr: {})",
+                s.helper_exit,
+                tail.trim()
+            )));
+        }
+    };
+    Ok(RunResult {
+        exit,
+        stdout: s.stdout.buf,
+        stderr: s.stderr.buf,
+        stdout_overflow: s.stdout.overflow,
+        stderr_overflow: s.stderr.overflow,
+        timed_out: s.killed == Some(KillReason::Timeout),
+        oom_killed: stats.oom_kills > 0,
+        wall_time: s.wall_time,
+        cpu_time,
+        memory_peak: stats.memory_peak,
+    })
 }
 
 #[cfg(test)]

@@ -47,7 +47,48 @@ pub struct JailSpec {
     /// Landlock must be in force (the host has it): the run fails if the
     /// kernel refuses it. Without, the jail runs without Landlock.
     pub landlock: bool,
+    /// Build the jail now and park it until a [`GoMsg`] arrives on the
+    /// control pipe (a warm jail); `None`: run `argv` at once.
+    #[serde(default)]
+    pub park: Option<ParkMode>,
+    /// Read-only files created under `/etc/kiln/` in the jail (name,
+    /// contents), e.g. a runtime's warm-start bootstrap.
+    #[serde(default)]
+    pub etc_files: Vec<(String, String)>,
 }
+
+/// What a parked jail's program process does before and after the go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParkMode {
+    /// Confined and waiting; at the go, `execve` the go's argv and env.
+    Exec,
+    /// `execve` the spec's argv at once, with stdin a pipe that receives the
+    /// go message (a pre-started runtime reads it, then runs the user's
+    /// program in the same never-used process).
+    Prestart,
+    /// Confined and waiting inside a fork of the fork-server's preloaded
+    /// interpreter; at the go, the embedded runtime runs the program in
+    /// process (see `zygote.rs`).
+    Embedded,
+}
+
+/// The second line on a parked jail's control pipe: what to run now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoMsg {
+    /// Program and arguments (`argv[0]` absolute inside the jail).
+    pub argv: Vec<String>,
+    /// The complete environment of the program.
+    pub env: Vec<(String, String)>,
+    /// Wall time of this run in milliseconds (the helper's backstop).
+    pub wall_ms: u64,
+    /// RLIMIT_CPU soft limit in whole seconds; only ever lowers the parked
+    /// jail's limit.
+    pub cpu_secs: u64,
+}
+
+/// Largest go message a jail accepts (argv + env).
+pub const GO_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// The limits the helper enforces itself (the cgroup limits are set by the
 /// server before the helper starts).
@@ -109,6 +150,8 @@ pub enum StatusMsg {
     ExecFailed(String),
     /// The jail could not be built: `"<step>: <errno text>"`.
     Error(String),
+    /// A warm jail is built and its program process waits for the go.
+    Parked,
 }
 
 impl StatusMsg {
@@ -122,13 +165,14 @@ impl StatusMsg {
         v
     }
 
-    /// The last well-formed message in `bytes` (the status pipe's content).
+    /// The last well-formed message in `bytes` (the status pipe's content),
+    /// not counting `parked`, which only marks progress.
     pub fn parse_last(bytes: &[u8]) -> Option<StatusMsg> {
         bytes
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .filter_map(|l| serde_json::from_slice(l).ok())
-            .next_back()
+            .rfind(|m| *m != StatusMsg::Parked)
     }
 }
 

@@ -598,3 +598,49 @@ pub fn at_exit(f: extern "C" fn()) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `pidfd_send_signal(pidfd, SIGKILL)`: kills the process the pidfd refers
+/// to, never a process that reused its pid.
+pub fn pidfd_kill(pidfd: &impl AsRawFd) -> Result<(), Errno> {
+    // SAFETY: a plain system call on a descriptor we own; a null siginfo is
+    // allowed and means "as kill(2) would send it".
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_uint,
+        )
+    };
+    if r == -1 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// Registers a pidfd with tokio's reactor: it becomes readable when the
+/// process exits.
+pub fn async_pidfd(pidfd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the `OwnedFd` is a valid open descriptor, and the `AsyncFd`
+    // takes ownership of it: nothing can close or replace it while it is
+    // registered.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+    };
+    registered.map_err(io::Error::from)
+}
+
+/// Fails unless the calling process has exactly one thread.
+pub fn ensure_single_threaded_now() -> io::Result<()> {
+    ensure_single_threaded()
+}
+
+/// `SIGCHLD` → `SIG_IGN`: children are reaped by the kernel as they exit.
+pub fn ignore_sigchld() -> Result<(), Errno> {
+    // SAFETY: SIG_IGN installs no handler code.
+    unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGCHLD,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    }
+    .map(|_| ())
+}

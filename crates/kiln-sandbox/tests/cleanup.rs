@@ -1,5 +1,6 @@
 //! Nothing outlives a run: after successful, failing, timed-out, cancelled
-//! and abandoned (future dropped) runs, no run cgroup of this process and no
+//! and abandoned (future dropped) runs, and warm jails run, discarded or
+//! dropped while parked, no run cgroup of this process and no
 //! process of the slots' uids remains. One test, so no other run of this
 //! binary overlaps the final check.
 
@@ -94,6 +95,32 @@ async fn no_cgroup_or_process_survives_any_kind_of_run() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Warm jails: one run to the end, one discarded, one dropped while
+    // parked (the helper is killed, a background thread removes its groups).
+    let spec = kiln_sandbox::ParkSpec::exec();
+    let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+    let mut req = request(&ws, &["/bin/true"], limits());
+    req.workspace = jail.workspace().to_path_buf();
+    sb.run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("parked run");
+    let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+    sb.discard(jail).await;
+    assert!(own_run_cgroups(sb).is_empty(), "{:?}", own_run_cgroups(sb));
+    assert!(host_pids_of_slot(&slot).is_empty());
+    let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+    drop(jail);
+    let started = Instant::now();
+    while !(own_run_cgroups(sb).is_empty() && host_pids_of_slot(&slot).is_empty()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a dropped parked jail left {:?} {:?}",
+            own_run_cgroups(sb),
+            host_pids_of_slot(&slot)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // The slot is reusable afterwards.
     drop(slot);
     let again = tokio::time::timeout(Duration::from_secs(5), sb.acquire_slot())

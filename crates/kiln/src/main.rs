@@ -47,8 +47,10 @@ enum Command {
 
 fn main() -> ExitCode {
     // The jail helper must start before anything else: no threads, no runtime.
-    if std::env::args_os().nth(1).is_some_and(|a| a == "__jail") {
-        kiln_sandbox::helper_main();
+    match std::env::args_os().nth(1) {
+        Some(a) if a == "__jail" => kiln_sandbox::helper_main(),
+        Some(a) if a == "__zygote" => kiln_sandbox::zygote_main(),
+        _ => {}
     }
     let cli = Cli::parse();
     let mut cfg = match kiln::config::Config::load(cli.config.as_deref()) {

@@ -4,28 +4,57 @@
 //!
 //! Failures before `execve` are written to the exec pipe (close-on-exec, so
 //! a successful `execve` closes it without data) for init to report.
+//!
+//! A parked (warm) jail's program process confines itself exactly the same
+//! way, says `parked` on the exec pipe and then waits for the go message on
+//! the go pipe (see [`ParkMode`]): only then does it learn what to run.
 
 use std::convert::Infallible;
 use std::ffi::CString;
+use std::io::Read;
 use std::os::fd::OwnedFd;
 
 use super::confine::{self, Enforcement};
-use super::{Confinement, JailError};
+use super::{Confinement, EmbeddedRunner, JailError};
 use crate::seccomp;
-use crate::spec::{JAIL_UID, JailSpec, STATUS_FD};
+use crate::spec::{GO_MAX_BYTES, GoMsg, JAIL_UID, JailSpec, ParkMode, STATUS_FD, StatusMsg};
 use crate::sys;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::{Gid, Uid, chdir, execve, getgroups, setresgid, setresuid, setsid, write};
 
-/// Runs G; only returns through `execve` or `_exit(127)`.
-pub(super) fn exec_main(spec: &JailSpec, confinement: &Confinement, err_w: OwnedFd) -> ! {
-    let failure = match exec(spec, confinement) {
+/// Runs G; only returns through `execve`, the embedded runner or `_exit(127)`.
+pub(super) fn exec_main(
+    spec: &JailSpec,
+    confinement: &Confinement,
+    err_w: OwnedFd,
+    go_r: Option<OwnedFd>,
+    runner: Option<EmbeddedRunner>,
+) -> ! {
+    let failure = match exec(spec, confinement, &err_w, go_r, runner) {
         Ok(never) => match never {},
         Err(e) => e,
     };
     let _ = write(&err_w, &failure.into_status().to_line());
     sys::exit_now(127)
+}
+
+/// Reads the go message: everything the helper writes before closing the
+/// go pipe.
+fn read_go(go_r: OwnedFd) -> Result<GoMsg, JailError> {
+    let mut bytes = Vec::new();
+    std::fs::File::from(go_r)
+        .take(GO_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| JailError::setup("read go message", e))?;
+    if bytes.len() > GO_MAX_BYTES {
+        return Err(JailError::Setup("go message too large".to_owned()));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| JailError::setup("parse go message", e))
+}
+
+fn cstrings(what: &str, items: impl Iterator<Item = String>) -> Result<Vec<CString>, JailError> {
+    items.map(|s| cstring(what, &s)).collect()
 }
 
 fn cstring(what: &str, s: &str) -> Result<CString, JailError> {
@@ -42,7 +71,13 @@ fn limit(resource: Resource, soft: u64, hard: u64) -> Result<(), JailError> {
         .map_err(|e| JailError::setup(format_args!("setrlimit {resource:?}"), e))
 }
 
-fn exec(spec: &JailSpec, confinement: &Confinement) -> Result<Infallible, JailError> {
+fn exec(
+    spec: &JailSpec,
+    confinement: &Confinement,
+    err_w: &OwnedFd,
+    go_r: Option<OwnedFd>,
+    runner: Option<EmbeddedRunner>,
+) -> Result<Infallible, JailError> {
     // The status pipe is init's alone.
     sys::close_raw(STATUS_FD);
     setsid().map_err(|e| JailError::setup("setsid", e))?;
@@ -84,21 +119,14 @@ fn exec(spec: &JailSpec, confinement: &Confinement) -> Result<Infallible, JailEr
     umask(Mode::from_bits_truncate(0o022));
     chdir("/mnt/data").map_err(|e| JailError::setup("chdir /mnt/data", e))?;
 
-    let argv = spec
-        .argv
-        .iter()
-        .map(|a| cstring("argv", a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let env = spec
-        .env
-        .iter()
-        .map(|(k, v)| cstring("env", &format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let Some(program) = argv.first() else {
-        return Err(JailError::Setup("execve: empty argv".to_owned()));
-    };
-
-    // Every fd above stderr (the exec pipe included) closes on execve.
+    // A pre-started runtime reads the go message on its stdin.
+    if spec.park == Some(ParkMode::Prestart) {
+        let Some(go_r) = go_r.as_ref() else {
+            return Err(JailError::Setup("prestart: no go pipe".to_owned()));
+        };
+        sys::dup2_raw(go_r, 0).map_err(|e| JailError::setup("go pipe onto stdin", e))?;
+    }
+    // Every fd above stderr (the exec and go pipes included) closes on execve.
     sys::cloexec_from(STATUS_FD).map_err(|e| JailError::setup("close fds", e))?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| JailError::setup("no_new_privs", e))?;
     // Landlock first: its system calls are not on the seccomp allow-list.
@@ -115,6 +143,41 @@ fn exec(spec: &JailSpec, confinement: &Confinement) -> Result<Infallible, JailEr
     if !confinement.filters.is_empty() {
         seccomp::install(&confinement.filters).map_err(|e| JailError::setup("seccomp", e))?;
     }
-    execve(program, &argv, &env)
-        .map_err(|e| JailError::Exec(format!("execve {}: {e}", spec.argv[0])))
+
+    // Fully confined. A parked process waits here for what to run.
+    let (argv, env) = match (spec.park, go_r) {
+        (None | Some(ParkMode::Prestart), _) => (spec.argv.clone(), spec.env.clone()),
+        (Some(mode @ (ParkMode::Exec | ParkMode::Embedded)), Some(go_r)) => {
+            write(err_w, &StatusMsg::Parked.to_line())
+                .map_err(|e| JailError::setup("report parked", e))?;
+            let go = read_go(go_r)?;
+            // Only ever lowers: the parked limit came from the server's
+            // configuration, the go from one request.
+            limit(
+                Resource::RLIMIT_CPU,
+                go.cpu_secs,
+                go.cpu_secs.saturating_add(1),
+            )?;
+            if mode == ParkMode::Embedded {
+                let Some(run) = runner else {
+                    return Err(JailError::Setup(
+                        "embedded park mode outside the fork-server".to_owned(),
+                    ));
+                };
+                // Nothing of the jail's plumbing may stay open in the
+                // program's process (there is no execve to close it).
+                sys::close_from(STATUS_FD).map_err(|e| JailError::setup("close fds", e))?;
+                run(&go);
+            }
+            (go.argv, go.env)
+        }
+        (Some(_), None) => return Err(JailError::Setup("parked without a go pipe".to_owned())),
+    };
+    let argv = cstrings("argv", argv.into_iter())?;
+    let env = cstrings("env", env.into_iter().map(|(k, v)| format!("{k}={v}")))?;
+    let Some(program) = argv.first() else {
+        return Err(JailError::Setup("execve: empty argv".to_owned()));
+    };
+    let shown = program.to_string_lossy().into_owned();
+    execve(program, &argv, &env).map_err(|e| JailError::Exec(format!("execve {shown}: {e}")))
 }

@@ -5,7 +5,7 @@
 //! processes left in the namespace (double-forked, setsid'd, daemonised).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 
 use nix::errno::Errno;
@@ -17,21 +17,31 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid};
 
 use super::plan::{HOSTNAME, Op};
-use super::{Confinement, EXIT_REPORTED, JailError, exec, open_devnull, report, rootfs};
-use crate::spec::{JailSpec, StatusMsg};
+use super::{
+    Confinement, EXIT_REPORTED, EmbeddedRunner, JailError, exec, open_devnull, report, rootfs,
+};
+use crate::spec::{JailSpec, ParkMode, StatusMsg};
 use crate::sys::{self, Forked};
 
 /// Runs C to completion and exits.
+/// The pipes C gets from the helper.
+pub(super) struct InitPipes {
+    pub release_r: OwnedFd,
+    pub release_w: OwnedFd,
+    /// Read end of the go pipe (parked jails only), for the program process.
+    pub go_r: Option<OwnedFd>,
+}
+
 pub(super) fn init_main(
     spec: &JailSpec,
     plan: &[Op],
     confinement: &Confinement,
-    release_r: OwnedFd,
-    release_w: OwnedFd,
+    pipes: InitPipes,
     status: &File,
+    runner: Option<EmbeddedRunner>,
 ) -> ! {
     let msg =
-        init(spec, plan, confinement, release_r, release_w).unwrap_or_else(JailError::into_status);
+        init(spec, plan, confinement, pipes, status, runner).unwrap_or_else(JailError::into_status);
     let code = match msg {
         StatusMsg::Finished { .. } => 0,
         _ => EXIT_REPORTED,
@@ -61,9 +71,15 @@ fn init(
     spec: &JailSpec,
     plan: &[Op],
     confinement: &Confinement,
-    release_r: OwnedFd,
-    release_w: OwnedFd,
+    pipes: InitPipes,
+    status: &File,
+    runner: Option<EmbeddedRunner>,
 ) -> Result<StatusMsg, JailError> {
+    let InitPipes {
+        release_r,
+        release_w,
+        go_r,
+    } = pipes;
     // If the helper dies (the server killed it), so do we — and with us the
     // whole pid namespace. Set before waiting, so a helper that died earlier
     // shows up as EOF on the release pipe instead.
@@ -98,15 +114,21 @@ fn init(
     let child = match sys::fork_single_threaded().map_err(|e| JailError::setup("fork", e))? {
         Forked::Child => {
             drop(err_r);
-            exec::exec_main(spec, confinement, err_w)
+            exec::exec_main(spec, confinement, err_w, go_r, runner)
         }
         Forked::Parent { pid, .. } => pid,
     };
     drop(err_w);
+    drop(go_r);
 
-    // The exec pipe closes without data once execve succeeded.
-    let mut failure = Vec::new();
-    let read_result = File::from(err_r).read_to_end(&mut failure);
+    // The exec pipe closes without data once execve succeeded (or, parked,
+    // once the program process starts the user's program). A parked
+    // process first says so on it; that is passed on to the server.
+    let (failure, read_result) = read_exec_pipe(err_r, status);
+    if read_result.is_ok() && failure.is_empty() && spec.park == Some(ParkMode::Prestart) {
+        // The pre-started runtime is running and reads the go on its stdin.
+        report(status, &StatusMsg::Parked);
+    }
 
     // Init holds neither the output pipes nor stdin from now on.
     let devnull = open_devnull()?;
@@ -141,6 +163,24 @@ fn init(
         signal,
         cpu_us: us(usage.user_time()) + us(usage.system_time()),
     })
+}
+
+/// Reads the exec pipe to EOF. A `parked` line is reported on the status
+/// pipe at once; everything else is the program process's failure.
+fn read_exec_pipe(err_r: OwnedFd, status: &File) -> (Vec<u8>, std::io::Result<()>) {
+    let parked = StatusMsg::Parked.to_line();
+    let mut reader = BufReader::new(File::from(err_r));
+    let mut failure = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return (failure, Ok(())),
+            Ok(_) if line == parked => report(status, &StatusMsg::Parked),
+            Ok(_) => failure.extend_from_slice(&line),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return (failure, Err(e)),
+        }
+    }
 }
 
 /// Reaps every child (orphans are re-parented to us) until `child` itself

@@ -10,8 +10,14 @@
 //! status pipe and exits, which makes the kernel kill whatever else is left
 //! in the pid namespace.
 //!
-//! This module runs in a fresh single-threaded process, so it may allocate
-//! freely after forking. It must never be entered from the server itself.
+//! A **parked** (warm) jail is built the same way, but its program process
+//! stops, fully confined, before it learns what to run; the helper waits for
+//! a second line on the control pipe (the [`GoMsg`]) and passes it on
+//! through the go pipe. Only then does the run's wall time start.
+//!
+//! This module runs in a fresh single-threaded process (spawned, or forked
+//! by the fork-server), so it may allocate freely after forking. It must
+//! never be entered from the server itself.
 
 mod confine;
 mod exec;
@@ -20,7 +26,7 @@ pub mod plan;
 mod rootfs;
 
 use std::fs::File;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -34,8 +40,12 @@ use nix::unistd::{Pid, getpid, pipe2};
 
 use crate::probe::JAIL_NAMESPACES;
 use crate::seccomp;
-use crate::spec::{CgroupAttach, ID_RANGE, JailSpec, STATUS_FD, StatusMsg};
+use crate::spec::{CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, STATUS_FD, StatusMsg};
 use crate::sys::{self, Forked};
+
+/// Runs a parked, confined program process's user program in process
+/// (the fork-server's embedded interpreter). Never returns.
+pub type EmbeddedRunner = fn(&GoMsg) -> !;
 
 /// Exit code of C (and H) after it reported an error on the status pipe.
 const EXIT_REPORTED: i32 = 3;
@@ -83,12 +93,18 @@ fn report(status: &File, msg: &StatusMsg) {
 
 /// Entry point of `kiln __jail`. Never returns.
 pub fn helper_main() -> ! {
+    helper_main_with(None)
+}
+
+/// The helper, with the fork-server's in-process runner for
+/// [`crate::spec::ParkMode::Embedded`] jails.
+pub(crate) fn helper_main_with(runner: Option<EmbeddedRunner>) -> ! {
     let Some(status_fd) = sys::adopt_inherited_fd(STATUS_FD) else {
         eprintln!("kiln __jail: internal entry point of the sandbox (no status pipe on fd 3)");
         sys::exit_now(2);
     };
     let status = File::from(status_fd);
-    let code = match helper(&status) {
+    let code = match helper(&status, runner) {
         Ok(()) => 0,
         Err(e) => {
             report(&status, &e.into_status());
@@ -166,7 +182,87 @@ fn wait_init(
     }
 }
 
-fn helper(status: &File) -> Result<(), JailError> {
+/// What happened while a parked jail waited.
+enum Parked {
+    /// The go message arrived (raw line, checked to parse).
+    Go(Vec<u8>, GoMsg),
+    /// The control pipe closed (the server dropped the warm jail) or the
+    /// jail died: it has been killed and reaped.
+    Ended(WaitStatus),
+}
+
+/// Waits until the server sends the go or closes the control pipe, or the
+/// jail's init exits on its own (a setup failure it has reported).
+fn wait_go(pid: Pid, pidfd: Option<&OwnedFd>, control: &OwnedFd) -> Result<Parked, JailError> {
+    let kill_and_reap = || -> Result<Parked, JailError> {
+        let _ = kill(pid, Signal::SIGKILL);
+        loop {
+            match waitpid(pid, None) {
+                Ok(ws) => return Ok(Parked::Ended(ws)),
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(JailError::setup("reap jail init", e)),
+            }
+        }
+    };
+    loop {
+        let mut fds = vec![PollFd::new(control.as_fd(), PollFlags::POLLIN)];
+        if let Some(pidfd) = pidfd {
+            fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(e) => {
+                let _ = kill_and_reap();
+                return Err(JailError::setup("wait for go", e));
+            }
+        }
+        if fds
+            .get(1)
+            .and_then(PollFd::revents)
+            .is_some_and(|r| !r.is_empty())
+        {
+            return kill_and_reap();
+        }
+        if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+            break;
+        }
+    }
+    // The go is the only thing the server sends after the spec (and it
+    // waits for `parked` first), so reading ahead past its newline loses
+    // nothing.
+    let mut line = Vec::new();
+    let read = control
+        .try_clone()
+        .map(|fd| {
+            std::io::BufReader::new(File::from(fd))
+                .take(GO_MAX_BYTES as u64 + 1)
+                .read_until(b'\n', &mut line)
+        })
+        .and_then(|r| r);
+    match read {
+        Ok(0) => kill_and_reap(),
+        Ok(_) if line.len() > GO_MAX_BYTES || !line.ends_with(b"\n") => {
+            let _ = kill_and_reap();
+            Err(JailError::Setup(
+                "go message too large or cut short".to_owned(),
+            ))
+        }
+        Ok(_) => match serde_json::from_slice::<GoMsg>(&line) {
+            Ok(go) => Ok(Parked::Go(line, go)),
+            Err(e) => {
+                let _ = kill_and_reap();
+                Err(JailError::setup("parse go message", e))
+            }
+        },
+        Err(e) => {
+            let _ = kill_and_reap();
+            Err(JailError::setup("read go message", e))
+        }
+    }
+}
+
+fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError> {
     sys::set_cloexec(STATUS_FD, true).map_err(|e| JailError::setup("mark status fd", e))?;
     // Nothing but 0-3 may travel into the jail.
     sys::close_from(STATUS_FD + 1).map_err(|e| JailError::setup("close inherited fds", e))?;
@@ -224,7 +320,13 @@ fn helper(status: &File) -> Result<(), JailError> {
 
     let (release_r, release_w) =
         pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("release pipe", e))?;
-    let started = Instant::now();
+    let (go_r, go_w) = if spec.park.is_some() {
+        let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("go pipe", e))?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
+    let mut started = Instant::now();
     let forked = sys::clone3_fork(
         JAIL_NAMESPACES as u64,
         cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
@@ -235,12 +337,19 @@ fn helper(status: &File) -> Result<(), JailError> {
             drop(cgroup_fd);
             drop(devnull);
             drop(control);
-            init::init_main(&spec, &plan, &confinement, release_r, release_w, status)
+            drop(go_w);
+            let pipes = init::InitPipes {
+                release_r,
+                release_w,
+                go_r,
+            };
+            init::init_main(&spec, &plan, &confinement, pipes, status, runner)
         }
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
     drop(release_r);
     drop(cgroup_fd);
+    drop(go_r);
 
     if let Err(e) = write_id_maps(pid, spec.id_base) {
         let _ = kill(pid, Signal::SIGKILL);
@@ -258,7 +367,28 @@ fn helper(status: &File) -> Result<(), JailError> {
     for fd in [1, 2] {
         sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach output", e))?;
     }
-    let deadline = started + Duration::from_millis(spec.limits.wall_ms) + BACKSTOP_GRACE;
+    let mut wall_ms = spec.limits.wall_ms;
+    if let Some(go_w) = go_w {
+        match wait_go(pid, pidfd.as_ref(), &control)? {
+            Parked::Ended(ws) => {
+                drop(release);
+                return match ws {
+                    WaitStatus::Exited(_, 0 | EXIT_REPORTED) | WaitStatus::Signaled(..) => Ok(()),
+                    other => Err(JailError::Setup(format!(
+                        "parked jail init ended without a status: {other:?}"
+                    ))),
+                };
+            }
+            Parked::Go(line, go) => {
+                started = Instant::now();
+                wall_ms = go.wall_ms;
+                let mut w = File::from(go_w);
+                // A jail that died meanwhile shows up below as init's exit.
+                let _ = w.write_all(&line);
+            }
+        }
+    }
+    let deadline = started + Duration::from_millis(wall_ms) + BACKSTOP_GRACE;
     let ended = wait_init(pid, pidfd.as_ref(), &control, deadline)?;
     drop(release);
     match ended {

@@ -147,6 +147,11 @@ fn p(s: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// A single path component that is not hidden and not `..`.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\0'])
+}
+
 /// Builds the ordered plan for `spec`.
 pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
     let mut ops = Vec::new();
@@ -211,6 +216,25 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
             }
             Some(Kind::Dir | Kind::File) => ops.push(ro_bind(path.clone(), path)),
             None => {}
+        }
+    }
+
+    // Files the run's runtime needs (a warm-start bootstrap), read-only.
+    let etc_files: Vec<_> = spec
+        .etc_files
+        .iter()
+        .filter(|(name, _)| is_plain_name(name))
+        .collect();
+    if !etc_files.is_empty() {
+        ops.push(Op::Dir {
+            path: p("/etc/kiln"),
+            mode: 0o755,
+        });
+        for (name, contents) in etc_files {
+            ops.push(Op::File {
+                path: Path::new("/etc/kiln").join(name),
+                contents: contents.clone(),
+            });
         }
     }
 
@@ -401,6 +425,8 @@ mod tests {
             cgroup: Some(CgroupAttach::V1 { procs: vec![] }),
             seccomp_filters: Some(vec![]),
             landlock: true,
+            park: None,
+            etc_files: vec![],
         }
     }
 

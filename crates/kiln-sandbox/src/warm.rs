@@ -1,0 +1,364 @@
+//! [`WarmPool`]: parked jails kept ready per runtime profile, so that
+//! namespace creation, mounts, the cgroup attach (≈10 ms after idle on
+//! cgroup-v1 hosts), seccomp and — for pre-started or embedded runtimes —
+//! interpreter start-up are off the request path.
+//!
+//! Every jail is used once ([`Sandbox::run_parked`]) and then destroyed. One
+//! background task refills the pool, building one jail at a time so that
+//! refilling never takes more than one CPU from running executions. How many
+//! jails a profile keeps follows demand: it starts at the configured
+//! minimum, grows by one each time a request finds the profile empty (up to
+//! the per-profile maximum, with all profiles together never above the total
+//! maximum: each parked jail holds a uid slot), and shrinks by one after each
+//! quiet period without such a miss.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kiln_core::Limits;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::SandboxError;
+use crate::sandbox::{ParkSpec, ParkedJail, Sandbox};
+use crate::slots::Slot;
+
+/// Pool sizing.
+#[derive(Debug, Clone)]
+pub struct WarmConfig {
+    /// Most parked jails over all profiles (each holds a uid slot, so the
+    /// sandbox needs this many slots beyond the execution concurrency).
+    pub max_total: u32,
+    /// Most parked jails of one profile.
+    pub max_per_profile: u32,
+    /// Parked jails per profile when there is no demand (0: build only on
+    /// demand).
+    pub min_per_profile: u32,
+    /// A profile's target shrinks by one after this long without a miss.
+    pub decay_after: Duration,
+    /// Limits jails are built with (a request may only lower wall and CPU
+    /// time).
+    pub limits: Limits,
+}
+
+impl Default for WarmConfig {
+    fn default() -> Self {
+        WarmConfig {
+            max_total: 4,
+            max_per_profile: 3,
+            min_per_profile: 1,
+            decay_after: Duration::from_secs(60),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A parked jail handed to one execution.
+#[derive(Debug)]
+pub struct WarmJail {
+    pub slot: Slot,
+    pub jail: ParkedJail,
+    /// `true` when it was ready before the request asked (a hit).
+    pub was_ready: bool,
+}
+
+/// Counters of one profile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WarmStats {
+    pub ready: u32,
+    pub target: u32,
+    pub hits: u64,
+    pub misses: u64,
+    pub built: u64,
+    pub build_failures: u64,
+}
+
+/// A parked jail with the slot it holds.
+type Ready = (Slot, ParkedJail);
+
+#[derive(Debug)]
+struct Profile {
+    spec: ParkSpec,
+    ready: VecDeque<Ready>,
+    building: u32,
+    target: u32,
+    last_change: Instant,
+    stats: WarmStats,
+    /// After a failed build, wait until then before the next attempt.
+    backoff_until: Option<Instant>,
+    failures_in_row: u32,
+}
+
+#[derive(Debug)]
+struct Inner {
+    sandbox: Sandbox,
+    cfg: WarmConfig,
+    profiles: Mutex<HashMap<String, Profile>>,
+    wake: Notify,
+    stop: CancellationToken,
+}
+
+/// Parked jails per profile, refilled in the background. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WarmPool {
+    inner: Arc<Inner>,
+}
+
+impl WarmPool {
+    /// Starts the refill task (needs a tokio runtime). `profiles` maps a
+    /// name (a language, or `exec` for the generic jail) to how its jails
+    /// are parked.
+    pub fn start(sandbox: Sandbox, cfg: WarmConfig, profiles: Vec<(String, ParkSpec)>) -> WarmPool {
+        let now = Instant::now();
+        let map = profiles
+            .into_iter()
+            .map(|(name, spec)| {
+                let target = cfg.min_per_profile.min(cfg.max_per_profile);
+                (
+                    name,
+                    Profile {
+                        spec,
+                        ready: VecDeque::new(),
+                        building: 0,
+                        target,
+                        last_change: now,
+                        stats: WarmStats {
+                            target,
+                            ..WarmStats::default()
+                        },
+                        backoff_until: None,
+                        failures_in_row: 0,
+                    },
+                )
+            })
+            .collect();
+        let pool = WarmPool {
+            inner: Arc::new(Inner {
+                sandbox,
+                cfg,
+                profiles: Mutex::new(map),
+                wake: Notify::new(),
+                stop: CancellationToken::new(),
+            }),
+        };
+        let inner = Arc::clone(&pool.inner);
+        tokio::spawn(async move { refill_loop(inner).await });
+        pool
+    }
+
+    /// Whether `profile` is one this pool parks jails for.
+    pub fn has_profile(&self, profile: &str) -> bool {
+        self.inner.lock().contains_key(profile)
+    }
+
+    /// A parked jail of `profile`: a ready one, or — on a miss — one built
+    /// now (and the profile's target grows).
+    pub async fn get(&self, profile: &str) -> Result<WarmJail, SandboxError> {
+        let spec = {
+            let mut profiles = self.inner.lock();
+            let Some(p) = profiles.get_mut(profile) else {
+                return Err(SandboxError::Request(format!(
+                    "no warm profile {profile:?}"
+                )));
+            };
+            if let Some((slot, jail)) = p.ready.pop_front() {
+                p.stats.hits += 1;
+                p.stats.ready = p.ready.len() as u32;
+                metrics::counter!("kiln_warm_takes_total", "profile" => profile.to_owned(), "result" => "hit")
+                    .increment(1);
+                metrics::gauge!("kiln_warm_ready", "profile" => profile.to_owned())
+                    .set(p.ready.len() as f64);
+                drop(profiles);
+                self.inner.wake.notify_one();
+                return Ok(WarmJail {
+                    slot,
+                    jail,
+                    was_ready: true,
+                });
+            }
+            p.stats.misses += 1;
+            if p.target < self.inner.cfg.max_per_profile {
+                p.target += 1;
+                p.stats.target = p.target;
+            }
+            p.last_change = Instant::now();
+            metrics::counter!("kiln_warm_takes_total", "profile" => profile.to_owned(), "result" => "miss")
+                .increment(1);
+            p.spec.clone()
+        };
+        self.inner.wake.notify_one();
+        let slot = self.inner.sandbox.acquire_slot().await;
+        let jail = self
+            .inner
+            .sandbox
+            .park(&slot, &spec, &self.inner.cfg.limits, None)
+            .await?;
+        Ok(WarmJail {
+            slot,
+            jail,
+            was_ready: false,
+        })
+    }
+
+    /// Counters per profile.
+    pub fn stats(&self) -> HashMap<String, WarmStats> {
+        self.inner
+            .lock()
+            .iter()
+            .map(|(k, p)| {
+                let mut s = p.stats.clone();
+                s.ready = p.ready.len() as u32;
+                s.target = p.target;
+                (k.clone(), s)
+            })
+            .collect()
+    }
+
+    /// Stops refilling and tears down every parked jail. Call before
+    /// [`Sandbox::shutdown`].
+    pub async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let parked: Vec<_> = {
+            let mut profiles = self.inner.lock();
+            profiles
+                .values_mut()
+                .flat_map(|p| p.ready.drain(..).collect::<Vec<_>>())
+                .collect()
+        };
+        for (slot, jail) in parked {
+            self.inner.sandbox.discard(jail).await;
+            drop(slot);
+        }
+    }
+
+    /// Waits until every profile holds its target (or `limit` passes);
+    /// `true` when reached. For start-up and tests.
+    pub async fn wait_filled(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            let filled = self.inner.lock().values().all(|p| {
+                p.ready.len() as u32 >= p.target.min(self.inner.cfg.max_total)
+                    || p.backoff_until.is_some()
+            });
+            if filled {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Profile>> {
+        // Every update keeps the map consistent; a poisoned lock is usable.
+        self.profiles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies decay, drops surplus jails, and picks the profile that most
+    /// lacks a jail (marking one build as started).
+    fn next_build(&self) -> (Option<(String, ParkSpec)>, Vec<Ready>) {
+        let now = Instant::now();
+        let mut profiles = self.lock();
+        let mut surplus = Vec::new();
+        for p in profiles.values_mut() {
+            if p.target > self.cfg.min_per_profile
+                && now.duration_since(p.last_change) >= self.cfg.decay_after
+            {
+                p.target -= 1;
+                p.stats.target = p.target;
+                p.last_change = now;
+            }
+            while p.ready.len() as u32 > p.target {
+                if let Some(j) = p.ready.pop_back() {
+                    surplus.push(j);
+                }
+            }
+        }
+        let total: u32 = profiles
+            .values()
+            .map(|p| p.ready.len() as u32 + p.building)
+            .sum();
+        if total >= self.cfg.max_total {
+            return (None, surplus);
+        }
+        let pick = profiles
+            .iter_mut()
+            .filter(|(_, p)| p.backoff_until.is_none_or(|t| now >= t))
+            .filter(|(_, p)| (p.ready.len() as u32 + p.building) < p.target)
+            .max_by_key(|(_, p)| p.target - (p.ready.len() as u32 + p.building))
+            .map(|(name, p)| {
+                p.building += 1;
+                (name.clone(), p.spec.clone())
+            });
+        (pick, surplus)
+    }
+
+    fn built(&self, name: &str, result: Result<(Slot, ParkedJail), SandboxError>) {
+        let mut profiles = self.lock();
+        let Some(p) = profiles.get_mut(name) else {
+            return;
+        };
+        p.building = p.building.saturating_sub(1);
+        match result {
+            Ok((slot, jail)) => {
+                metrics::histogram!("kiln_warm_build_seconds", "profile" => name.to_owned())
+                    .record(jail.build_time().as_secs_f64());
+                p.stats.built += 1;
+                p.failures_in_row = 0;
+                p.backoff_until = None;
+                p.ready.push_back((slot, jail));
+                metrics::gauge!("kiln_warm_ready", "profile" => name.to_owned())
+                    .set(p.ready.len() as f64);
+            }
+            Err(e) => {
+                p.stats.build_failures += 1;
+                p.failures_in_row += 1;
+                let wait = Duration::from_millis(100 << p.failures_in_row.min(9));
+                p.backoff_until = Some(Instant::now() + wait);
+                tracing::warn!(profile = name, error = %e, retry_in = ?wait, "building a warm jail failed");
+            }
+        }
+    }
+}
+
+async fn refill_loop(inner: Arc<Inner>) {
+    loop {
+        let (pick, surplus) = inner.next_build();
+        for (slot, jail) in surplus {
+            inner.sandbox.discard(jail).await;
+            drop(slot);
+        }
+        match pick {
+            Some((name, spec)) => {
+                let result = tokio::select! {
+                    r = build(&inner, &spec) => r,
+                    () = inner.stop.cancelled() => return,
+                };
+                inner.built(&name, result);
+            }
+            None => {
+                tokio::select! {
+                    () = inner.wake.notified() => {}
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = inner.stop.cancelled() => return,
+                }
+            }
+        }
+        if inner.stop.is_cancelled() {
+            return;
+        }
+    }
+}
+
+async fn build(inner: &Inner, spec: &ParkSpec) -> Result<(Slot, ParkedJail), SandboxError> {
+    let slot = inner.sandbox.acquire_slot().await;
+    let jail = inner
+        .sandbox
+        .park(&slot, spec, &inner.cfg.limits, None)
+        .await?;
+    Ok((slot, jail))
+}

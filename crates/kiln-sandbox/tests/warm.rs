@@ -1,0 +1,270 @@
+//! Warm jails: built and parked ahead, each used once. The go decides what
+//! runs and when the wall time starts; a parked jail that is discarded
+//! leaves nothing; a pre-started program reads the go on stdin; an embedded
+//! (fork-server) jail runs in a fork of a preloaded interpreter, confined
+//! like any other; the pool refills and follows demand.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kiln_core::Limits;
+use kiln_sandbox::{ParkMode, ParkSpec, RunRequest, WarmConfig, WarmPool, ZygoteConfig};
+use tokio_util::sync::CancellationToken;
+
+const UID_BASE: u32 = 1_860_000_000;
+
+fn go(jail: &kiln_sandbox::ParkedJail, argv: &[&str], limits: Limits) -> RunRequest {
+    RunRequest {
+        workspace: jail.workspace().to_path_buf(),
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        env: vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("GREETING".into(), "hello from the go".into()),
+        ],
+        limits,
+        ..RunRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn a_parked_jail_runs_what_the_go_names_as_the_jailed_user() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let jail = sb
+        .park(&slot, &ParkSpec::exec(), &limits(), None)
+        .await
+        .expect("park");
+    assert_eq!(jail.mode(), ParkMode::Exec);
+    assert!(jail.workspace().starts_with(slot.workspace_parent()));
+    std::fs::write(jail.workspace().join("in.txt"), "staged after parking\n").expect("stage");
+    let req = go(
+        &jail,
+        &[
+            "/bin/sh",
+            "-c",
+            "echo $GREETING; id -u; cat in.txt; echo $$",
+        ],
+        limits(),
+    );
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    assert_eq!(
+        stdout(&r),
+        "hello from the go\n1000\nstaged after parking\n2\n",
+        "stderr: {}",
+        stderr(&r)
+    );
+    assert_eq!(r.exit, kiln_core::ExitStatus::Code(0));
+}
+
+#[tokio::test]
+async fn the_wall_time_starts_at_the_go_not_at_parking() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let jail = sb
+        .park(&slot, &ParkSpec::exec(), &limits(), None)
+        .await
+        .expect("park");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let short = Limits {
+        wall_time: Duration::from_millis(1000),
+        ..limits()
+    };
+    let req = go(
+        &jail,
+        &["/bin/sh", "-c", "sleep 0.3; echo done"],
+        short.clone(),
+    );
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    assert!(!r.timed_out);
+    assert_eq!(stdout(&r), "done\n");
+
+    // ... and is enforced from there.
+    let jail = sb
+        .park(&slot, &ParkSpec::exec(), &limits(), None)
+        .await
+        .expect("park");
+    let req = go(&jail, &["/bin/sh", "-c", "sleep 30"], short);
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    assert!(r.timed_out);
+}
+
+#[tokio::test]
+async fn a_discarded_parked_jail_leaves_no_process() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let jail = sb
+        .park(&slot, &ParkSpec::exec(), &limits(), None)
+        .await
+        .expect("park");
+    assert!(
+        !host_pids_of_slot(&slot).is_empty(),
+        "a parked jail has processes"
+    );
+    sb.discard(jail).await;
+    assert!(host_pids_of_slot(&slot).is_empty());
+}
+
+#[tokio::test]
+async fn an_unknown_go_program_is_an_exec_failure_not_a_hang() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let jail = sb
+        .park(&slot, &ParkSpec::exec(), &limits(), None)
+        .await
+        .expect("park");
+    let req = go(&jail, &["/nope"], limits());
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await;
+    assert!(
+        matches!(r, Err(kiln_sandbox::SandboxError::Exec(_))),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_prestarted_program_reads_the_go_on_stdin_and_sees_its_etc_files() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let spec = ParkSpec {
+        mode: ParkMode::Prestart,
+        argv: vec!["/bin/sh".into(), "/etc/kiln/boot.sh".into()],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        etc_files: vec![
+            (
+                "boot.sh".into(),
+                "read -r go; echo \"started before: $go\" | cut -c1-40; id -u\n".into(),
+            ),
+            ("../escape".into(), "refused".into()),
+        ],
+        seccomp_profile: "default".into(),
+    };
+    let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+    let req = go(&jail, &["/bin/ignored"], limits());
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    assert_eq!(
+        stdout(&r),
+        "started before: {\"argv\":[\"/bin/ignored\"]\n1000\n",
+        "stderr: {}",
+        stderr(&r)
+    );
+    assert!(!std::path::Path::new("/etc/escape").exists());
+}
+
+/// A minimal template: counts runs in a module global (a fresh fork always
+/// sees 0), reports the process it runs in, and ends it.
+const PRELOAD: &str = r#"
+import json, os, sys, types
+m = types.ModuleType("_kiln_zygote")
+m.runs = 0
+def run(go):
+    m.runs += 1
+    go = json.loads(go)
+    env = dict(go["env"])
+    print(json.dumps({"argv": go["argv"], "greeting": env.get("GREETING"),
+                      "runs": m.runs, "uid": os.getuid(), "pid": os.getpid(),
+                      "cwd": os.getcwd(), "json_preloaded": "json" in sys.modules}))
+    sys.stdout.flush()
+    os._exit(7)
+m.run = run
+sys.modules["_kiln_zygote"] = m
+"#;
+
+#[tokio::test]
+async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_other() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let python = std::path::Path::new("/usr/bin/python3");
+    let libpython = match kiln_sandbox::find_libpython(python) {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            return;
+        }
+    };
+    let info = sb
+        .start_zygote(&ZygoteConfig {
+            libpython,
+            preload: PRELOAD.into(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        })
+        .await
+        .expect("fork-server starts");
+    assert!(info.rss_bytes > 0);
+    assert!(sb.has_zygote());
+    let spec = ParkSpec {
+        mode: ParkMode::Embedded,
+        ..ParkSpec::exec()
+    };
+    let slot = sb.acquire_slot().await;
+    for _ in 0..2 {
+        let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+        let req = go(&jail, &["/usr/bin/python3", "main.py", "a b"], limits());
+        let r = sb
+            .run_parked(&slot, jail, req, CancellationToken::new())
+            .await
+            .expect("run");
+        assert_eq!(r.exit, kiln_core::ExitStatus::Code(7), "{}", stderr(&r));
+        let seen: serde_json::Value =
+            serde_json::from_str(stdout(&r).trim()).expect("one JSON line");
+        assert_eq!(seen["argv"][2], "a b");
+        assert_eq!(seen["greeting"], "hello from the go");
+        assert_eq!(seen["runs"], 1, "every run is a fresh fork of the template");
+        assert_eq!(seen["uid"], 1000);
+        assert_eq!(
+            seen["pid"], 2,
+            "own pid namespace, forked by the jail's init"
+        );
+        assert_eq!(seen["cwd"], "/mnt/data");
+        assert_eq!(seen["json_preloaded"], true);
+    }
+    assert!(host_pids_of_slot(&slot).is_empty());
+}
+
+#[tokio::test]
+async fn the_pool_hands_out_ready_jails_and_builds_on_a_miss() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let pool = WarmPool::start(
+        sb.clone(),
+        WarmConfig {
+            max_total: 2,
+            max_per_profile: 2,
+            min_per_profile: 1,
+            decay_after: Duration::from_secs(60),
+            limits: limits(),
+        },
+        vec![("exec".into(), ParkSpec::exec())],
+    );
+    assert!(pool.wait_filled(Duration::from_secs(10)).await);
+    assert_eq!(pool.stats()["exec"].ready, 1);
+    let first = pool.get("exec").await.expect("hit");
+    assert!(first.was_ready);
+    // The refill has not caught up yet: the next one may be built now.
+    let second = pool.get("exec").await.expect("hit or built");
+    let stats = pool.stats();
+    assert_eq!(stats["exec"].hits + stats["exec"].misses, 2);
+    for w in [first, second] {
+        let req = go(&w.jail, &["/bin/echo", "once"], limits());
+        let r = sb
+            .run_parked(&w.slot, w.jail, req, CancellationToken::new())
+            .await
+            .expect("run");
+        assert_eq!(stdout(&r), "once\n");
+    }
+    assert!(pool.get("nope").await.is_err());
+    pool.shutdown().await;
+}
