@@ -85,6 +85,59 @@ pub fn rss(pid: u32) -> Rss {
     }
 }
 
+/// Memory of a process's descendants (the jail helpers, parked jails and
+/// the fork-server a Kiln server keeps): how many, and their summed
+/// proportional set size (shared copy-on-write pages counted once overall).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Descendants {
+    pub processes: u32,
+    pub pss_kib: u64,
+}
+
+/// Walks `/proc` for every descendant of `pid` and sums their `Pss`.
+pub fn descendants(pid: u32) -> Descendants {
+    let mut parent_of = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // the fields after the parenthesised command name: state, ppid, ...
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if let Some(ppid) = rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<u32>().ok())
+        {
+            parent_of.insert(p, ppid);
+        }
+    }
+    let mut d = Descendants::default();
+    for (&p, _) in parent_of.iter() {
+        let mut cur = p;
+        let mut hops = 0;
+        while let Some(&pp) = parent_of.get(&cur) {
+            if pp == pid {
+                d.processes += 1;
+                let rollup =
+                    std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap_or_default();
+                d.pss_kib += kib_field(&rollup, "Pss").unwrap_or(0);
+                break;
+            }
+            cur = pp;
+            hops += 1;
+            if pp <= 1 || hops > 64 {
+                break;
+            }
+        }
+    }
+    d
+}
+
 /// First line of a command's output (stdout, else stderr: `python --version`
 /// used to print on stderr), `None` if it cannot run or fails.
 fn command_line(program: &str, args: &[&str]) -> Option<String> {

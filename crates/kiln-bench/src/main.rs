@@ -87,10 +87,11 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     );
     let kiln = KilnClient::new(http, &server.origin);
     let health = kiln.health().await.ok();
-    // let start-up work (probes, pools) settle before reading the idle size;
+    // let start-up work (probes, the fork-server's preload, the warm pool) settle before reading the idle size;
     // nothing is measured yet
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let idle = server.rss();
+    let pool_idle = machine::descendants(server.pid());
 
     let ctx = scenarios::Ctx {
         settings: &settings,
@@ -146,6 +147,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         server: ServerReport {
             idle,
             after,
+            pool_idle,
             health,
         },
         scenarios: reports,

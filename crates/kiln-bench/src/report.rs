@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::machine::{MachineInfo, Rss};
+use crate::machine::{Descendants, MachineInfo, Rss};
 use crate::prom::{PHASES, Phases};
 use crate::stats::{median, ratio};
 
@@ -118,6 +118,10 @@ pub struct ServerReport {
     pub idle: Rss,
     /// After the last scenario.
     pub after: Rss,
+    /// The server's child processes when idle: fork-server and parked
+    /// warm jails (reported apart from the server's own memory).
+    #[serde(default)]
+    pub pool_idle: Descendants,
     /// The answer of `GET /v1/health` (languages and versions).
     pub health: Option<serde_json::Value>,
 }
@@ -241,6 +245,13 @@ impl Report {
             );
         }
 
+        let _ = writeln!(
+            s,
+            "\nPool processes when idle (fork-server, parked warm jails and their helpers): {} processes, {} proportional set size in all (shared copy-on-write pages counted once).",
+            self.server.pool_idle.processes,
+            fmt_kib(self.server.pool_idle.pss_kib)
+        );
+
         s.push_str("\n### Where the time goes (server phases, mean ms per execution)\n\n");
         s.push_str("| Scenario | executions |");
         for p in PHASES {
@@ -346,6 +357,7 @@ mod tests {
                     rss_kib: Some(20480),
                     peak_kib: Some(20480),
                 },
+                pool_idle: Descendants::default(),
                 after: Rss {
                     rss_kib: Some(40960),
                     peak_kib: None,
@@ -432,12 +444,13 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| after the run | 40.0 MiB | — |"), "{md}");
-        // queue 1.0 ms, stage none, run 25.0 ms, harvest none
-        assert!(md.contains("| A | 10 | 1.0 | — | 25.0 | — |"), "{md}");
+        // queue 1.0 ms, acquire none, stage none, run 25.0 ms, harvest none
+        assert!(md.contains("| A | 10 | 1.0 | — | — | 25.0 | — |"), "{md}");
         assert!(
-            md.contains("| all (incl. warm-up) | 10 | 1.0 | — | 25.0 | — |"),
+            md.contains("| all (incl. warm-up) | 10 | 1.0 | — | — | 25.0 | — |"),
             "{md}"
         );
+        assert!(md.contains("Pool processes when idle"), "{md}");
         assert!(md.contains("- noisy"), "{md}");
     }
 

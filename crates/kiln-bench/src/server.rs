@@ -128,6 +128,10 @@ impl Server {
     }
 
     /// The server process's memory now.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub fn rss(&self) -> Rss {
         rss(self.pid)
     }
