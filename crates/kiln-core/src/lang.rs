@@ -77,6 +77,17 @@ const FAST_COMPILE: Duration = Duration::from_secs(15);
 /// Budget of heavier toolchains (rustc, the Go tool, javac, GDC, C++ templates).
 const SLOW_COMPILE: Duration = Duration::from_secs(30);
 
+/// What warm jails run before the request arrives (see kiln-sandbox's
+/// warm pool and fork-server).
+pub mod warm {
+    /// Preloaded once by the Python fork-server; defines `_kiln_zygote.run`,
+    /// which runs one program in a fresh fork exactly like `python3 -u main.py`.
+    pub const PYTHON_TEMPLATE: &str = include_str!("lang/warm/python_template.py");
+    /// Started in a parked `js` jail at `/etc/kiln/node_warm.js`: reads the
+    /// go on stdin, then runs the user's `index.js` as node's main module.
+    pub const NODE_BOOTSTRAP: &str = include_str!("lang/warm/node_warm.js");
+}
+
 /// Every runtime Kiln knows. Order is the order `health` lists them in
 /// (py and js first: other crates' tests rely on it).
 pub static LANGUAGES: &[LanguageSpec] = &[

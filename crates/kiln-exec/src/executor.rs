@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use kiln_core::outcome::{ExitStatus, RunStatus, signal_name};
 use kiln_core::{Language, Limits, Nanoid, Principal, RelPath, SessionKey};
-use kiln_sandbox::{RunRequest, RunResult, Sandbox, SandboxError, Slot};
+use kiln_sandbox::{ParkedJail, RunRequest, RunResult, Sandbox, SandboxError, Slot, WarmPool};
 use kiln_store::{NewObject, Store};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span, warn};
 
@@ -29,6 +29,8 @@ pub struct ExecConfig {
     pub limits: Limits,
     /// Walker caps.
     pub walk: WalkLimits,
+    /// Executions that run at once; more wait in the queue.
+    pub concurrency: usize,
 }
 
 impl Default for ExecConfig {
@@ -41,6 +43,7 @@ impl Default for ExecConfig {
                 max_output_files: 50,
                 max_file_bytes: 10 * 1024 * 1024,
             },
+            concurrency: 8,
         }
     }
 }
@@ -55,6 +58,10 @@ struct Inner {
     store: Store,
     sandbox: Sandbox,
     cfg: ExecConfig,
+    /// Parked jails per runtime; `None`: every run builds its jail.
+    pool: Option<WarmPool>,
+    /// One permit per execution that may run now.
+    permits: Semaphore,
     /// Cancelled by [`Executor::kill_all`]: every running execution stops.
     kill_all: CancellationToken,
     /// Executions in flight, for [`Executor::wait_idle`].
@@ -76,12 +83,17 @@ impl Drop for ActiveGuard<'_> {
 impl Executor {
     /// The sandbox empties every slot's workspace area at start and before
     /// a slot is reused, so nothing left by a crash survives.
-    pub fn new(store: Store, sandbox: Sandbox, cfg: ExecConfig) -> Self {
+    ///
+    /// With a `pool`, each run takes a parked jail of its language's profile
+    /// (`py`, `js`, ... when the pool has one, else `exec`).
+    pub fn new(store: Store, sandbox: Sandbox, cfg: ExecConfig, pool: Option<WarmPool>) -> Self {
         Executor {
             inner: Arc::new(Inner {
                 store,
                 sandbox,
+                permits: Semaphore::new(cfg.concurrency.max(1)),
                 cfg,
+                pool,
                 kill_all: CancellationToken::new(),
                 active: AtomicUsize::new(0),
                 idle: Notify::new(),
@@ -115,6 +127,11 @@ impl Executor {
 
     pub fn sandbox(&self) -> &Sandbox {
         &self.inner.sandbox
+    }
+
+    /// The warm pool, if runs use one.
+    pub fn warm_pool(&self) -> Option<&WarmPool> {
+        self.inner.pool.as_ref()
     }
 
     /// Run one execution to completion.
@@ -211,12 +228,39 @@ impl Inner {
         let resolved = self.authorize(principal, inputs).await?;
 
         let t_queue = Instant::now();
-        let slot = tokio::select! {
-            s = self.sandbox.acquire_slot() => s,
+        let _permit = tokio::select! {
+            p = self.permits.acquire() => p.map_err(|_| ExecError::ShuttingDown)?,
             () = cancel.cancelled() => return Err(ExecError::Cancelled),
         };
         metrics::histogram!("kiln_exec_phase_seconds", "phase" => "queue")
             .record(t_queue.elapsed().as_secs_f64());
+
+        // A parked jail (ready, or built now on a miss), or a bare slot.
+        let t_acquire = Instant::now();
+        let compiled = lang.spec().compile.is_some();
+        let (slot, mut parked) = match &self.pool {
+            Some(pool) => {
+                let profile = if !compiled && pool.has_profile(lang.name()) {
+                    lang.name()
+                } else {
+                    WARM_EXEC
+                };
+                let got = tokio::select! {
+                    g = pool.get(profile) => g.map_err(sandbox_error)?,
+                    () = cancel.cancelled() => return Err(ExecError::Cancelled),
+                };
+                (got.slot, Some(got.jail))
+            }
+            None => {
+                let slot = tokio::select! {
+                    s = self.sandbox.acquire_slot() => s,
+                    () = cancel.cancelled() => return Err(ExecError::Cancelled),
+                };
+                (slot, None)
+            }
+        };
+        metrics::histogram!("kiln_exec_phase_seconds", "phase" => "acquire")
+            .record(t_acquire.elapsed().as_secs_f64());
 
         self.store
             .create_session(&session_id, &principal.user_key())
@@ -226,9 +270,14 @@ impl Inner {
         let t_stage = Instant::now();
         // on the slot's own filesystem: the kernel enforces the workspace
         // quota there, and the sandbox empties it when the slot is released
-        let ws = slot.workspace_parent().join(session_id.as_str());
+        let ws = match &parked {
+            Some(j) => j.workspace().to_path_buf(),
+            None => slot.workspace_parent().join(session_id.as_str()),
+        };
         let guard = WorkspaceGuard(ws.clone());
-        let staged = self.stage(&ws, &slot, resolved, lang, &req.code).await?;
+        let staged = self
+            .stage(&ws, parked.is_none(), &slot, resolved, lang, &req.code)
+            .await?;
         metrics::histogram!("kiln_exec_phase_seconds", "phase" => "stage")
             .record(t_stage.elapsed().as_secs_f64());
 
@@ -239,7 +288,7 @@ impl Inner {
             let mut cl = limits.clone();
             cl.wall_time = lang.spec().compile_timeout;
             let r = self
-                .sandbox_run(&slot, &ws, argv, &env, cl, &cancel)
+                .sandbox_run(&slot, &ws, parked.take(), argv, &env, cl, &cancel)
                 .await?;
             if !matches!(r.exit, ExitStatus::Code(0)) || r.timed_out || r.oom_killed {
                 metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
@@ -253,6 +302,7 @@ impl Inner {
             .sandbox_run(
                 &slot,
                 &ws,
+                parked.take(),
                 lang.run_argv(&req.args, &limits),
                 &env,
                 limits,
@@ -374,6 +424,7 @@ impl Inner {
     async fn stage(
         &self,
         ws: &Path,
+        create: bool,
         slot: &Slot,
         inputs: Vec<Resolved>,
         lang: Language,
@@ -384,8 +435,11 @@ impl Inner {
         {
             let ws = ws.to_owned();
             tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                fs::create_dir(&ws)?;
-                fs::set_permissions(&ws, fs::Permissions::from_mode(0o700))?;
+                // a parked jail's workspace exists already (bound at /mnt/data)
+                if create {
+                    fs::create_dir(&ws)?;
+                    fs::set_permissions(&ws, fs::Permissions::from_mode(0o700))?;
+                }
                 chown(&ws, Some(uid), Some(gid))
             })
             .await
@@ -453,10 +507,14 @@ impl Inner {
         Ok(staged)
     }
 
+    /// Runs one program: in `parked` if given (its workspace is `ws`), else
+    /// in a jail built for it.
+    #[allow(clippy::too_many_arguments)]
     async fn sandbox_run(
         &self,
         slot: &Slot,
         ws: &Path,
+        parked: Option<ParkedJail>,
         argv: Vec<String>,
         env: &[(String, String)],
         limits: Limits,
@@ -469,18 +527,15 @@ impl Inner {
             limits,
             ..RunRequest::default()
         };
-        match self.sandbox.run(slot, req, cancel.clone()).await {
-            Ok(r) => Ok(r),
-            Err(SandboxError::Cancelled) => Err(ExecError::Cancelled),
-            Err(e @ SandboxError::Setup(_)) => {
-                warn!(error = %e, "sandbox setup failed");
-                Err(ExecError::SandboxSetup(e.to_string()))
+        let r = match parked {
+            Some(jail) => {
+                self.sandbox
+                    .run_parked(slot, jail, req, cancel.clone())
+                    .await
             }
-            Err(e) => {
-                warn!(error = %e, "sandbox run failed");
-                Err(ExecError::SandboxFailed(e.to_string()))
-            }
-        }
+            None => self.sandbox.run(slot, req, cancel.clone()).await,
+        };
+        r.map_err(sandbox_error)
     }
 
     fn finish(
@@ -651,6 +706,23 @@ pub fn environment(lang: Language, limits: &Limits) -> Vec<(String, String)> {
         env.push((k, v));
     }
     env
+}
+
+/// The warm-pool profile of languages without one of their own.
+pub const WARM_EXEC: &str = "exec";
+
+fn sandbox_error(e: SandboxError) -> ExecError {
+    match e {
+        SandboxError::Cancelled => ExecError::Cancelled,
+        e @ SandboxError::Setup(_) => {
+            warn!(error = %e, "sandbox setup failed");
+            ExecError::SandboxSetup(e.to_string())
+        }
+        e => {
+            warn!(error = %e, "sandbox run failed");
+            ExecError::SandboxFailed(e.to_string())
+        }
+    }
 }
 
 /// The `message` of a run whose compile step failed. Output overflows keep

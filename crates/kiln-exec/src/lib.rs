@@ -13,6 +13,6 @@ pub mod plan;
 pub mod types;
 pub mod walker;
 
-pub use executor::{ExecConfig, Executor, classify, content_type, environment};
+pub use executor::{ExecConfig, Executor, WARM_EXEC, classify, content_type, environment};
 pub use types::*;
 pub use walker::WalkLimits;

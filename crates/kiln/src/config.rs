@@ -75,6 +75,16 @@ pub struct Config {
     pub log_format: String,
     /// The binary run as the jail helper (`<helper> __jail`); default: this executable.
     pub jail_helper: Option<PathBuf>,
+    /// Most warm (pre-built, parked) jails kept ready over all runtimes; 0
+    /// turns the warm pool off. Each holds a uid slot and a little memory.
+    pub warm_jails: u32,
+    /// Most warm jails of one runtime (`py`, `js`, or the generic `exec`).
+    pub warm_per_runtime: u32,
+    /// Warm jails each runtime keeps while there is no demand.
+    pub warm_min: u32,
+    /// Start the Python fork-server: warm `py` jails are forks of an
+    /// interpreter that imported numpy, pandas and matplotlib once.
+    pub python_zygote: bool,
 }
 
 impl Default for Config {
@@ -110,6 +120,10 @@ impl Default for Config {
             insecure_allow_degraded_sandbox: false,
             log_format: "text".into(),
             jail_helper: None,
+            warm_jails: 4,
+            warm_per_runtime: 3,
+            warm_min: 1,
+            python_zygote: true,
         }
     }
 }
@@ -164,6 +178,14 @@ impl Config {
             bail!("timeout_secs must be > 0, memory_mb >= 16 and pids >= 4");
         }
         self.quota_mode()?;
+        if self.warm_jails > 256 || (self.warm_jails > 0 && self.warm_per_runtime == 0) {
+            bail!(
+                "warm_jails must be at most 256, and warm_per_runtime at least 1 when warm jails are on"
+            );
+        }
+        if self.warm_min > self.warm_per_runtime {
+            bail!("warm_min must not exceed warm_per_runtime");
+        }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");
         }

@@ -15,7 +15,7 @@ use anyhow::Context;
 use config::{Auth, Config};
 use kiln_core::{Language, Principal};
 use kiln_exec::{ExecConfig, ExecRequest, Executor, WalkLimits};
-use kiln_sandbox::{Sandbox, SandboxConfig};
+use kiln_sandbox::{ParkMode, ParkSpec, Sandbox, SandboxConfig, WarmConfig, WarmPool};
 use kiln_store::{Store, StoreConfig};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -51,7 +51,8 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     }
     sc.root_dir = data.join("jail-root");
     sc.uid_base = config.uid_base;
-    sc.slots = config.max_concurrency;
+    // parked warm jails hold slots of their own, beyond the concurrency
+    sc.slots = config.max_concurrency + config.warm_jails;
     sc.slots_dir = Some(data.join("slots"));
     sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
     sc.workspace_inodes = config.workspace_files;
@@ -72,7 +73,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         max_output_files: config.max_output_files,
         max_file_bytes: config.max_output_file_mb * 1024 * 1024,
     };
-    let executor = Executor::new(store.clone(), sandbox, ec);
+    ec.concurrency = config.max_concurrency as usize;
+    let pool = (config.warm_jails > 0).then(|| start_warm_pool(&sandbox, &config, &data));
+    let executor = Executor::new(store.clone(), sandbox, ec, pool);
     let languages = probe_languages().await;
     Ok(Kiln {
         config,
@@ -80,6 +83,95 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         executor,
         languages,
     })
+}
+
+/// Starts the warm pool: generic jails (`exec`), pre-started node (`js`)
+/// when node is installed, and — once the fork-server has finished its
+/// preload, in the background — embedded Python (`py`). Until then, or if
+/// the fork-server cannot start, `py` runs in generic warm jails.
+fn start_warm_pool(sandbox: &Sandbox, config: &Config, data: &std::path::Path) -> WarmPool {
+    let limits = config.limits();
+    let mut profiles = vec![(kiln_exec::WARM_EXEC.to_owned(), ParkSpec::exec())];
+    if let Some(js) = Language::resolve("js")
+        && std::path::Path::new("/usr/bin/node").is_file()
+    {
+        profiles.push((
+            js.name().to_owned(),
+            ParkSpec {
+                mode: ParkMode::Prestart,
+                argv: vec![
+                    "/usr/bin/node".to_owned(),
+                    "/etc/kiln/node_warm.js".to_owned(),
+                ],
+                env: kiln_exec::environment(js, &limits),
+                etc_files: vec![(
+                    "node_warm.js".to_owned(),
+                    kiln_core::lang::warm::NODE_BOOTSTRAP.to_owned(),
+                )],
+                seccomp_profile: kiln_sandbox::DEFAULT_SECCOMP_PROFILE.to_owned(),
+            },
+        ));
+    }
+    let pool = WarmPool::start(
+        sandbox.clone(),
+        WarmConfig {
+            max_total: config.warm_jails,
+            max_per_profile: config.warm_per_runtime,
+            min_per_profile: config.warm_min,
+            decay_after: Duration::from_secs(60),
+            limits: limits.clone(),
+        },
+        profiles,
+    );
+    if config.python_zygote {
+        let (sandbox, pool2, data) = (sandbox.clone(), pool.clone(), data.to_path_buf());
+        tokio::spawn(async move {
+            match start_python_zygote(&sandbox, &limits, &data).await {
+                Ok(info) => {
+                    metrics::gauge!("kiln_zygote_rss_bytes").set(info.rss_bytes as f64);
+                    info!(
+                        pid = info.pid,
+                        preload_ms = info.preload_ms,
+                        rss_mib = info.rss_bytes / (1024 * 1024),
+                        "python fork-server ready: py runs fork a preloaded interpreter"
+                    );
+                    pool2.add_profile(
+                        "py",
+                        ParkSpec {
+                            mode: ParkMode::Embedded,
+                            ..ParkSpec::exec()
+                        },
+                    );
+                }
+                Err(e) => {
+                    warn!(error = %e, "python fork-server unavailable: py runs start a fresh interpreter")
+                }
+            }
+        });
+    }
+    pool
+}
+
+async fn start_python_zygote(
+    sandbox: &Sandbox,
+    limits: &kiln_core::Limits,
+    data: &std::path::Path,
+) -> anyhow::Result<kiln_sandbox::ZygoteInfo> {
+    let py = Language::resolve("py").context("the py language")?;
+    let libpython = kiln_sandbox::find_libpython(std::path::Path::new("/usr/bin/python3"))?;
+    // matplotlib wants a writable config dir while the template imports it;
+    // the forks get the jail's own (MPLCONFIGDIR in their environment)
+    let mpl = data.join("zygote").join("mpl");
+    std::fs::create_dir_all(&mpl).with_context(|| format!("create {}", mpl.display()))?;
+    let mut env = kiln_exec::environment(py, limits);
+    env.retain(|(k, _)| k != "PYTHONPATH" && k != "MPLCONFIGDIR");
+    env.push(("MPLCONFIGDIR".to_owned(), mpl.display().to_string()));
+    let cfg = kiln_sandbox::ZygoteConfig {
+        libpython,
+        preload: kiln_core::lang::warm::PYTHON_TEMPLATE.to_owned(),
+        env,
+    };
+    Ok(sandbox.start_zygote(&cfg).await?)
 }
 
 /// The process-wide Prometheus recorder (installed once).
@@ -177,6 +269,9 @@ pub async fn serve(
     };
     gc.abort();
     executor.wait_idle(Duration::from_secs(10)).await;
+    if let Some(pool) = executor.warm_pool() {
+        pool.shutdown().await;
+    }
     // unmount the slots' workspace filesystems now, in order, not at exit
     executor.sandbox().shutdown();
     info!("stopped");
@@ -362,6 +457,8 @@ pub async fn exec_file(
     let code = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
     let tmp = std::env::temp_dir().join(format!("kiln-exec-{}", std::process::id()));
     config.data_dir = tmp.clone();
+    // one run: a warm pool or fork-server would only add start-up work
+    config.warm_jails = 0;
     let kiln = build(config).await?;
     let principal = Principal {
         tenant: "local".into(),
