@@ -147,6 +147,37 @@ impl WarmPool {
         pool
     }
 
+    /// Adds (or replaces the spec of) a profile, e.g. `py` once the
+    /// fork-server is up. Jails already parked for it are kept.
+    pub fn add_profile(&self, name: impl Into<String>, spec: ParkSpec) {
+        let target = self
+            .inner
+            .cfg
+            .min_per_profile
+            .min(self.inner.cfg.max_per_profile);
+        let mut profiles = self.inner.lock();
+        match profiles.entry(name.into()) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().spec = spec,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Profile {
+                    spec,
+                    ready: VecDeque::new(),
+                    building: 0,
+                    target,
+                    last_change: Instant::now(),
+                    stats: WarmStats {
+                        target,
+                        ..WarmStats::default()
+                    },
+                    backoff_until: None,
+                    failures_in_row: 0,
+                });
+            }
+        }
+        drop(profiles);
+        self.inner.wake.notify_one();
+    }
+
     /// Whether `profile` is one this pool parks jails for.
     pub fn has_profile(&self, profile: &str) -> bool {
         self.inner.lock().contains_key(profile)
