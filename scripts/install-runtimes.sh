@@ -22,9 +22,10 @@ set -euo pipefail
 # crates/kiln-core/src/lang.rs).
 LANGUAGES=(py js ts c cpp java php rs go d f90 r bash)
 
-# py: the interpreter plus the data stack LibreChat's models expect (plots need a font).
+# py: the interpreter plus the data stack LibreChat's models expect (plots need a font), and
+# the shared libpython the fork-server embeds (warm py jails fork a preloaded interpreter).
 PACKAGES_py=(
-  python3 python3-numpy python3-pandas python3-matplotlib python3-scipy python3-seaborn
+  python3 libpython3.11 python3-numpy python3-pandas python3-matplotlib python3-scipy python3-seaborn
   python3-sympy python3-sklearn python3-statsmodels python3-openpyxl python3-xlsxwriter
   python3-xlrd python3-docx python3-reportlab python3-pil python3-lxml python3-bs4
   python3-tabulate python3-pip fonts-dejavu-core

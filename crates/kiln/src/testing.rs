@@ -19,6 +19,8 @@ pub struct TestServer {
     pub shutdown: CancellationToken,
     /// Host uids this server's jails run as.
     pub uid_range: std::ops::Range<u32>,
+    /// The warm pool, when the configuration turns it on.
+    pub warm: Option<kiln_sandbox::WarmPool>,
     handle: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
@@ -40,8 +42,10 @@ impl TestServer {
         tweak(&mut cfg);
         cfg.validate()?;
         crate::init_logging_with("text", "info", true);
-        let uid_range = cfg.uid_base..cfg.uid_base + cfg.max_concurrency * 65_536;
+        let slots = cfg.max_concurrency + cfg.warm_jails;
+        let uid_range = cfg.uid_base..cfg.uid_base + slots * 65_536;
         let kiln = crate::build(cfg).await?;
+        let warm = kiln.executor.warm_pool().cloned();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let base_url = format!("http://{}", listener.local_addr()?);
         let shutdown = CancellationToken::new();
@@ -51,8 +55,26 @@ impl TestServer {
             data_dir,
             shutdown,
             uid_range,
+            warm,
             handle: Some(handle),
         })
+    }
+
+    /// Waits until the warm pool parks jails for `profile` (e.g. `py` once
+    /// the fork-server finished its preload) and every profile is filled.
+    pub async fn wait_warm(&self, profile: &str, limit: std::time::Duration) -> bool {
+        let Some(pool) = &self.warm else {
+            return false;
+        };
+        let until = tokio::time::Instant::now() + limit;
+        while !pool.has_profile(profile) {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        pool.wait_filled(until.saturating_duration_since(tokio::time::Instant::now()))
+            .await
     }
 
     /// `base_url` + `/v1`, what LibreChat's `LIBRECHAT_CODE_BASEURL` holds.
