@@ -1,19 +1,63 @@
-// Kiln: pre-started node for warm `js` jails (kiln-sandbox park mode
-// `prestart`). Node starts while the jail is parked; this file waits for the
-// go on stdin — JSON {"argv": ["/usr/bin/node", "index.js", ARGS...],
-// "env": [[k, v], ...]} — then runs the user's file as node's main module, so
-// `require.main === module`, `process.argv` and `process.env` are as with a
-// cold `node index.js ARGS` in /mnt/data. The one visible difference: stack
-// traces end in this file's frame instead of node's internal main runner.
+// Kiln: pre-started node for warm `js` jails.
+//
+// Node starts while the jail is parked (cwd /mnt/data, the jail's `js`
+// environment). This file blocks on stdin until the go arrives — ONE JSON
+// object {"argv": ["/usr/bin/node", "index.js", ARGS...], "env": [[k, v], ...]}
+// then EOF — and makes the process a cold `node index.js ARGS`:
+// process.argv = [execPath, "/mnt/data/index.js", ARGS...], process.env = the
+// go env exactly, the global module paths recomputed from the new HOME and
+// NODE_PATH, then index.js runs as node's main module (require.main === module).
+//
+// Two ways to start it:
+// - `node --require /etc/kiln/node_warm.js index.js` (preferred): this file is
+//   a preload, node itself then runs index.js from its own main runner, so
+//   stack traces and everything else match a cold run; process.execArgv is
+//   reset to [] (child_process.fork() must not preload this file again).
+// - `node /etc/kiln/node_warm.js`: this file is the main module and hands over
+//   to Module.runMain() from a process.nextTick. Unavoidable difference: the
+//   bottom two stack frames are `executeUserEntryPoint (…)` and
+//   `process.processTicksAndRejections (node:internal/process/task_queues:…)`
+//   instead of `Function.executeUserEntryPoint [as runMain] (…)` and
+//   `node:internal/main/run_main_module:…`, visible in shallow stack traces
+//   (an uncaught throw at the top level of index.js, a SyntaxError).
+// Differences in both modes: fd 0 is the go pipe, already at EOF (a cold run
+// reads whatever stdin the jail gives, normally also empty); variables node
+// reads only at startup (NODE_OPTIONS, NODE_EXTRA_CA_CERTS, ...) come from the
+// parked environment, so park with the jail's `js` environment;
+// /proc/self/cmdline shows the parked command line.
+//
+// Nothing of this file stays reachable: it removes itself from require.cache
+// and defines no globals. A bad go ends the process with status 70.
 'use strict';
-(() => {
+{
   const fs = require('fs');
   const path = require('path');
   const Module = require('module');
-  const go = JSON.parse(fs.readFileSync(0, 'utf8'));
+  const asPreload = require.main !== module;
+  let go;
+  try {
+    go = JSON.parse(fs.readFileSync(0, 'utf8'));
+    if (!Array.isArray(go.argv) || go.argv.length < 2 || !Array.isArray(go.env)) {
+      throw new Error('go needs argv [node, script, ...] and env [[k, v], ...]');
+    }
+  } catch (e) {
+    fs.writeSync(2, `kiln node_warm: bad go: ${e.message}\n`);
+    process.exit(70);
+  }
   for (const k of Object.keys(process.env)) delete process.env[k];
-  for (const [k, v] of go.env) process.env[k] = v;
-  const script = path.resolve(process.cwd(), go.argv[1] || 'index.js');
-  process.argv = [go.argv[0], script, ...go.argv.slice(2)];
-  Module.runMain(script);
-})();
+  for (const [k, v] of go.env) process.env[String(k)] = String(v);
+  Module._initPaths(); // global module paths come from HOME and NODE_PATH
+  const script = path.resolve(String(go.argv[1]));
+  if (asPreload && process.argv[1] !== script) {
+    fs.writeSync(2, `kiln node_warm: parked for ${process.argv[1]}, go runs ${script}\n`);
+    process.exit(70);
+  }
+  process.argv = [process.argv[0], script, ...go.argv.slice(2).map(String)];
+  delete require.cache[__filename];
+  if (asPreload) {
+    process.execArgv = [];
+  } else {
+    // runMain takes process.argv[1]; process.mainModule becomes the user's
+    process.nextTick(Module.runMain);
+  }
+}

@@ -1,188 +1,523 @@
-# Kiln: the Python fork-server's template (kiln-sandbox `zygote.rs`).
+# Kiln: the warm Python template, run ONCE by the fork-server as its preload.
 #
-# Run ONCE by an embedded interpreter on the host, before any user code
-# exists: it imports the data stack so that no run pays for it. Each warm `py`
-# jail is then a fork of this never-used process; inside its jail (uid 1000,
-# cwd /mnt/data, seccomp), Kiln calls `_kiln_zygote.run(go)` where `go` is
-# JSON {"argv": ["/usr/bin/python3", "-u", "main.py", ARGS...], "env": [[k, v], ...]}.
-# `run` makes the process look like a cold `python3 -u main.py ARGS` and never
-# returns: it ends the process with the program's exit status.
-import gc
-import os
-import sys
-import types
+# The fork-server embeds libpython, runs this file as root on the host, then
+# forks one child per execution. The child enters a fresh jail (uid 1000, cwd
+# /mnt/data, seccomp) and calls
+#     import _kiln_zygote; _kiln_zygote.run(bytes.fromhex("<hex>"))
+# with the UTF-8 JSON {"argv": ["/usr/bin/python3", "-u", "main.py", ARGS...],
+# "env": [["K", "V"], ...]}. `run` never returns: it makes the process look
+# like a cold `python3 -u main.py ARGS` started with that environment, runs
+# main.py (in the current directory) as __main__, then shuts down the way
+# CPython's Py_FinalizeEx does and ends the process with os._exit(status).
+#
+# What the preload does: imports the data stack (numpy, pandas, matplotlib on
+# Agg, pyplot) and common stdlib modules, seeds matplotlib's font cache, makes
+# plt.show() save plot_<n>.png (like sitecustomize.py), then gc.freeze()s it
+# all so the children share the pages. It never runs user code.
+#
+# Differences from a cold interpreter that this file cannot remove:
+# - sys.modules already holds the preloaded modules (and no Kiln sitecustomize);
+# - sys.flags and the str hash seed come from the host's Py_InitializeEx, so the
+#   host should initialise with the jail's PYTHON* and locale variables
+#   (PYTHONUNBUFFERED=1, PYTHONDONTWRITEBYTECODE=1, LC_ALL=C.UTF-8), and every
+#   child shares one hash seed (set iteration order repeats across runs);
+# - frames of the caller ("<string>") and of this file sit below the user's
+#   module frame: tracebacks hide them and the recursion limit hides their
+#   depth (sys.get/setrecursionlimit become wrappers), but sys._getframe(1) or
+#   traceback.print_stack() can see them;
+# - at exit, the modules the program loaded are torn down as CPython does (so
+#   __del__ runs and unclosed files are flushed); preloaded modules are not.
+# The fork-server must call PyOS_AfterFork_Child() in the child (threading's
+# and random's at-fork hooks); the child reseeds random and numpy anyway.
 
-_FONT_CACHE = "/usr/local/share/kiln/matplotlib"
 
+def _kiln_template():
+    # Everything lives in this function's scope so that the namespace the
+    # template is executed in (the host's __main__) keeps no names.
+    import gc
+    import os
+    import sys
+    import types
 
-def _seed_font_cache(target):
-    try:
-        os.makedirs(target, exist_ok=True)
-        for name in os.listdir(_FONT_CACHE):
-            if name.startswith("fontlist-") and not os.path.exists(os.path.join(target, name)):
-                with open(os.path.join(_FONT_CACHE, name), "rb") as src, open(
-                    os.path.join(target, name), "wb"
-                ) as out:
-                    out.write(src.read())
-    except OSError:
-        pass  # no prebuilt cache: matplotlib builds its own
+    font_cache = "/usr/local/share/kiln/matplotlib"
+    stdlib = (
+        "abc argparse array ast atexit base64 bisect calendar codecs collections "
+        "collections.abc contextlib copy csv dataclasses datetime decimal enum "
+        "fractions functools glob gzip hashlib heapq html importlib.machinery io "
+        "itertools json locale logging math operator os pathlib pickle pprint "
+        "queue random re runpy shutil signal site statistics string struct "
+        "subprocess sys tempfile textwrap threading time traceback types typing "
+        "unicodedata urllib.parse uuid warnings weakref zipfile"
+    ).split()
+    data_stack = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 
+    # The jail's values, read once at import by numpy's BLAS and matplotlib. A
+    # BLAS thread started here would not survive the fork.
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
 
-def _preload():
-    import atexit, collections, csv, dataclasses, datetime, decimal, fractions  # noqa: F401,E401
-    import functools, io, itertools, json, math, pathlib, random, re, runpy  # noqa: F401,E401
-    import signal, statistics, string, subprocess, textwrap, threading  # noqa: F401,E401
-    import traceback, typing, unittest, urllib.parse, uuid  # noqa: F401,E401
-    for name in ("numpy", "pandas"):
+    def seed_font_cache():
+        """Copy the prebuilt fontlist-*.json into MPLCONFIGDIR (saves the font scan)."""
+        target = os.environ.get("MPLCONFIGDIR")
+        if not target:
+            return
         try:
-            __import__(name)
+            names = [n for n in os.listdir(font_cache) if n.startswith("fontlist-")]
+            if names:
+                os.makedirs(target, exist_ok=True)
+            for name in names:
+                dest = os.path.join(target, name)
+                if not os.path.exists(dest):
+                    with open(os.path.join(font_cache, name), "rb") as src:
+                        with open(dest, "wb") as out:
+                            out.write(src.read())
+        except OSError:
+            pass  # no prebuilt cache: matplotlib builds its own
+
+    seed_font_cache()
+    import importlib
+
+    for name in stdlib:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    for name in data_stack:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a missing or broken optional package: preload without it
+            pass
+
+    import atexit
+    import codecs
+    import functools
+    import io
+    import json
+    import locale
+    import signal
+    import site
+    import weakref
+    from importlib.machinery import SourceFileLoader
+
+    # plt.show() saves every open figure as plot_<n>.png in the directory the
+    # execution started in (what sitecustomize.py does with its startup cwd).
+    output_dir = [os.getcwd()]
+
+    def next_plot_path():
+        n = 1
+        while True:
+            path = os.path.join(output_dir[0], "plot_%d.png" % n)
+            if not os.path.lexists(path):
+                return path
+            n += 1
+
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+
+        def show(*args, **kwargs):
+            """Kiln: save each open figure as plot_<n>.png in /mnt/data, then close it."""
+            for num in plt.get_fignums():
+                plt.figure(num).savefig(next_plot_path())
+            plt.close("all")
+
+        show.__wrapped__ = plt.show
+        plt.show = show
+
+    # sys.unraisablehook takes only this struct type; it is not exported, so
+    # catch one instance of it.
+    caught = []
+    hook, sys.unraisablehook = sys.unraisablehook, caught.append
+
+    class _Unraisable:
+        def __del__(self):
+            raise RuntimeError
+
+    _Unraisable()
+    sys.unraisablehook = hook
+    unraisable_args = type(caught[0]) if caught else None
+    del caught
+
+    # sys.path without the host's own entries; run() puts the script dir,
+    # PYTHONPATH and the user site in front of / between these, as site.py does.
+    host_pythonpath = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    site_dirs = set(site.getsitepackages())
+    base_path = [
+        p
+        for p in sys.path
+        if p and p not in host_pythonpath and p != site.getusersitepackages()
+    ]
+    split = next((i for i, p in enumerate(base_path) if p in site_dirs), len(base_path))
+    stdlib_path, site_path = base_path[:split], base_path[split:]
+    preloaded = set(sys.modules)
+    template_globals = globals()  # every frame of this file runs with these
+
+    def write_stderr(text):
+        try:
+            sys.stderr.write(text)
         except Exception:
             pass
-    if os.environ.get("MPLCONFIGDIR"):
-        _seed_font_cache(os.environ["MPLCONFIGDIR"])
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def strip(exc):
+        """Drop this file's frames from the head of exc's traceback."""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_globals is template_globals:
+            tb = tb.tb_next
+        return exc.with_traceback(tb)
 
-        _patch_pyplot(plt)
-    except Exception:
-        pass
-
-
-def _patch_pyplot(plt):
-    def show(*args, **kwargs):
-        """Kiln: save each open figure as plot_<n>.png in the working directory, then close it."""
-        for num in plt.get_fignums():
-            n = 1
-            while os.path.lexists(os.path.join(os.getcwd(), "plot_%d.png" % n)):
-                n += 1
-            plt.figure(num).savefig(os.path.join(os.getcwd(), "plot_%d.png" % n))
-        plt.close("all")
-
-    show.__wrapped__ = plt.show
-    plt.show = show
-
-
-def _repoint_matplotlib(confdir):
-    """matplotlib cached the template's (host) config dir: use the jail's."""
-    mpl = sys.modules.get("matplotlib")
-    if mpl is None or not confdir:
-        return
-    try:
-        os.makedirs(confdir, exist_ok=True)
-    except OSError:
-        return
-    mpl.get_configdir = lambda: confdir
-    mpl.get_cachedir = lambda: confdir
-
-
-def _exit_code(e):
-    """What a cold interpreter does with an uncaught SystemExit."""
-    code = e.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write(str(code) + "\n")
-    except Exception:
-        pass
-    return 1
-
-
-def _print_exception(e, script):
-    """Like the default hook at top level: the user's frames only."""
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
-        tb = tb.tb_next
-    # the hook prints the exception's own traceback when it has one
-    e.__traceback__ = tb
-    sys.excepthook(type(e), e, tb)
-
-
-def _flush():
-    ok = True
-    for stream in (sys.stdout, sys.stderr):
+    def report_unraisable(exc, obj):
+        """PyErr_WriteUnraisable(obj) for exc, through sys.unraisablehook."""
+        exc = strip(exc)
         try:
-            if stream is not None:
-                stream.flush()
+            if unraisable_args is None:
+                raise TypeError("no UnraisableHookArgs")
+            sys.unraisablehook(unraisable_args((type(exc), exc, exc.__traceback__, None, obj)))
         except Exception:
-            ok = False
-    return ok
+            write_stderr("Exception ignored in: %r\n%s: %s\n" % (obj, type(exc).__name__, exc))
 
+    def std_stream(fd, name, mode, encoding, errors, unbuffered):
+        """A sys.std* stream built the way CPython's create_stdio builds it."""
+        try:
+            os.fstat(fd)
+        except OSError:
+            return None
+        write = mode == "w"
+        buffering = 0 if unbuffered and write else -1
+        buf = io.open(fd, mode + "b", buffering, closefd=False)
+        raw = buf if buffering == 0 else buf.raw
+        raw.name = name
+        line_buffering = not unbuffered and (raw.isatty() or fd == 2)
+        stream = io.TextIOWrapper(
+            buf,
+            encoding,
+            errors,
+            newline="\n",
+            line_buffering=line_buffering,
+            write_through=unbuffered,
+        )
+        stream.mode = mode
+        return stream
 
-def run(go):
-    import json
-    import signal
-    import threading
+    def setup_stdio(env, unbuffered):
+        io_encoding, _, io_errors = env.get("PYTHONIOENCODING", "").partition(":")
+        encoding = io_encoding or codecs.lookup(locale.getencoding()).name
+        if io_errors:
+            errors = io_errors
+        elif locale.setlocale(locale.LC_CTYPE) in ("C", "POSIX", "C.UTF-8", "C.utf8", "UTF-8"):
+            errors = "surrogateescape"  # what CPython picks for the C locale and its coercions
+        else:
+            errors = "strict"
+        sys.stdin = sys.__stdin__ = std_stream(0, "<stdin>", "r", encoding, errors, unbuffered)
+        sys.stdout = sys.__stdout__ = std_stream(1, "<stdout>", "w", encoding, errors, unbuffered)
+        sys.stderr = sys.__stderr__ = std_stream(
+            2, "<stderr>", "w", encoding, "backslashreplace", unbuffered
+        )
 
-    go = json.loads(go)
-    argv = go["argv"]
-    os.environ.clear()
-    os.environ.update(dict(go["env"]))
-    _repoint_matplotlib(os.environ.get("MPLCONFIGDIR"))
-    # a cold interpreter's signal dispositions (the jail reset them all)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for name in ("SIGPIPE", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    def setup_signals():
+        """The dispositions and mask a cold interpreter starts with."""
+        try:
+            signal.set_wakeup_fd(-1)
+        except (ValueError, OSError):
+            pass
+        for sig in signal.valid_signals():
+            if sig in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError, RuntimeError):
+                pass  # glibc's reserved real-time signals
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
-    # argv[0] is the interpreter, then -u, then the script and its arguments
-    rest = argv[1:]
-    while rest and rest[0].startswith("-") and rest[0] != "-":
-        rest = rest[1:]
-    script_arg = rest[0] if rest else "main.py"
-    script = os.path.join(os.getcwd(), script_arg)
-    sys.argv = [script_arg] + rest[1:]
-    sys.orig_argv = list(argv)
-    sys.executable = sys._base_executable = "/usr/bin/python3"
-    if sys.path and sys.path[0] in ("", "."):
-        sys.path[0] = os.path.dirname(script)
-    else:
-        sys.path.insert(0, os.path.dirname(script))
+    def setup_sys(argv, script, env, script_dir):
+        sys.argv = argv[script:]
+        sys.orig_argv = list(argv)
+        sys.executable = sys._base_executable = argv[0]
+        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE")) or "-B" in argv[1:script]
+        for name in ("last_type", "last_value", "last_traceback"):
+            sys.__dict__.pop(name, None)
+        sys.excepthook = sys.__excepthook__
+        sys.displayhook = sys.__displayhook__
+        sys.unraisablehook = sys.__unraisablehook__
+        sys.breakpointhook = sys.__breakpointhook__
+        pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path = [script_dir] + pythonpath + stdlib_path
+        site.USER_BASE = site.USER_SITE = None
+        user_site = site.getusersitepackages()  # from the new HOME
+        if site.ENABLE_USER_SITE and os.path.isdir(user_site):
+            site.addsitedir(user_site)
+        sys.path.extend(site_path)
+        sys.path_importer_cache.clear()
+        importlib.invalidate_caches()
 
-    # the user's module becomes __main__, as with `python3 main.py`
-    main = types.ModuleType("__main__")
-    main.__file__ = script
-    main.__builtins__ = __builtins__
-    main.__loader__ = None
-    main.__spec__ = None
-    sys.modules["__main__"] = main
-    code = 0
-    try:
-        with open(script, "rb") as f:
-            source = f.read()
-        exec(compile(source, script, "exec"), main.__dict__)
-    except SystemExit as e:
-        code = _exit_code(e)
-    except BaseException as e:  # noqa: BLE001 - reported like the interpreter does
-        _print_exception(e, script)
-        code = 130 if isinstance(e, KeyboardInterrupt) else 1
-    # interpreter shutdown: non-daemon threads, atexit handlers, flush
-    try:
-        threading._shutdown()
-    except Exception:
-        pass
-    try:
-        import atexit
+    def setup_libraries():
+        """Per-process state the preloaded libraries took from the host."""
+        import random
 
+        random.seed()
+        np_random = sys.modules.get("numpy.random")
+        if np_random is not None:
+            np_random.seed()
+        mpl = sys.modules.get("matplotlib")
+        if mpl is not None:
+            seed_font_cache()
+            for name in ("get_configdir", "get_cachedir"):
+                getter = getattr(mpl, name, None)
+                inner = getattr(getter, "__wrapped__", None)
+                if inner is not None:
+                    path = inner()  # creates the directory under the new MPLCONFIGDIR
+                    setattr(mpl, name, functools.wraps(inner)(lambda path=path: path))
+
+    def main_module(path):
+        """The __main__ module exactly as pymain creates it for a script."""
+        main = types.ModuleType("__main__")
+        main.__loader__ = SourceFileLoader("__main__", path)
+        main.__annotations__ = {}
+        main.__builtins__ = sys.modules["builtins"]
+        main.__file__ = path
+        main.__cached__ = None
+        return main
+
+    def source_code(source, path):
+        """compile() of main.py with the file tokenizer's quirks: a NUL byte ends its line, and
+        undecodable bytes are reported as for a file."""
+        if b"\0" in source:
+            source = b"".join(line.split(b"\0", 1)[0] for line in source.splitlines(True))
+        if not source.startswith(codecs.BOM_UTF8) and b"coding" not in b"\n".join(
+            source.split(b"\n", 2)[:2]
+        ):
+            try:
+                source.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SyntaxError(
+                    "Non-UTF-8 code starting with '\\x%.2x' in file %s on line %d, but no "
+                    "encoding declared; see https://peps.python.org/pep-0263/ for details"
+                    % (source[e.start], path, source.count(b"\n", 0, e.start) + 1)
+                ) from None
+        return compile(source, path, "exec", dont_inherit=True)
+
+    def system_exit_status(exc):
+        """_Py_HandleSystemExit: the exit status of SystemExit, printing a non-int code."""
+        code = getattr(exc, "code", exc)
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            # C: (int)PyLong_AsLong(code), then exit() keeps the low byte
+            return code & 0xFF if -(2**63) <= code < 2**63 else 0xFF
+        try:
+            text = str(code)
+        except Exception:
+            text = object.__repr__(code)
+        write_stderr(text)
+        write_stderr("\n")
+        return 1
+
+    def print_exception(exc):
+        """PyErr_Print for a non-SystemExit exception; returns the exit status."""
+        exc = strip(exc)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        try:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        except SystemExit as hook_exit:
+            return system_exit_status(hook_exit)
+        except BaseException as hook_error:
+            hook_error = strip(hook_error)
+            write_stderr("Error in sys.excepthook:\n")
+            sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+            write_stderr("\nOriginal exception was:\n")
+            sys.__excepthook__(type(exc), exc, exc.__traceback__)
+        return 1
+
+    def flush_std_files():
+        """Py_FinalizeEx's flush of sys.stdout and sys.stderr; False if one failed."""
+        ok = True
+        for stream, report in ((sys.stdout, True), (sys.stderr, False)):
+            if stream is None:
+                continue
+            try:
+                if getattr(stream, "closed"):
+                    continue
+            except Exception:
+                pass
+            try:
+                stream.flush()
+            except BaseException as e:
+                if report:
+                    report_unraisable(e, stream)
+                ok = False
+        return ok
+
+    def clear_module_dict(d):
+        """_PyModule_ClearDict: _private names first, then all but __builtins__."""
+        for key in list(d):
+            if isinstance(key, str) and key[:1] == "_" and key[1:2] != "_" and d[key] is not None:
+                d[key] = None
+        for key in list(d):
+            if isinstance(key, str) and key != "__builtins__" and d[key] is not None:
+                d[key] = None
+
+    def teardown():
+        """CPython's finalize_modules for the modules the program loaded (and __main__), so
+        that __del__ methods run and unclosed files get flushed: reset sys's special names,
+        drop the modules, collect, clear the dicts of those still alive (newest first),
+        collect again. Preloaded modules are left alone."""
+        sys.modules["builtins"]._ = None
+        for name in (
+            "path argv ps1 ps2 last_type last_value last_traceback path_hooks "
+            "path_importer_cache meta_path __interactivehook__"
+        ).split():
+            setattr(sys, name, None)
+        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+        refs = []
+        for name in list(sys.modules):
+            if name not in preloaded or name == "__main__":
+                if isinstance(sys.modules[name], types.ModuleType):
+                    refs.append(weakref.ref(sys.modules[name]))
+                del sys.modules[name]
+        gc.collect()
+        for ref in reversed(refs):
+            module = ref()
+            if module is not None:
+                clear_module_dict(module.__dict__)
+            module = None
+        gc.collect()
+
+    def finalize(status):
+        """Py_FinalizeEx as a script observes it; returns the process exit status."""
+        threading_module = sys.modules.get("threading")
+        if threading_module is not None:
+            try:
+                threading_module._shutdown()  # waits for non-daemon threads
+            except BaseException as e:
+                report_unraisable(e, threading_module)
+        threading_module = None
         atexit._run_exitfuncs()
-    except SystemExit as e:
-        code = _exit_code(e)
-    except BaseException:
-        pass
-    if not _flush() and code == 0:
-        code = 120
-    os._exit(code)
+        if not flush_std_files():
+            status = 120
+        try:
+            gc.collect()
+            teardown()
+            for stream in (sys.__stdout__, sys.__stderr__):
+                if stream is not None:
+                    stream.flush()
+        except BaseException:
+            pass  # as in CPython, errors this late are not reported
+        return status
+
+    # Module code that recurses until RecursionError; in a cold `python3 main.py` it
+    # reaches a depth of limit - 1.
+    probe = compile(
+        "def p():\n    global n\n    n += 1\n    p()\nn = 0\n"
+        "try:\n    p()\nexcept RecursionError:\n    pass\n",
+        "<kiln-recursion-probe>",
+        "exec",
+    )
+
+    def hide_frames_from_recursion_limit(offset):
+        """Raise the limit by offset, and make sys's getter and setter pretend it was not."""
+        real_get, real_set = sys.getrecursionlimit, sys.setrecursionlimit
+        real_set(real_get() + offset)
+
+        @functools.wraps(real_get)
+        def getrecursionlimit():
+            return real_get() - offset
+
+        @functools.wraps(real_set)
+        def setrecursionlimit(limit):
+            if isinstance(limit, int) and limit >= 1:
+                limit += offset
+            real_set(limit)
+
+        sys.getrecursionlimit, sys.setrecursionlimit = getrecursionlimit, setrecursionlimit
+
+    def execute(path):
+        """Run main.py as __main__ and shut down; returns the exit status (or dies by SIGINT).
+        Holds no reference to the __main__ module (teardown must be able to free it)."""
+        interrupted = False
+        try:
+            with open(path, "rb") as f:
+                source = f.read()
+        except OSError as e:
+            write_stderr(
+                "%s: can't open file %r: [Errno %d] %s\n"
+                % (sys.orig_argv[0], path, e.errno, e.strerror)
+            )
+            return finalize(2)
+        # The frames below this one count against the recursion limit: measure how
+        # deep module code called from here can go, with a low limit to keep it quick.
+        limit, low, space = sys.getrecursionlimit(), 100, {}
+        while True:
+            try:
+                sys.setrecursionlimit(low)
+                break
+            except RecursionError:
+                low *= 2
+        exec(probe, space)  # the same call as the program's exec below
+        sys.setrecursionlimit(limit)
+        if space["n"] != low - 1:
+            hide_frames_from_recursion_limit(low - 1 - space["n"])
+        try:
+            exec(source_code(source, path), sys.modules["__main__"].__dict__)
+            status = 0
+        except SystemExit as e:
+            status = system_exit_status(e)
+        except BaseException as e:
+            status = print_exception(e)
+            interrupted = isinstance(e, KeyboardInterrupt)
+        status = finalize(status)
+        if interrupted:
+            # CPython's exit_sigint(): die by SIGINT so that the parent sees it
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            return 130
+        return status
+
+    def run(go):
+        """Become `python3 [-u|-B] SCRIPT ARGS...` as described by go (JSON argv and env), with
+        the script in the current directory, run it and os._exit(). Never returns."""
+        try:
+            request = json.loads(bytes(go).decode("utf-8"))
+            argv = [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in request["env"]}
+            script = 1
+            while script < len(argv) and argv[script] in ("-u", "-B"):
+                script += 1
+            if script >= len(argv) or argv[script].startswith("-"):
+                raise ValueError("unsupported interpreter options in argv %r" % (argv,))
+            unbuffered = "-u" in argv[1:script] or bool(env.get("PYTHONUNBUFFERED"))
+            cwd = os.getcwd()
+            path = os.path.join(cwd, argv[script])
+            os.environ.clear()
+            os.environ.update(env)
+            locale.setlocale(locale.LC_ALL, "C")
+            locale.setlocale(locale.LC_CTYPE, "")
+            setup_signals()
+            setup_stdio(env, unbuffered)
+            setup_sys(argv, script, env, os.path.dirname(path))
+            setup_libraries()
+            output_dir[0] = cwd
+            sys.modules["__main__"] = main_module(path)
+            sys.modules.pop("_kiln_zygote", None)
+        except BaseException as e:
+            os.write(2, ("kiln-zygote: cannot start: %r\n" % (e,)).encode("utf-8", "replace"))
+            os._exit(70)
+        try:
+            status = execute(path)
+        except BaseException as e:  # an error inside this template's own shutdown
+            os.write(2, ("kiln-zygote: %r\n" % (e,)).encode("utf-8", "replace"))
+            status = 70
+        os._exit(status)
+
+    zygote = types.ModuleType("_kiln_zygote", "Kiln's warm Python template: run(go) never returns.")
+    zygote.run = run
+    sys.modules["_kiln_zygote"] = zygote
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+    gc.freeze()
 
 
-_module = types.ModuleType("_kiln_zygote")
-_module.run = run
-sys.modules["_kiln_zygote"] = _module
-_preload()
-# Imported objects never change again: keep the collector off their pages,
-# so forks share them copy-on-write instead of touching every one.
-gc.collect()
-gc.freeze()
+_kiln_template()
+del _kiln_template
