@@ -47,6 +47,14 @@ fn workspaces_in(data: &std::path::Path) -> usize {
         .sum()
 }
 
+/// Parked warm jails keep processes and workspaces by design: tear them
+/// down, so what is left can only be the run's.
+async fn drain_warm_pool(s: &kiln::testing::TestServer) {
+    if let Some(pool) = &s.warm {
+        pool.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_its_run() {
     let _g = SERIAL.lock().await;
@@ -61,6 +69,7 @@ async fn a_client_that_disconnects_cancels_its_run() {
         .send()
         .await;
     assert!(r.is_err(), "request should time out client-side");
+    drain_warm_pool(&s).await;
     assert!(
         wait_until(Duration::from_secs(10), || jail_processes_of(&s).is_empty()).await,
         "jail processes survive the disconnect: {:?}",
@@ -86,6 +95,7 @@ async fn double_forked_daemons_die_with_the_run() {
     )
     .await;
     assert_eq!(r["stdout"], "parent-done\n");
+    drain_warm_pool(&s).await;
     assert!(
         wait_until(Duration::from_secs(5), || jail_processes_of(&s).is_empty()).await,
         "daemonised children survived: {:?}",

@@ -249,8 +249,11 @@ def _kiln_template():
         if site.ENABLE_USER_SITE and os.path.isdir(user_site):
             site.addsitedir(user_site)
         sys.path.extend(site_path)
-        sys.path_importer_cache.clear()
-        importlib.invalidate_caches()
+        # Finders the host cached for the new leading entries (a fresh jail's /mnt/data is
+        # not the host's); the others stay: they revalidate by directory mtime, and
+        # freeing them all would copy-on-write a large part of the heap.
+        for entry in [script_dir] + pythonpath:
+            sys.path_importer_cache.pop(entry, None)
 
     def setup_libraries():
         """Per-process state the preloaded libraries took from the host."""
@@ -262,7 +265,6 @@ def _kiln_template():
             np_random.seed()
         mpl = sys.modules.get("matplotlib")
         if mpl is not None:
-            seed_font_cache()
             for name in ("get_configdir", "get_cachedir"):
                 getter = getattr(mpl, name, None)
                 inner = getattr(getter, "__wrapped__", None)
