@@ -380,7 +380,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=os.path.join(WARM_DIR, "fidelity.json"))
     parser.add_argument("--only", nargs="*", help="run the cases whose name contains one of these")
-    parser.add_argument("--node-mode", choices=("main", "preload"), default="main",
+    parser.add_argument("--node-mode", choices=("main", "preload"), default="preload",
                         help="start node_warm.js as the main module or as a --require preload")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--bench", type=int, metavar="N", help="measure latencies over N runs")

@@ -460,14 +460,20 @@ def _kiln_template():
         sys.setrecursionlimit(limit)
         if space["n"] != low - 1:
             hide_frames_from_recursion_limit(low - 1 - space["n"])
+        error = None
         try:
             exec(source_code(source, path), sys.modules["__main__"].__dict__)
             status = 0
         except SystemExit as e:
             status = system_exit_status(e)
         except BaseException as e:
-            status = print_exception(e)
-            interrupted = isinstance(e, KeyboardInterrupt)
+            error = e
+        if error is not None:
+            # outside the except block, as PyErr_Print runs: the hook sees no exception
+            # being handled, and one it raises gets no __context__
+            status = print_exception(error)
+            interrupted = isinstance(error, KeyboardInterrupt)
+            error = None
         status = finalize(status)
         if interrupted:
             # CPython's exit_sigint(): die by SIGINT so that the parent sees it
