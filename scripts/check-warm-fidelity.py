@@ -299,6 +299,23 @@ def show_diff(name, cold, warm, diffs):
             print("  %s: cold %r, warm %r" % (what, a, b))
 
 
+RESEED = {
+    "name": "warm_runs_reseed_random",
+    "lang": "py",
+    "code": "import random\ntry:\n    import numpy\n    print(random.random(), numpy.random.rand())\n"
+    "except ImportError:\n    print(random.random(), random.random())\n",
+    "args": [],
+}
+
+
+def reseeded(server):
+    """Two forks of one template must not share random's or numpy's generator state."""
+    a, b = run_warm_py(RESEED, server), run_warm_py(RESEED, server)
+    if a.status or b.status or len(a.stdout.split()) != 2:
+        return False
+    return all(x != y for x, y in zip(a.stdout.split(), b.stdout.split()))
+
+
 def check(args):
     with open(args.cases) as f:
         cases = json.load(f)
@@ -324,6 +341,10 @@ def check(args):
             rows.append((case["name"], cold, warm, diffs))
             if diffs and args.verbose:
                 show_diff(case["name"], cold, warm, diffs)
+        if server:
+            ok = reseeded(server)
+            failures += not ok
+            extra = "ok" if ok else "DIFF: two warm runs printed the same random numbers"
     finally:
         if server:
             server.close()
@@ -332,7 +353,10 @@ def check(args):
     for name, cold, warm, diffs in rows:
         result = "ok" if not diffs else "DIFF: " + ", ".join(diffs)
         print("%-*s  %-6s  %8.1f  %8.1f  %s" % (width, name, cold.status, cold.ms, warm.ms, result))
-    print("%d of %d cases differ" % (failures, len(rows)))
+    if server:
+        print("%-*s  %s" % (width, RESEED["name"], extra))
+        rows.append(RESEED)
+    print("%d of %d checks failed" % (failures, len(rows)))
     return 1 if failures else 0
 
 

@@ -20,11 +20,11 @@
 //   instead of `Function.executeUserEntryPoint [as runMain] (…)` and
 //   `node:internal/main/run_main_module:…`, visible in shallow stack traces
 //   (an uncaught throw at the top level of index.js, a SyntaxError).
-// Differences in both modes: fd 0 is the go pipe, already at EOF (a cold run
-// reads whatever stdin the jail gives, normally also empty); variables node
-// reads only at startup (NODE_OPTIONS, NODE_EXTRA_CA_CERTS, ...) come from the
-// parked environment, so park with the jail's `js` environment;
-// /proc/self/cmdline shows the parked command line.
+// Once the go is read, fd 0 is reopened on /dev/null (a cold jail's stdin).
+// Differences in both modes: variables node reads only at startup
+// (NODE_OPTIONS, NODE_EXTRA_CA_CERTS, ...) come from the parked environment,
+// so park with the jail's `js` environment; /proc/self/cmdline shows the
+// parked command line.
 //
 // Nothing of this file stays reachable: it removes itself from require.cache
 // and defines no globals. A bad go ends the process with status 70.
@@ -44,6 +44,11 @@
     fs.writeSync(2, `kiln node_warm: bad go: ${e.message}\n`);
     process.exit(70);
   }
+  // stdin becomes /dev/null, as in a cold jail: the lowest free descriptor is
+  // reused, and no other thread opens files at this point
+  fs.closeSync(0);
+  const devNull = fs.openSync('/dev/null', 'r+');
+  if (devNull !== 0) fs.closeSync(devNull);
   for (const k of Object.keys(process.env)) delete process.env[k];
   for (const [k, v] of go.env) process.env[String(k)] = String(v);
   Module._initPaths(); // global module paths come from HOME and NODE_PATH
