@@ -200,7 +200,11 @@ def _kiln_template():
 
     def setup_stdio(env, unbuffered):
         io_encoding, _, io_errors = env.get("PYTHONIOENCODING", "").partition(":")
-        encoding = io_encoding or codecs.lookup(locale.getencoding()).name
+        getencoding = getattr(locale, "getencoding", None)  # 3.11+
+        if getencoding is None:
+            encoding = io_encoding or locale.getpreferredencoding(False)
+        else:
+            encoding = io_encoding or codecs.lookup(getencoding()).name
         if io_errors:
             errors = io_errors
         elif locale.setlocale(locale.LC_CTYPE) in ("C", "POSIX", "C.UTF-8", "C.utf8", "UTF-8"):
@@ -236,7 +240,7 @@ def _kiln_template():
         sys.orig_argv = list(argv)
         sys.executable = sys._base_executable = argv[0]
         sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE")) or "-B" in argv[1:script]
-        for name in ("last_type", "last_value", "last_traceback"):
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
             sys.__dict__.pop(name, None)
         sys.excepthook = sys.__excepthook__
         sys.displayhook = sys.__displayhook__
@@ -258,8 +262,18 @@ def _kiln_template():
     def setup_libraries():
         """Per-process state the preloaded libraries took from the host."""
         import random
+        import time
 
+        time.tzset()  # TZ or the jail's /etc/localtime, not the host's
         random.seed()
+        platform = sys.modules.get("platform")
+        if platform is not None:  # uname() (the host's name) and os-release are cached
+            platform._uname_cache = platform._os_release_cache = None
+        logging = sys.modules.get("logging")
+        if logging is not None:  # base of LogRecord.relativeCreated: "import time"
+            logging._startTime = type(logging._startTime)(
+                time.time_ns() if isinstance(logging._startTime, int) else time.time()
+            )
         np_random = sys.modules.get("numpy.random")
         if np_random is not None:
             np_random.seed()
@@ -320,6 +334,12 @@ def _kiln_template():
         """PyErr_Print for a non-SystemExit exception; returns the exit status."""
         exc = strip(exc)
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
+        if not hasattr(sys, "excepthook"):
+            write_stderr("sys.excepthook is missing\n")
+            sys.__excepthook__(type(exc), exc, exc.__traceback__)
+            return 1
         try:
             sys.excepthook(type(exc), exc, exc.__traceback__)
         except SystemExit as hook_exit:
@@ -369,7 +389,7 @@ def _kiln_template():
         for name in (
             "path argv ps1 ps2 last_type last_value last_traceback path_hooks "
             "path_importer_cache meta_path __interactivehook__"
-        ).split():
+        ).split() + (["last_exc"] if sys.version_info >= (3, 12) else []):
             setattr(sys, name, None)
         sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
         refs = []
