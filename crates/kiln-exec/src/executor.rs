@@ -246,8 +246,20 @@ impl Inner {
                     WARM_EXEC
                 };
                 let got = tokio::select! {
-                    g = pool.get(profile) => g.map_err(sandbox_error)?,
+                    g = pool.get(profile) => g,
                     () = cancel.cancelled() => return Err(ExecError::Cancelled),
+                };
+                // a runtime's own warm jail failed (the fork-server died, say):
+                // a generic one runs the same program the cold way
+                let got = match got {
+                    Err(e) if profile != WARM_EXEC => {
+                        warn!(profile, error = %e, "warm jail unavailable; using a generic one");
+                        tokio::select! {
+                            g = pool.get(WARM_EXEC) => g.map_err(sandbox_error)?,
+                            () = cancel.cancelled() => return Err(ExecError::Cancelled),
+                        }
+                    }
+                    other => other.map_err(sandbox_error)?,
                 };
                 (got.slot, Some(got.jail))
             }

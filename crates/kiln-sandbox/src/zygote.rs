@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 
 use nix::cmsg_space;
 use nix::fcntl::{FcntlArg, fcntl};
-use nix::sys::signal::Signal;
 use nix::sys::socket::{
     AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
     sendmsg, socketpair,
@@ -252,8 +251,9 @@ impl Drop for Zygote {
 
 /// Entry point of `kiln __zygote`. Never returns.
 pub fn zygote_main() -> ! {
-    // Die with the server.
-    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // No parent-death signal: it fires when the *thread* that spawned us
+    // exits (a tokio blocking thread retires after idling). The server's
+    // death closes the socket instead, and we exit on its EOF.
     let Some(sock) = sys::adopt_inherited_fd(0) else {
         eprintln!("kiln __zygote: internal entry point of the sandbox (no socket on fd 0)");
         sys::exit_now(2);
