@@ -279,12 +279,30 @@ def _kiln_template():
             np_random.seed()
         mpl = sys.modules.get("matplotlib")
         if mpl is not None:
+            # matplotlib cached the host's config and cache dirs: compute them again, from
+            # the new MPLCONFIGDIR, on first use (a cold import makes the directory)
+            try:
+                os.makedirs(os.environ.get("MPLCONFIGDIR") or "", exist_ok=True)
+            except OSError:
+                pass
             for name in ("get_configdir", "get_cachedir"):
-                getter = getattr(mpl, name, None)
-                inner = getattr(getter, "__wrapped__", None)
+                inner = getattr(getattr(mpl, name, None), "__wrapped__", None)
                 if inner is not None:
-                    path = inner()  # creates the directory under the new MPLCONFIGDIR
-                    setattr(mpl, name, functools.wraps(inner)(lambda path=path: path))
+                    setattr(mpl, name, cache_once(inner))
+            style = sys.modules.get("matplotlib.style.core")
+            if style is not None and hasattr(style, "USER_LIBRARY_PATHS"):
+                style.USER_LIBRARY_PATHS = [os.path.join(mpl.get_configdir(), "stylelib")]
+
+    def cache_once(fn):
+        cache = []
+
+        @functools.wraps(fn)
+        def cached():
+            if not cache:
+                cache.append(fn())
+            return cache[0]
+
+        return cached
 
     def main_module(path):
         """The __main__ module exactly as pymain creates it for a script."""
@@ -384,22 +402,33 @@ def _kiln_template():
         """CPython's finalize_modules for the modules the program loaded (and __main__), so
         that __del__ methods run and unclosed files get flushed: reset sys's special names,
         drop the modules, collect, clear the dicts of those still alive (newest first),
-        collect again. Preloaded modules are left alone."""
+        collect again. Preloaded modules are left alone (and a preloaded module that the
+        program deleted and imported again hides the program's modules imported before it)."""
         sys.modules["builtins"]._ = None
+        # (sys.path_importer_cache is kept: freeing the host's finders would copy-on-write
+        # much of the heap; with meta_path None, imports fail as in CPython's teardown)
         for name in (
             "path argv ps1 ps2 last_type last_value last_traceback path_hooks "
-            "path_importer_cache meta_path __interactivehook__"
+            "meta_path __interactivehook__"
         ).split() + (["last_exc"] if sys.version_info >= (3, 12) else []):
             setattr(sys, name, None)
         sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+        # The program's modules are the newest entries of sys.modules (walking all of them
+        # would touch every preloaded module's refcount, again copy-on-write).
+        names = []
+        for name in reversed(sys.modules):  # newest first
+            if name in preloaded:
+                break
+            names.append(name)
+        names.append("__main__")  # an early entry: cleared last
         refs = []
-        for name in list(sys.modules):
-            if name not in preloaded or name == "__main__":
-                if isinstance(sys.modules[name], types.ModuleType):
-                    refs.append(weakref.ref(sys.modules[name]))
-                del sys.modules[name]
+        for name in names:
+            module = sys.modules.pop(name, None)
+            if isinstance(module, types.ModuleType):
+                refs.append(weakref.ref(module))
+            module = None
         gc.collect()
-        for ref in reversed(refs):
+        for ref in refs:
             module = ref()
             if module is not None:
                 clear_module_dict(module.__dict__)
