@@ -123,18 +123,24 @@ class Workspace:
 
 
 class Outcome:
-    def __init__(self, wsp, stdout, stderr, status, ms):
+    def __init__(self, wsp, stdout, stderr, status, ms, start_ns=0):
         self.stdout = wsp.normalize(stdout)
         self.stderr = wsp.normalize(stderr)
         self.status = status  # exit code, or -N for death by signal N
         self.files = wsp.files()
         self.ms = ms
+        self.start_ns = start_ns  # wall clock when the run was started (spawn, fork or go)
+
+    def user_start_ms(self):
+        """Start → the program's first statement, which printed the wall clock (ns or ms)."""
+        stamp = float(self.stdout.split()[0])
+        return (stamp - self.start_ns) / 1e6 if stamp > 1e15 else stamp - self.start_ns / 1e6
 
 
 def run_cold(case, timeout):
     wsp = Workspace(case)
     try:
-        t0 = time.monotonic()
+        t0, start_ns = time.monotonic(), time.time_ns()
         p = subprocess.run(
             argv_for(case["lang"], case["args"]),
             cwd=wsp.ws,
@@ -144,7 +150,7 @@ def run_cold(case, timeout):
             timeout=timeout,
         )
         ms = (time.monotonic() - t0) * 1000
-        return Outcome(wsp, p.stdout, p.stderr, p.returncode, ms)
+        return Outcome(wsp, p.stdout, p.stderr, p.returncode, ms, start_ns)
     finally:
         wsp.close()
 
@@ -167,7 +173,7 @@ for line in sys.stdin:
     req = json.loads(line)
     out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    fork_ns = time.monotonic_ns()
+    fork_ns, fork_wall_ns = time.monotonic_ns(), time.time_ns()
     pid = os.fork()
     if pid == 0:
         os.chdir(req["cwd"])
@@ -181,14 +187,15 @@ for line in sys.stdin:
                     signal.signal(s, signal.SIG_DFL)
                 except (OSError, ValueError):
                     pass
-        exec("import _kiln_zygote; _kiln_zygote.run(bytes.fromhex('%s'))" % req["go"], __main__.__dict__)
+        call = "import _kiln_zygote; _kiln_zygote.run(bytes.fromhex('%s'))" % req["go"]
+        exec(call, __main__.__dict__)  # what the Rust side runs with PyRun_SimpleString
         os._exit(99)  # run returned: a template bug
     os.close(out)
     os.close(err)
     _, status = os.waitpid(pid, 0)
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     ms = (time.monotonic_ns() - fork_ns) / 1e6
-    reply.write(json.dumps({"status": code, "ms": ms, "fork_ns": fork_ns}) + "\n")
+    reply.write(json.dumps({"status": code, "ms": ms, "fork_ns": fork_wall_ns}) + "\n")
     reply.flush()
 """
 
@@ -240,7 +247,7 @@ def run_warm_py(case, server):
         out, err = os.path.join(io_dir, "out"), os.path.join(io_dir, "err")
         r = server.run(go_message(case, wsp), wsp.ws, out, err)
         with open(out, "rb") as f1, open(err, "rb") as f2:
-            return Outcome(wsp, f1.read(), f2.read(), r["status"], r["ms"])
+            return Outcome(wsp, f1.read(), f2.read(), r["status"], r["ms"], r["fork_ns"])
     finally:
         shutil.rmtree(io_dir, ignore_errors=True)
         wsp.close()
@@ -270,10 +277,10 @@ def run_warm_js(case, mode, timeout, park_s=0.0):
         p = start_parked_node(case, wsp, mode)
         if park_s:
             time.sleep(park_s)
-        t0 = time.monotonic()
+        t0, start_ns = time.monotonic(), time.time_ns()
         stdout, stderr = p.communicate(json.dumps(go_message(case, wsp)).encode(), timeout=timeout)
         ms = (time.monotonic() - t0) * 1000
-        return Outcome(wsp, stdout, stderr, p.returncode, ms)
+        return Outcome(wsp, stdout, stderr, p.returncode, ms, start_ns)
     finally:
         wsp.close()
 
@@ -302,7 +309,8 @@ def show_diff(name, cold, warm, diffs):
 RESEED = {
     "name": "warm_runs_reseed_random",
     "lang": "py",
-    "code": "import random\ntry:\n    import numpy\n    print(random.random(), numpy.random.rand())\n"
+    "code": "import random\ntry:\n    import numpy\n"
+    "    print(random.random(), numpy.random.rand())\n"
     "except ImportError:\n    print(random.random(), random.random())\n",
     "args": [],
 }
@@ -361,42 +369,40 @@ def check(args):
 
 
 def bench(args):
-    """Start-up latencies: fork → first user statement (py), go → exit (js)."""
+    """Start-up latencies (medians of N): start → the program's first statement, and → exit.
+    Start is the fork (warm py), the spawn (cold) or the go write to a parked node (warm js)."""
     n = args.bench
-    stamp = {"name": "bench", "lang": "py", "code": "import time\nprint(time.monotonic_ns())\n", "args": []}
+    py_stamp = "import time\nprint(time.time_ns())\n"
+    js_stamp = "console.log(performance.timeOrigin + performance.now());\n"
+
+    def report(label, outcomes):
+        outcomes = list(outcomes)
+        if any(o.status for o in outcomes):
+            raise SystemExit("check-warm-fidelity: %s failed: %s" % (label, outcomes[0].stderr))
+        print("%-44s start -> program %7.2f ms   start -> exit %7.2f ms" % (
+            label,
+            statistics.median(o.user_start_ms() for o in outcomes),
+            statistics.median(o.ms for o in outcomes),
+        ))
+
     server = ForkServer()
-    print(
-        "template preload: %.0f ms, fork-server RSS %.1f MiB"
-        % (server.info["preload_ms"], server.info["rss_kib"] / 1024)
-    )
-    starts, totals = [], []
     try:
-        for _ in range(n):
-            wsp = Workspace(stamp)
-            io_dir = tempfile.mkdtemp(prefix="kiln-fid-io-")
-            out, err = os.path.join(io_dir, "out"), os.path.join(io_dir, "err")
-            r = server.run(go_message(stamp, wsp), wsp.ws, out, err)
-            with open(out) as f:
-                starts.append((int(f.read().split()[0]) - r["fork_ns"]) / 1e6)
-            totals.append(r["ms"])
-            shutil.rmtree(io_dir)
-            wsp.close()
+        print("template preload %.0f ms, fork-server RSS %.1f MiB" % (
+            server.info["preload_ms"], server.info["rss_kib"] / 1024))
+        case = {"lang": "py", "code": py_stamp, "args": []}
+        report("py warm (fork of the template)", (run_warm_py(case, server) for _ in range(n)))
     finally:
         server.close()
-    print("py warm: fork -> user code %.2f ms (median of %d), fork -> exit %.2f ms" % (
-        statistics.median(starts), n, statistics.median(totals)))
-    for label, code in (
-        ("py cold (print)", stamp["code"]),
-        ("py cold (import numpy, pandas, pyplot)", "import numpy, pandas, matplotlib.pyplot\n"),
-        ("js cold", 'console.log(1);\n'),
-    ):
-        lang = "js" if label.startswith("js") else "py"
-        times = [run_cold({"lang": lang, "code": code, "args": []}, args.timeout).ms for _ in range(n)]
-        print("%s: spawn -> exit %.1f ms" % (label, statistics.median(times)))
-    for mode in ("main", "preload"):
-        case = {"lang": "js", "code": "console.log(1);\n", "args": []}
-        times = [run_warm_js(case, mode, args.timeout, park_s=0.3).ms for _ in range(n)]
-        print("js warm (%s): go -> exit %.1f ms" % (mode, statistics.median(times)))
+    report("py cold", (run_cold({"lang": "py", "code": py_stamp, "args": []}, args.timeout)
+                       for _ in range(n)))
+    heavy = "import numpy, pandas, matplotlib.pyplot\n" + py_stamp
+    report("py cold, importing numpy+pandas+pyplot", (
+        run_cold({"lang": "py", "code": heavy, "args": []}, args.timeout) for _ in range(n)))
+    case = {"lang": "js", "code": js_stamp, "args": []}
+    for mode in ("preload", "main"):
+        report("js warm (%s, parked 0.3 s)" % mode,
+               (run_warm_js(case, mode, args.timeout, park_s=0.3) for _ in range(n)))
+    report("js cold", (run_cold(case, args.timeout) for _ in range(n)))
     return 0
 
 
