@@ -26,7 +26,10 @@
 #   depth (sys.get/setrecursionlimit become wrappers), but sys._getframe(1) or
 #   traceback.print_stack() can see them;
 # - at exit, the modules the program loaded are torn down as CPython does (so
-#   __del__ runs and unclosed files are flushed); preloaded modules are not.
+#   __del__ runs and unclosed files are flushed); preloaded modules are not, and
+#   stay importable from a __del__ running then;
+# - threads get the hidden frames' depth as extra recursion room; RSS and
+#   ru_maxrss include the shared preloaded pages.
 # The fork-server must call PyOS_AfterFork_Child() in the child (threading's
 # and random's at-fork hooks); the child reseeds random and numpy anyway.
 
@@ -271,9 +274,8 @@ def _kiln_template():
             platform._uname_cache = platform._os_release_cache = None
         logging = sys.modules.get("logging")
         if logging is not None:  # base of LogRecord.relativeCreated: "import time"
-            logging._startTime = type(logging._startTime)(
-                time.time_ns() if isinstance(logging._startTime, int) else time.time()
-            )
+            ns = isinstance(logging._startTime, int)  # 3.13+
+            logging._startTime = time.time_ns() if ns else time.time()
         np_random = sys.modules.get("numpy.random")
         if np_random is not None:
             np_random.seed()
@@ -281,17 +283,19 @@ def _kiln_template():
         if mpl is not None:
             # matplotlib cached the host's config and cache dirs: compute them again, from
             # the new MPLCONFIGDIR, on first use (a cold import makes the directory)
-            try:
-                os.makedirs(os.environ.get("MPLCONFIGDIR") or "", exist_ok=True)
-            except OSError:
-                pass
             for name in ("get_configdir", "get_cachedir"):
                 inner = getattr(getattr(mpl, name, None), "__wrapped__", None)
                 if inner is not None:
                     setattr(mpl, name, cache_once(inner))
-            style = sys.modules.get("matplotlib.style.core")
-            if style is not None and hasattr(style, "USER_LIBRARY_PATHS"):
-                style.USER_LIBRARY_PATHS = [os.path.join(mpl.get_configdir(), "stylelib")]
+            config_dir = os.environ.get("MPLCONFIGDIR")
+            if config_dir:
+                try:
+                    os.makedirs(config_dir, exist_ok=True)
+                except OSError:
+                    pass
+                style = sys.modules.get("matplotlib.style.core")
+                if style is not None and hasattr(style, "USER_LIBRARY_PATHS"):
+                    style.USER_LIBRARY_PATHS = [os.path.join(config_dir, "stylelib")]
 
     def cache_once(fn):
         cache = []
@@ -392,10 +396,11 @@ def _kiln_template():
     def clear_module_dict(d):
         """_PyModule_ClearDict: _private names first, then all but __builtins__."""
         for key in list(d):
-            if isinstance(key, str) and key[:1] == "_" and key[1:2] != "_" and d[key] is not None:
+            private = isinstance(key, str) and key[:1] == "_" and key[1:2] != "_"
+            if private and d.get(key) is not None:
                 d[key] = None
         for key in list(d):
-            if isinstance(key, str) and key != "__builtins__" and d[key] is not None:
+            if isinstance(key, str) and key != "__builtins__" and d.get(key) is not None:
                 d[key] = None
 
     def teardown():
@@ -406,7 +411,8 @@ def _kiln_template():
         program deleted and imported again hides the program's modules imported before it)."""
         sys.modules["builtins"]._ = None
         # (sys.path_importer_cache is kept: freeing the host's finders would copy-on-write
-        # much of the heap; with meta_path None, imports fail as in CPython's teardown)
+        # much of the heap. With meta_path None, importing what is not loaded yet fails
+        # as in CPython's teardown; preloaded modules still import.)
         for name in (
             "path argv ps1 ps2 last_type last_value last_traceback path_hooks "
             "meta_path __interactivehook__"
