@@ -554,8 +554,11 @@ def _kiln_template():
             path = os.path.join(cwd, argv[script])
             os.environ.clear()
             os.environ.update(env)
-            locale.setlocale(locale.LC_ALL, "C")
-            locale.setlocale(locale.LC_CTYPE, "")
+            try:  # a cold interpreter sets LC_CTYPE from the environment, nothing else
+                locale.setlocale(locale.LC_ALL, "C")
+                locale.setlocale(locale.LC_CTYPE, "")
+            except locale.Error:
+                pass
             setup_signals()
             setup_stdio(env, unbuffered)
             setup_sys(argv, script, env, os.path.dirname(path))
