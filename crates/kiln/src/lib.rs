@@ -99,9 +99,13 @@ fn start_warm_pool(sandbox: &Sandbox, config: &Config, data: &std::path::Path) -
             js.name().to_owned(),
             ParkSpec {
                 mode: ParkMode::Prestart,
+                // node runs index.js itself once the preloaded bootstrap
+                // has read the go: same main module and stack as a cold run
                 argv: vec![
                     "/usr/bin/node".to_owned(),
+                    "--require".to_owned(),
                     "/etc/kiln/node_warm.js".to_owned(),
+                    "index.js".to_owned(),
                 ],
                 env: kiln_exec::environment(js, &limits),
                 etc_files: vec![(
