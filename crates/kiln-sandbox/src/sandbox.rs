@@ -324,21 +324,7 @@ impl Sandbox {
         };
         let spec = self.jail_spec(slot, &req, cgroups.as_ref(), None, Vec::new());
         let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;
-        // Always tear down, whatever happened above.
-        let stats = match cgroups {
-            Some(c) => c.finish().await,
-            None => Ok(CgroupStats::default()),
-        };
-        drop(lease);
-        let s = supervised?;
-        tracing::debug!(
-            run = %name,
-            wall_ms = s.wall_time.as_millis() as u64,
-            killed = ?s.killed,
-            status = ?s.status,
-            "jail finished"
-        );
-        into_result(s, stats?)
+        conclude(&name, supervised, cgroups, lease).await
     }
 
     fn jail_spec(
@@ -448,32 +434,32 @@ impl Sandbox {
         let mut spec_line = serde_json::to_vec(&spec)
             .map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
         spec_line.push(b'\n');
-        let started = match park.mode {
-            ParkMode::Embedded => match self.inner.zygote.get() {
-                Some(z) => z.fork_helper(&self.inner.cfg.helper).await,
-                None => Err(SandboxError::Request(
-                    "no fork-server for embedded warm jails".to_owned(),
-                )),
-            },
-            _ => spawn_helper(&self.inner.cfg.helper),
+        let parked = async {
+            let mut started = match park.mode {
+                ParkMode::Embedded => match self.inner.zygote.get() {
+                    Some(z) => z.fork_helper(&self.inner.cfg.helper).await?,
+                    None => {
+                        return Err(SandboxError::Request(
+                            "no fork-server for embedded warm jails".to_owned(),
+                        ));
+                    }
+                },
+                _ => spawn_helper(&self.inner.cfg.helper)?,
+            };
+            started.send_line(&spec_line).await;
+            started.wait_parked().await?;
+            Ok(started)
         };
-        let mut started = match started {
+        let started = match parked.await {
             Ok(s) => s,
             Err(e) => {
+                // the helper (if any) is gone with `parked`; its groups next
                 if let Some(c) = cgroups {
                     let _ = c.finish().await;
                 }
                 return Err(e);
             }
         };
-        started.send_line(&spec_line).await;
-        if let Err(e) = started.wait_parked().await {
-            drop(started);
-            if let Some(c) = cgroups {
-                let _ = c.finish().await;
-            }
-            return Err(e);
-        }
         Ok(ParkedJail {
             name,
             slot_index: slot.index(),
@@ -530,20 +516,7 @@ impl Sandbox {
             ..
         } = jail;
         let supervised = started.drive(Some(&go_line), &req.limits, &cancel).await;
-        let stats = match cgroups {
-            Some(c) => c.finish().await,
-            None => Ok(CgroupStats::default()),
-        };
-        drop(lease);
-        let s = supervised?;
-        tracing::debug!(
-            run = %name,
-            wall_ms = s.wall_time.as_millis() as u64,
-            killed = ?s.killed,
-            status = ?s.status,
-            "parked jail finished"
-        );
-        into_result(s, stats?)
+        conclude(&name, supervised, cgroups, lease).await
     }
 
     /// Tears down a parked jail that will not run: closes its control pipe
@@ -649,6 +622,31 @@ impl ParkedJail {
     pub fn build_time(&self) -> Duration {
         self.build_time
     }
+}
+
+/// Ends a run, whatever happened: removes its cgroups (waiting until they
+/// are empty, for the statistics), releases the slot lease, and maps what
+/// the helper reported to the run's result.
+async fn conclude(
+    name: &str,
+    supervised: Result<Supervised, SandboxError>,
+    cgroups: Option<RunCgroups>,
+    lease: Option<SlotLease>,
+) -> Result<RunResult, SandboxError> {
+    let stats = match cgroups {
+        Some(c) => c.finish().await,
+        None => Ok(CgroupStats::default()),
+    };
+    drop(lease);
+    let s = supervised?;
+    tracing::debug!(
+        run = %name,
+        wall_ms = s.wall_time.as_millis() as u64,
+        killed = ?s.killed,
+        status = ?s.status,
+        "jail finished"
+    );
+    into_result(s, stats?)
 }
 
 /// Maps what the helper reported to a run's result.
