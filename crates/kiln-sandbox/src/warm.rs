@@ -90,6 +90,26 @@ struct Profile {
     failures_in_row: u32,
 }
 
+impl Profile {
+    /// A profile with nothing parked yet, aiming at the configured minimum.
+    fn new(spec: ParkSpec, cfg: &WarmConfig) -> Profile {
+        let target = cfg.min_per_profile.min(cfg.max_per_profile);
+        Profile {
+            spec,
+            ready: VecDeque::new(),
+            building: 0,
+            target,
+            last_change: Instant::now(),
+            stats: WarmStats {
+                target,
+                ..WarmStats::default()
+            },
+            backoff_until: None,
+            failures_in_row: 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     sandbox: Sandbox,
@@ -110,28 +130,9 @@ impl WarmPool {
     /// name (a language, or `exec` for the generic jail) to how its jails
     /// are parked.
     pub fn start(sandbox: Sandbox, cfg: WarmConfig, profiles: Vec<(String, ParkSpec)>) -> WarmPool {
-        let now = Instant::now();
         let map = profiles
             .into_iter()
-            .map(|(name, spec)| {
-                let target = cfg.min_per_profile.min(cfg.max_per_profile);
-                (
-                    name,
-                    Profile {
-                        spec,
-                        ready: VecDeque::new(),
-                        building: 0,
-                        target,
-                        last_change: now,
-                        stats: WarmStats {
-                            target,
-                            ..WarmStats::default()
-                        },
-                        backoff_until: None,
-                        failures_in_row: 0,
-                    },
-                )
-            })
+            .map(|(name, spec)| (name, Profile::new(spec, &cfg)))
             .collect();
         let pool = WarmPool {
             inner: Arc::new(Inner {
@@ -150,28 +151,11 @@ impl WarmPool {
     /// Adds (or replaces the spec of) a profile, e.g. `py` once the
     /// fork-server is up. Jails already parked for it are kept.
     pub fn add_profile(&self, name: impl Into<String>, spec: ParkSpec) {
-        let target = self
-            .inner
-            .cfg
-            .min_per_profile
-            .min(self.inner.cfg.max_per_profile);
         let mut profiles = self.inner.lock();
         match profiles.entry(name.into()) {
             std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().spec = spec,
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Profile {
-                    spec,
-                    ready: VecDeque::new(),
-                    building: 0,
-                    target,
-                    last_change: Instant::now(),
-                    stats: WarmStats {
-                        target,
-                        ..WarmStats::default()
-                    },
-                    backoff_until: None,
-                    failures_in_row: 0,
-                });
+                e.insert(Profile::new(spec, &self.inner.cfg));
             }
         }
         drop(profiles);
