@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The histogram the executor records per phase.
 pub const PHASE_METRIC: &str = "kiln_exec_phase_seconds";
 /// Phases in pipeline order (the report's column order).
-pub const PHASES: [&str; 5] = ["queue", "acquire", "stage", "run", "harvest"];
+pub const PHASES: [&str; 6] = ["queue", "acquire", "store", "stage", "run", "harvest"];
 
 /// Total seconds and observation count of one phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

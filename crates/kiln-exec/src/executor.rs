@@ -274,10 +274,13 @@ impl Inner {
         metrics::histogram!("kiln_exec_phase_seconds", "phase" => "acquire")
             .record(t_acquire.elapsed().as_secs_f64());
 
+        let t_store = Instant::now();
         self.store
             .create_session(&session_id, &principal.user_key())
             .await
             .map_err(|e| ExecError::Storage(e.to_string()))?;
+        metrics::histogram!("kiln_exec_phase_seconds", "phase" => "store")
+            .record(t_store.elapsed().as_secs_f64());
 
         let t_stage = Instant::now();
         // on the slot's own filesystem: the kernel enforces the workspace

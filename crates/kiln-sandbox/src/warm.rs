@@ -8,8 +8,9 @@
 //! refilling never takes more than one CPU from running executions. How many
 //! jails a profile keeps follows demand: it starts at the configured
 //! minimum, grows by one each time a request finds the profile empty (up to
-//! the per-profile maximum, with all profiles together never above the total
-//! maximum: each parked jail holds a uid slot), and shrinks by one after each
+//! the per-profile maximum; when all targets together are at the total
+//! maximum — each parked jail holds a uid slot — the profile that missed least
+//! recently gives one up, down to the minimum), and shrinks by one after each
 //! quiet period without such a miss.
 
 use std::collections::{HashMap, VecDeque};
@@ -193,14 +194,12 @@ impl WarmPool {
                 });
             }
             p.stats.misses += 1;
-            if p.target < self.inner.cfg.max_per_profile {
-                p.target += 1;
-                p.stats.target = p.target;
-            }
             p.last_change = Instant::now();
             metrics::counter!("kiln_warm_takes_total", "profile" => profile.to_owned(), "result" => "miss")
                 .increment(1);
-            p.spec.clone()
+            let spec = p.spec.clone();
+            grow_target(&mut profiles, profile, &self.inner.cfg);
+            spec
         };
         self.inner.wake.notify_one();
         let slot = self.inner.sandbox.acquire_slot().await;
@@ -340,6 +339,38 @@ impl Inner {
     }
 }
 
+/// A miss in `name` raises its target by one, up to the per-profile
+/// maximum. Targets together never exceed the total maximum: when they are
+/// there already, the profile that missed least recently gives one up if it
+/// has more than the minimum (the refill loop then discards its surplus
+/// jail); if none can, the target stays. Without this, a profile that was
+/// busy earlier would keep every jail until its target decayed, and a
+/// profile in demand now would find the pool full and miss every time.
+fn grow_target(profiles: &mut HashMap<String, Profile>, name: &str, cfg: &WarmConfig) {
+    let Some(target) = profiles.get(name).map(|p| p.target) else {
+        return;
+    };
+    if target >= cfg.max_per_profile {
+        return;
+    }
+    let total: u32 = profiles.values().map(|p| p.target).sum();
+    if total >= cfg.max_total {
+        let donor = profiles
+            .iter_mut()
+            .filter(|(n, q)| n.as_str() != name && q.target > cfg.min_per_profile)
+            .min_by_key(|(_, q)| q.last_change);
+        let Some((_, d)) = donor else {
+            return;
+        };
+        d.target -= 1;
+        d.stats.target = d.target;
+    }
+    if let Some(p) = profiles.get_mut(name) {
+        p.target += 1;
+        p.stats.target = p.target;
+    }
+}
+
 async fn refill_loop(inner: Arc<Inner>) {
     loop {
         let (pick, surplus) = inner.next_build();
@@ -376,4 +407,61 @@ async fn build(inner: &Inner, spec: &ParkSpec) -> Result<(Slot, ParkedJail), San
         .park(&slot, spec, &inner.cfg.limits, None)
         .await?;
     Ok((slot, jail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_of(names: &[&str], cfg: &WarmConfig) -> HashMap<String, Profile> {
+        names
+            .iter()
+            .map(|n| ((*n).to_owned(), Profile::new(ParkSpec::exec(), cfg)))
+            .collect()
+    }
+
+    fn targets(p: &HashMap<String, Profile>) -> Vec<(String, u32)> {
+        let mut v: Vec<_> = p.iter().map(|(n, q)| (n.clone(), q.target)).collect();
+        v.sort();
+        v
+    }
+
+    fn miss(p: &mut HashMap<String, Profile>, name: &str, cfg: &WarmConfig) {
+        p.get_mut(name).expect("profile").last_change = Instant::now();
+        grow_target(p, name, cfg);
+    }
+
+    #[test]
+    fn a_miss_grows_the_target_up_to_the_per_profile_maximum() {
+        let cfg = WarmConfig {
+            max_total: 10,
+            ..WarmConfig::default()
+        };
+        let mut p = pool_of(&["py"], &cfg);
+        for _ in 0..5 {
+            miss(&mut p, "py", &cfg);
+        }
+        assert_eq!(targets(&p), vec![("py".into(), 3)]);
+    }
+
+    #[test]
+    fn a_profile_in_demand_takes_jails_from_the_one_that_missed_least_recently() {
+        let cfg = WarmConfig::default(); // 4 in all, 3 per profile, 1 each at least
+        let mut p = pool_of(&["exec", "js", "py"], &cfg);
+        miss(&mut p, "py", &cfg);
+        miss(&mut p, "py", &cfg); // the total is full: py stays at 2
+        assert_eq!(
+            targets(&p),
+            vec![("exec".into(), 1), ("js".into(), 1), ("py".into(), 2)]
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        miss(&mut p, "js", &cfg); // py gives one up, but not below its minimum
+        miss(&mut p, "js", &cfg);
+        assert_eq!(
+            targets(&p),
+            vec![("exec".into(), 1), ("js".into(), 2), ("py".into(), 1)]
+        );
+        let total: u32 = p.values().map(|q| q.target).sum();
+        assert!(total <= cfg.max_total);
+    }
 }
