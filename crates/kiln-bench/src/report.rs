@@ -444,10 +444,13 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| after the run | 40.0 MiB | — |"), "{md}");
-        // queue 1.0 ms, acquire none, stage none, run 25.0 ms, harvest none
-        assert!(md.contains("| A | 10 | 1.0 | — | — | 25.0 | — |"), "{md}");
+        // queue 1.0 ms, acquire, store and stage none, run 25.0 ms, harvest none
         assert!(
-            md.contains("| all (incl. warm-up) | 10 | 1.0 | — | — | 25.0 | — |"),
+            md.contains("| A | 10 | 1.0 | — | — | — | 25.0 | — |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| all (incl. warm-up) | 10 | 1.0 | — | — | — | 25.0 | — |"),
             "{md}"
         );
         assert!(md.contains("Pool processes when idle"), "{md}");

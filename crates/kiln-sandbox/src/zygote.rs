@@ -93,7 +93,13 @@ fn send(sock: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> nix::Result<()> {
     let iov = [IoSlice::new(bytes)];
     let cmsg = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None).map(|_| ())
+    loop {
+        // A seqpacket message goes whole or not at all: after EINTR, resend.
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r.map(|_| ()),
+        }
+    }
 }
 
 /// Receives one message (up to `max` bytes) and the fds attached to it.
@@ -102,12 +108,18 @@ fn recv(sock: &OwnedFd, max: usize) -> nix::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut space = cmsg_space!([RawFd; 4]);
     let (n, raw) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
+        // EINTR consumed nothing: receive again.
+        let msg = loop {
+            match recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r?,
+            }
+        };
         let mut raw = Vec::new();
         for c in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(fds) = c {
@@ -123,6 +135,29 @@ fn recv(sock: &OwnedFd, max: usize) -> nix::Result<(Vec<u8>, Vec<OwnedFd>)> {
         .collect();
     buf.truncate(n);
     Ok((buf, fds))
+}
+
+/// Waits until `sock` is readable, for at most `limit`. A signal arriving
+/// meanwhile (the server's runtime gets them) only restarts the wait.
+fn wait_readable(sock: &OwnedFd, limit: Duration) -> Result<(), String> {
+    let until = Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no answer within {limit:?}"));
+        }
+        // poll takes at most u16::MAX ms at a time; longer waits loop
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            sock.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, ms) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(format!("wait: {e}")),
+        }
+    }
 }
 
 impl Zygote {
@@ -155,20 +190,14 @@ impl Zygote {
             .map_err(|e| err(format!("spawn {}: {e}", helper.display())))?;
         let config = serde_json::to_vec(cfg).map_err(|e| err(format!("encode config: {e}")))?;
         send(&ours, &config, &[]).map_err(|e| err(format!("send config: {e}")))?;
-        let mut fds = [nix::poll::PollFd::new(
-            ours.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let ms = u16::try_from(START_TIMEOUT.as_millis()).unwrap_or(u16::MAX);
-        let ready = nix::poll::poll(&mut fds, ms).map_err(|e| err(format!("wait: {e}")))?;
         let kill = |child: &mut std::process::Child| {
             let _ = child.kill();
             let _ = child.wait();
         };
         let mut child = child;
-        if ready == 0 {
+        if let Err(e) = wait_readable(&ours, START_TIMEOUT) {
             kill(&mut child);
-            return Err(err(format!("no answer within {START_TIMEOUT:?}")));
+            return Err(err(e));
         }
         let (bytes, _) = recv(&ours, 64 * 1024).map_err(|e| err(format!("read answer: {e}")))?;
         match serde_json::from_slice::<Hello>(&bytes) {
@@ -415,4 +444,52 @@ pub fn find_libpython(python: &Path) -> Result<PathBuf, SandboxError> {
         )));
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+
+    #[test]
+    fn waiting_for_the_fork_server_survives_signals() {
+        // A handled signal makes poll(2) fail with EINTR whatever SA_RESTART says;
+        // the server's runtime handles SIGCHLD, so this happens in practice.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _handler = rt.block_on(async {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).unwrap()
+        });
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            tid_tx.send(nix::sys::pthread::pthread_self()).unwrap();
+            wait_readable(&a, Duration::from_secs(10))
+        });
+        let tid = tid_rx.recv().unwrap();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(20));
+            nix::sys::pthread::pthread_kill(tid, nix::sys::signal::Signal::SIGUSR1).unwrap();
+        }
+        send(&b, b"ready", &[]).unwrap();
+        assert_eq!(waiter.join().unwrap(), Ok(()));
+    }
+
+    #[test]
+    fn waiting_for_the_fork_server_gives_up_after_the_limit() {
+        let (a, _b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let e = wait_readable(&a, Duration::from_millis(50)).unwrap_err();
+        assert!(e.contains("no answer within"), "{e}");
+    }
 }
