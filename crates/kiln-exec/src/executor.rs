@@ -192,10 +192,10 @@ impl Drop for WorkspaceGuard {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.0);
         let remove = move || {
-            if let Err(e) = fs::remove_dir_all(&path) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    warn!(path = %path.display(), error = %e, "could not remove workspace");
-                }
+            if let Err(e) = fs::remove_dir_all(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(path = %path.display(), error = %e, "could not remove workspace");
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -427,7 +427,10 @@ impl Inner {
                         .await
                         .map_err(|e| ExecError::Storage(e.to_string()))?
                         .ok_or(ExecError::Unauthorized)?;
-                    out.push(Resolved::Ref { r, meta });
+                    out.push(Resolved::Ref {
+                        r,
+                        meta: Box::new(meta),
+                    });
                 }
             }
         }
@@ -612,7 +615,7 @@ struct Harvest {
 enum Resolved {
     Ref {
         r: InputRef,
-        meta: kiln_store::ObjectMeta,
+        meta: Box<kiln_store::ObjectMeta>,
     },
     Inline {
         name: RelPath,
@@ -627,16 +630,15 @@ fn ref_allowed(principal: &Principal, r: &InputRef, stored: &SessionKey) -> bool
         r.kind,
         r.resource_id.as_deref(),
         r.version.as_deref(),
-    ) {
-        if &k == stored {
-            return true;
-        }
+    ) && &k == stored
+    {
+        return true;
     }
     // G1 refs carry no kind; an `entity_id` names the agent that owns them
-    if let Some(entity) = &r.entity_id {
-        if let Ok(k) = SessionKey::derive(principal, kiln_core::Kind::Agent, Some(entity), None) {
-            return &k == stored;
-        }
+    if let Some(entity) = &r.entity_id
+        && let Ok(k) = SessionKey::derive(principal, kiln_core::Kind::Agent, Some(entity), None)
+    {
+        return &k == stored;
     }
     false
 }

@@ -30,10 +30,10 @@ pub fn plan_inputs(files: Vec<InputFile>) -> Result<Vec<InputFile>, ExecError> {
         .collect();
     let mut last_user_ref_for_name: HashMap<String, usize> = HashMap::new();
     for (i, f) in deduped.iter().enumerate() {
-        if let InputFile::Ref(r) = f {
-            if r.kind == Kind::User {
-                last_user_ref_for_name.insert(r.name.as_str().to_owned(), i);
-            }
+        if let InputFile::Ref(r) = f
+            && r.kind == Kind::User
+        {
+            last_user_ref_for_name.insert(r.name.as_str().to_owned(), i);
         }
     }
     let kept: Vec<InputFile> = deduped

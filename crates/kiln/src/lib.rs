@@ -67,13 +67,14 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let sandbox =
         Sandbox::new(sc).map_err(|e| anyhow::anyhow!("sandbox cannot be enforced: {e}"))?;
 
-    let mut ec = ExecConfig::default();
-    ec.limits = config.limits();
-    ec.walk = WalkLimits {
-        max_output_files: config.max_output_files,
-        max_file_bytes: config.max_output_file_mb * 1024 * 1024,
+    let ec = ExecConfig {
+        limits: config.limits(),
+        walk: WalkLimits {
+            max_output_files: config.max_output_files,
+            max_file_bytes: config.max_output_file_mb * 1024 * 1024,
+        },
+        concurrency: config.max_concurrency as usize,
     };
-    ec.concurrency = config.max_concurrency as usize;
     let pool = (config.warm_jails > 0).then(|| start_warm_pool(&sandbox, &config, &data));
     let executor = Executor::new(store.clone(), sandbox, ec, pool);
     let languages = probe_languages().await;

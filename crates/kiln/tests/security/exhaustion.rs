@@ -81,7 +81,7 @@ async fn a_setsid_daemon_does_not_outlive_its_run() {
             .flatten()
             .filter(|e| {
                 std::fs::read(e.path().join("cmdline"))
-                    .map(|c| c.starts_with(b"sleep\0777"))
+                    .map(|c| c.starts_with(b"sleep\x00777"))
                     .unwrap_or(false)
             })
             .count()
