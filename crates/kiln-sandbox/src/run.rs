@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
-use crate::spec::{JailSpec, STATUS_FD, StatusMsg};
+use crate::spec::{JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
 use crate::sys;
 
 /// One program to run in a jail.
@@ -189,14 +189,9 @@ fn make_pipes() -> std::io::Result<(ServerEnds, HelperPipes)> {
     ))
 }
 
-/// A helper process: spawned by the server, or forked by the fork-server
-/// (then only a pidfd ties the server to it; the fork-server reaps it).
+/// A helper process, spawned by the server.
 pub(crate) enum HelperProc {
     Spawned(tokio::process::Child),
-    Forked {
-        pidfd: tokio::io::unix::AsyncFd<OwnedFd>,
-        exited: bool,
-    },
 }
 
 impl HelperProc {
@@ -210,11 +205,6 @@ impl HelperProc {
                     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
                 }
             }
-            HelperProc::Forked { pidfd, exited } => {
-                if !exited {
-                    let _ = sys::pidfd_kill(pidfd.get_ref());
-                }
-            }
         }
     }
 
@@ -222,20 +212,6 @@ impl HelperProc {
     async fn wait(&mut self) -> std::io::Result<String> {
         match self {
             HelperProc::Spawned(child) => Ok(child.wait().await?.to_string()),
-            HelperProc::Forked { pidfd, exited } => {
-                // A pidfd becomes readable once its process has exited.
-                let _ready = pidfd.readable().await?;
-                *exited = true;
-                Ok("exited (reaped by the fork-server)".to_owned())
-            }
-        }
-    }
-}
-
-impl Drop for HelperProc {
-    fn drop(&mut self) {
-        if let HelperProc::Forked { exited: false, .. } = self {
-            self.kill();
         }
     }
 }
@@ -261,6 +237,15 @@ impl std::fmt::Debug for Started {
 /// Spawns `kiln __jail` (argv[0] is what the jail sees as /proc/1/cmdline:
 /// never the host path) with a cleared environment.
 pub(crate) fn spawn_helper(helper: &Path) -> Result<Started, SandboxError> {
+    spawn_helper_with(helper, None)
+}
+
+/// [`spawn_helper`], handing the helper a socket to the fork-server on
+/// [`ZYGOTE_FD`] (embedded warm jails: the fork-server forks their program).
+pub(crate) fn spawn_helper_with(
+    helper: &Path,
+    zygote: Option<OwnedFd>,
+) -> Result<Started, SandboxError> {
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
     let mut cmd = Command::new(helper);
@@ -272,6 +257,9 @@ pub(crate) fn spawn_helper(helper: &Path) -> Result<Started, SandboxError> {
         .stderr(Stdio::from(child_ends.stderr))
         .kill_on_drop(true);
     sys::pass_fd_to_child(&mut cmd, child_ends.status.as_raw_fd(), STATUS_FD);
+    if let Some(z) = &zygote {
+        sys::pass_fd_to_child(&mut cmd, z.as_raw_fd(), ZYGOTE_FD);
+    }
     let child = cmd.spawn().map_err(|source| SandboxError::Spawn {
         path: helper.to_path_buf(),
         source,
@@ -279,18 +267,9 @@ pub(crate) fn spawn_helper(helper: &Path) -> Result<Started, SandboxError> {
     // `cmd` still holds the status pipe's write end: gone with it.
     drop(cmd);
     drop(child_ends.status);
+    drop(zygote);
     Started::new(helper, HelperProc::Spawned(child), ends)
 }
-
-/// Creates the pipes for a helper the fork-server will fork: the server's
-/// ends wrapped once the helper exists ([`Started::forked`]).
-pub(crate) fn pipes_for_forked() -> std::io::Result<(ForkedEnds, HelperPipes)> {
-    let (ends, child) = make_pipes()?;
-    Ok((ForkedEnds(ends), child))
-}
-
-/// The server's ends for a helper that is not forked yet.
-pub(crate) struct ForkedEnds(ServerEnds);
 
 impl Started {
     fn new(path: &Path, proc: HelperProc, ends: ServerEnds) -> Result<Started, SandboxError> {
@@ -309,24 +288,6 @@ impl Started {
                 .map_err(|e| io("watch status", e))?,
             status_bytes: Vec::new(),
         })
-    }
-
-    /// A helper the fork-server forked, known by its pidfd.
-    pub(crate) fn forked(
-        path: &Path,
-        pidfd: OwnedFd,
-        ends: ForkedEnds,
-    ) -> Result<Started, SandboxError> {
-        let pidfd =
-            sys::async_pidfd(pidfd).map_err(|e| SandboxError::io("watch helper pidfd", path, e))?;
-        Started::new(
-            path,
-            HelperProc::Forked {
-                pidfd,
-                exited: false,
-            },
-            ends.0,
-        )
     }
 
     /// Writes one line on the control pipe. A helper that died meanwhile

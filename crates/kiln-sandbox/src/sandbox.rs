@@ -18,7 +18,10 @@ use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::probe::{HostReport, probe_host};
 use crate::quota::{SlotFs, WorkspaceQuota};
-use crate::run::{KillReason, RunRequest, RunResult, Started, Supervised, spawn_helper, supervise};
+use crate::run::{
+    KillReason, RunRequest, RunResult, Started, Supervised, spawn_helper, spawn_helper_with,
+    supervise,
+};
 use crate::seccomp;
 use crate::slots::{Slot, SlotLease, SlotPool};
 use crate::spec::{BpfInsns, GoMsg, JailLimits, JailSpec, ParkMode, StatusMsg};
@@ -437,7 +440,7 @@ impl Sandbox {
         let parked = async {
             let mut started = match park.mode {
                 ParkMode::Embedded => match self.inner.zygote.get() {
-                    Some(z) => z.fork_helper(&self.inner.cfg.helper).await?,
+                    Some(z) => spawn_helper_with(&self.inner.cfg.helper, Some(z.client()?))?,
                     None => {
                         return Err(SandboxError::Request(
                             "no fork-server for embedded warm jails".to_owned(),

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 /// The fd on which the helper finds the status pipe's write end.
 pub const STATUS_FD: i32 = 3;
+/// Where a helper for an embedded warm jail finds its socket to the
+/// fork-server.
+pub const ZYGOTE_FD: i32 = 4;
 
 /// In-jail uid and gid of the user program.
 pub const JAIL_UID: u32 = 1000;

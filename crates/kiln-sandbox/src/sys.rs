@@ -599,48 +599,51 @@ pub fn at_exit(f: extern "C" fn()) -> io::Result<()> {
     Ok(())
 }
 
-/// `pidfd_send_signal(pidfd, SIGKILL)`: kills the process the pidfd refers
-/// to, never a process that reused its pid.
-pub fn pidfd_kill(pidfd: &impl AsRawFd) -> Result<(), Errno> {
-    // SAFETY: a plain system call on a descriptor we own; a null siginfo is
-    // allowed and means "as kill(2) would send it".
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0 as libc::c_uint,
-        )
-    };
-    if r == -1 { Err(Errno::last()) } else { Ok(()) }
-}
-
-/// Registers a pidfd with tokio's reactor: it becomes readable when the
-/// process exits.
-pub fn async_pidfd(pidfd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
-    // SAFETY: the `OwnedFd` is a valid open descriptor, and the `AsyncFd`
-    // takes ownership of it: nothing can close or replace it while it is
-    // registered.
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
-    };
-    registered.map_err(io::Error::from)
-}
-
 /// Fails unless the calling process has exactly one thread.
 pub fn ensure_single_threaded_now() -> io::Result<()> {
     ensure_single_threaded()
 }
 
-/// `SIGCHLD` → `SIG_IGN`: children are reaped by the kernel as they exit.
-pub fn ignore_sigchld() -> Result<(), Errno> {
-    // SAFETY: SIG_IGN installs no handler code.
-    unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGCHLD,
-            nix::sys::signal::SigHandler::SigIgn,
-        )
+/// How a reaped child ended: exit code or signal, and the CPU time it and
+/// the children it waited for used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cpu_us: u64,
+}
+
+/// `wait4(pid, WNOHANG)`: reaps `pid` if it has exited.
+pub fn reap_child(pid: i32) -> Result<Option<Reaped>, Errno> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: `rusage` is plain data the kernel fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: both out-pointers point at live, writable locals.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == -1 {
+            let e = Errno::last();
+            if e == Errno::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        break;
     }
-    .map(|_| ())
+    let us = |t: libc::timeval| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
+    };
+    let (code, signal) = if libc::WIFSIGNALED(status) {
+        (None, Some(libc::WTERMSIG(status)))
+    } else {
+        (Some(libc::WEXITSTATUS(status)), None)
+    };
+    Ok(Some(Reaped {
+        code,
+        signal,
+        cpu_us: us(usage.ru_utime) + us(usage.ru_stime),
+    }))
 }

@@ -1,24 +1,34 @@
 //! The fork-server (`kiln __zygote`): one long-lived host process that
 //! embeds CPython, imports the data stack once (the preload, a never-used
-//! template), and then forks a jail helper per warm `py` jail. The fork
-//! becomes the helper (`jail::helper_main_with`), builds a fresh jail like any
-//! other, and its program process — still a copy of the template that has
-//! never run user code — parks confined as uid 1000 and, at the go, runs the
-//! user's program in process instead of `execve`ing a new interpreter. So a
-//! run pays neither interpreter start-up nor `import pandas`, and still
-//! starts in a fresh process in its own namespaces, cgroups and uid range.
+//! template), and then forks the program process of each warm `py` jail.
+//! The jail itself (helper, init, namespaces, root, cgroups) is built like
+//! any other by small `kiln __jail` processes; once its root is ready, the
+//! helper asks the fork-server for the program: the fork joins the jail's
+//! namespaces (`setns` through the init's pidfd) and cgroups, confines itself
+//! exactly as a program process forked by the init would (uid 1000, limits,
+//! Landlock, seccomp), parks, and at the go runs the user's program in
+//! process instead of `execve`ing a new interpreter. So a run pays neither
+//! interpreter start-up nor `import pandas`, still starts in a fresh process
+//! in its own namespaces, cgroups and uid range, and the 90 MiB template is
+//! copied once per run.
 //!
-//! Protocol on a `SOCK_SEQPACKET` pair (the fork-server's stdin):
+//! Protocol on a `SOCK_SEQPACKET` socket (the fork-server's stdin; the
+//! server and the helpers of embedded jails hold the other end):
 //! 1. server → zygote: the [`ZygoteConfig`] as JSON;
 //! 2. zygote → server: `{"ready": ZygoteInfo}` or `{"failed": "why"}`;
-//! 3. per warm jail: server → zygote: one byte with four fds attached
-//!    (control, stdout, stderr, status: the helper's fds 0–3); zygote →
-//!    server: the helper's pid (4 bytes, little-endian) with its pidfd
-//!    attached, or no fd and an error text.
+//! 3. per warm jail: helper → zygote: `g` and the [`crate::spec::JailSpec`]
+//!    line, with seven fds attached: stdout, stderr, the exec pipe's write
+//!    end, the go pipe's read end, the exit pipe's write end, the jail
+//!    init's pidfd and a reply socket. The zygote forks the program into the
+//!    init's pid namespace and answers on the reply socket with its pid
+//!    (4 bytes, little-endian), or with an error text. When the program
+//!    exits, the zygote reaps it and writes its [`StatusMsg::Finished`] line
+//!    on the exit pipe, where the jail's init reads and reports it.
 //!
-//! The fork-server never reads anything but these messages; it holds no
-//! secret (its environment is exactly the jail's) and exits when the server
-//! closes the socket or dies.
+//! Each request is one message and each answer goes to the requester's own
+//! reply socket, so helpers may ask concurrently. The fork-server never reads
+//! anything but these messages; it holds no secret (its environment is
+//! exactly the jail's) and exits when every holder of the socket closed it.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -30,7 +40,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::cmsg_space;
+use nix::fcntl::OFlag;
 use nix::fcntl::{FcntlArg, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sched::CloneFlags;
+use nix::sys::signal::Signal;
 use nix::sys::socket::{
     AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
     sendmsg, socketpair,
@@ -38,8 +52,7 @@ use nix::sys::socket::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::SandboxError;
-use crate::run::{Started, pipes_for_forked};
-use crate::spec::GoMsg;
+use crate::spec::{GoMsg, StatusMsg};
 use crate::sys::{self, Forked};
 use crate::{embed, jail};
 
@@ -105,7 +118,7 @@ fn send(sock: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> nix::Result<()> {
 /// Receives one message (up to `max` bytes) and the fds attached to it.
 fn recv(sock: &OwnedFd, max: usize) -> nix::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; max];
-    let mut space = cmsg_space!([RawFd; 4]);
+    let mut space = cmsg_space!([RawFd; 8]);
     let (n, raw) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
         // EINTR consumed nothing: receive again.
@@ -229,44 +242,64 @@ impl Zygote {
         self.alive.load(Ordering::SeqCst)
     }
 
-    /// Asks the fork-server for a new jail helper (a fork of the template);
-    /// the caller writes its spec on the control pipe as for a spawned one.
-    pub(crate) async fn fork_helper(&self, helper: &Path) -> Result<Started, SandboxError> {
+    /// A socket to the fork-server for one jail helper (close-on-exec; the
+    /// helper gets it on [`crate::spec::ZYGOTE_FD`]).
+    pub(crate) fn client(&self) -> Result<OwnedFd, SandboxError> {
         if !self.alive() {
             return Err(SandboxError::Zygote("the fork-server is gone".into()));
         }
-        let (ends, child_ends) =
-            pipes_for_forked().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
-        let sock = Arc::clone(&self.sock);
-        let alive = Arc::clone(&self.alive);
-        let answer = tokio::task::spawn_blocking(move || {
-            let sock = sock.lock().unwrap_or_else(|p| p.into_inner());
-            let fds = [
-                child_ends.control.as_raw_fd(),
-                child_ends.stdout.as_raw_fd(),
-                child_ends.stderr.as_raw_fd(),
-                child_ends.status.as_raw_fd(),
-            ];
-            let r = send(&sock, b"f", &fds).and_then(|()| recv(&sock, 4096));
-            // Ours are copies: the helper has its own now.
-            drop(child_ends);
-            if r.as_ref().is_ok_and(|(b, _)| b.is_empty()) || r.is_err() {
-                alive.store(false, Ordering::SeqCst);
-            }
-            r
-        })
-        .await
-        .map_err(|e| SandboxError::Zygote(format!("fork: {e}")))?
-        .map_err(|e| SandboxError::Zygote(format!("fork: {e}")))?;
-        let (bytes, mut fds) = answer;
-        match (bytes.len(), fds.pop()) {
-            (4, Some(pidfd)) => Started::forked(helper, pidfd, ends),
-            (0, _) => Err(SandboxError::Zygote("the fork-server is gone".into())),
-            _ => Err(SandboxError::Zygote(format!(
-                "fork refused: {}",
-                String::from_utf8_lossy(&bytes)
-            ))),
-        }
+        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        sock.try_clone()
+            .map_err(|e| SandboxError::Zygote(format!("dup socket: {e}")))
+    }
+}
+
+/// The fds of one program request, in protocol order.
+pub(crate) struct ProgramFds<'a> {
+    pub stdout: &'a dyn AsRawFd,
+    pub stderr: &'a dyn AsRawFd,
+    pub exec_w: &'a OwnedFd,
+    pub go_r: &'a OwnedFd,
+    pub exit_w: &'a OwnedFd,
+    pub init_pidfd: &'a OwnedFd,
+}
+
+/// In a jail helper: asks the fork-server on `sock` for the program process
+/// of the jail whose init `fds.init_pidfd` is; returns its pid.
+pub(crate) fn request_program(
+    sock: &OwnedFd,
+    spec_line: &[u8],
+    fds: &ProgramFds<'_>,
+) -> Result<i32, String> {
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| format!("socketpair: {e}"))?;
+    let mut msg = Vec::with_capacity(spec_line.len() + 1);
+    msg.push(b'g');
+    msg.extend_from_slice(spec_line);
+    let raw = [
+        fds.stdout.as_raw_fd(),
+        fds.stderr.as_raw_fd(),
+        fds.exec_w.as_raw_fd(),
+        fds.go_r.as_raw_fd(),
+        fds.exit_w.as_raw_fd(),
+        fds.init_pidfd.as_raw_fd(),
+        theirs.as_raw_fd(),
+    ];
+    send(sock, &msg, &raw).map_err(|e| format!("ask the fork-server: {e}"))?;
+    drop(theirs);
+    let (bytes, _) = recv(&ours, 4096).map_err(|e| format!("fork-server answer: {e}"))?;
+    match <[u8; 4]>::try_from(bytes.as_slice()) {
+        Ok(pid) => Ok(i32::from_le_bytes(pid)),
+        Err(_) if bytes.is_empty() => Err("the fork-server is gone".to_owned()),
+        Err(_) => Err(format!(
+            "the fork-server refused: {}",
+            String::from_utf8_lossy(&bytes)
+        )),
     }
 }
 
@@ -309,13 +342,17 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Loads the template, reports, then forks helpers until the socket closes.
+/// Loads the template, reports, then forks jail programs until the socket
+/// closes.
 fn serve(sock: &OwnedFd) -> Result<(), String> {
     sys::close_from(3).map_err(|e| format!("close inherited fds: {e}"))?;
     let (bytes, _) = recv(sock, CONFIG_MAX).map_err(|e| format!("read config: {e}"))?;
     let cfg: ZygoteConfig =
         serde_json::from_slice(&bytes).map_err(|e| format!("parse config: {e}"))?;
     sys::ensure_single_threaded_now().map_err(|e| e.to_string())?;
+    // Programs are forks of this process: host root's supplementary groups
+    // (gid 0 among them) must not follow them into the jail.
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
     embed::set_environment(&cfg.env).map_err(|e| e.to_string())?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     let t0 = Instant::now();
@@ -331,54 +368,128 @@ fn serve(sock: &OwnedFd) -> Result<(), String> {
     let hello = serde_json::to_vec(&Hello::Ready(info)).map_err(|e| e.to_string())?;
     send(sock, &hello, &[]).map_err(|e| format!("report ready: {e}"))?;
 
-    // Children are reaped by the kernel: the server watches each through
-    // the pidfd it gets.
-    sys::ignore_sigchld().map_err(|e| format!("ignore SIGCHLD: {e}"))?;
+    // Programs are our children: each is reaped here and its status goes
+    // to its jail's init through the exit pipe.
+    let own_pid_ns = std::fs::File::open("/proc/self/ns/pid")
+        .map_err(|e| format!("open own pid namespace: {e}"))?;
+    let mut live: Vec<Live> = Vec::new();
     loop {
-        let (bytes, fds) = match recv(sock, 16) {
-            Ok(m) => m,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(format!("read request: {e}")),
+        let (sock_ready, exited) = {
+            let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+            fds.extend(
+                live.iter()
+                    .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN)),
+            );
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            }
+            let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            let exited: Vec<usize> = (1..fds.len()).filter(|&i| ready(&fds[i])).collect();
+            (ready(&fds[0]), exited)
         };
-        if bytes.is_empty() && fds.is_empty() {
-            return Ok(()); // the server closed the socket
+        for i in exited.into_iter().rev() {
+            let l = live.swap_remove(i - 1);
+            match sys::reap_child(l.pid) {
+                Ok(Some(r)) => {
+                    let msg = StatusMsg::Finished {
+                        code: r.code,
+                        signal: r.signal,
+                        cpu_us: r.cpu_us,
+                    };
+                    let _ = nix::unistd::write(&l.exit_w, &msg.to_line());
+                }
+                // not yet (cannot happen once the pidfd is readable): watch on
+                Ok(None) => live.push(l),
+                Err(_) => {}
+            }
         }
-        if fds.len() != 4 {
-            let _ = send(sock, b"expected four fds", &[]);
+        if !sock_ready {
             continue;
         }
-        match sys::clone3_fork(0, None) {
-            Ok(Forked::Child) => become_helper(fds),
+        let (bytes, fds) = recv(sock, CONFIG_MAX).map_err(|e| format!("read request: {e}"))?;
+        if bytes.is_empty() && fds.is_empty() {
+            return Ok(()); // the server and every helper closed the socket
+        }
+        let Some((b'g', spec_line)) = bytes.split_first() else {
+            continue; // not a request; its fds close here
+        };
+        let Ok(fds) = <[OwnedFd; 7]>::try_from(fds) else {
+            continue; // no reply socket to answer on: the helper sees EOF
+        };
+        let [stdout, stderr, exec_w, go_r, exit_w, init_pidfd, reply] = fds;
+        let forked = nix::sched::setns(&init_pidfd, CloneFlags::CLONE_NEWPID)
+            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+            .and_then(|()| sys::clone3_fork(0, None));
+        // Our own children go back to our own pid namespace.
+        let restored = nix::sched::setns(&own_pid_ns, CloneFlags::CLONE_NEWPID);
+        match forked {
+            Ok(Forked::Child) => {
+                drop(reply);
+                drop(exit_w);
+                become_program(spec_line, [stdout, stderr, exec_w, go_r, init_pidfd])
+            }
             Ok(Forked::Parent { pid, pidfd }) => {
-                drop(fds);
-                let pid = u32::try_from(pid.as_raw()).unwrap_or(0).to_le_bytes();
-                let sent = match &pidfd {
-                    Some(p) => send(sock, &pid, &[p.as_raw_fd()]),
-                    None => send(sock, b"no pidfd", &[]),
+                restored.map_err(|e| format!("back to our pid namespace: {e}"))?;
+                let Some(pidfd) = pidfd else {
+                    let _ = send(&reply, b"clone3 gave no pidfd", &[]);
+                    continue;
                 };
-                sent.map_err(|e| format!("answer: {e}"))?;
+                let _ = send(&reply, &pid.as_raw().to_le_bytes(), &[]);
+                live.push(Live {
+                    pid: pid.as_raw(),
+                    pidfd,
+                    exit_w,
+                });
             }
             Err(e) => {
-                let _ = send(sock, format!("fork: {e}").as_bytes(), &[]);
+                restored.map_err(|e| format!("back to our pid namespace: {e}"))?;
+                let _ = send(&reply, format!("fork into the jail: {e}").as_bytes(), &[]);
             }
         }
     }
 }
 
-/// In the fork: installs the four fds as 0–3 and runs the jail helper with
-/// the embedded runner. Never returns.
-fn become_helper(fds: Vec<OwnedFd>) -> ! {
+/// A program process the fork-server forked and will reap.
+struct Live {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// Its jail init reads the status line here.
+    exit_w: OwnedFd,
+}
+
+/// In the fork (already in the jail's pid namespace): installs /dev/null,
+/// stdout and stderr as 0–2, the exec and go pipes and the init's pidfd
+/// above them, closes everything else, joins the jail's cgroups and other
+/// namespaces and becomes the jail's program process. Never returns.
+fn become_program(spec_line: &[u8], fds: [OwnedFd; 5]) -> ! {
     let fail = |what: &str, e: &dyn std::fmt::Display| -> ! {
-        eprintln!("kiln __zygote: helper {what}: {e}");
+        eprintln!("kiln __zygote: program {what}: {e}");
         sys::exit_now(2)
     };
     if let Err(e) = sys::reset_signals() {
         fail("reset signals", &e);
     }
-    // Move them out of the way first: a received fd may already sit on one
-    // of the target numbers.
-    let mut high = Vec::with_capacity(4);
-    for fd in &fds {
+    // The fork-server gone, the jail's program goes too.
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        fail("set parent-death signal", &e);
+    }
+    let devnull = match nix::fcntl::open(
+        "/dev/null",
+        OFlag::O_RDWR | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(f) => f,
+        Err(e) => fail("open /dev/null", &e),
+    };
+    // 0-3: /dev/null, stdout, stderr, /dev/null; 4-6: exec, go, init pidfd.
+    // Through copies above 16 first: a received fd may sit on a target.
+    let order = [
+        &devnull, &fds[0], &fds[1], &devnull, &fds[2], &fds[3], &fds[4],
+    ];
+    let mut high = Vec::with_capacity(order.len());
+    for fd in order {
         match fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(16)) {
             Ok(h) => high.push(h),
             Err(e) => fail("dup", &e),
@@ -389,14 +500,26 @@ fn become_helper(fds: Vec<OwnedFd>) -> ! {
             fail("dup2", &e);
         }
     }
-    // Everything else (the socket, the received copies) goes; the helper
-    // itself marks the status fd close-on-exec.
-    if let Err(e) = sys::close_from(4) {
+    for fd in [4, 5, 6] {
+        if let Err(e) = sys::set_cloexec(fd, true) {
+            fail("mark fds", &e);
+        }
+    }
+    // Not dropped: an original may sit on 0-6 by now, replaced by dup2;
+    // close_from closes the rest (the socket, originals, copies).
+    std::mem::forget(fds);
+    std::mem::forget(devnull);
+    if let Err(e) = sys::close_from(7) {
         fail("close fds", &e);
     }
-    std::mem::forget(fds);
-    std::mem::forget(high);
-    jail::helper_main_with(Some(run_embedded))
+    let (Some(exec_w), Some(go_r), Some(init_pidfd)) = (
+        sys::adopt_inherited_fd(4),
+        sys::adopt_inherited_fd(5),
+        sys::adopt_inherited_fd(6),
+    ) else {
+        fail("adopt fds", &"missing");
+    };
+    jail::forked_program_main(spec_line, exec_w, go_r, init_pidfd, run_embedded)
 }
 
 /// The parked program process's last step: the preload's runner takes over

@@ -71,6 +71,26 @@ fn limit(resource: Resource, soft: u64, hard: u64) -> Result<(), JailError> {
         .map_err(|e| JailError::setup(format_args!("setrlimit {resource:?}"), e))
 }
 
+/// Fails unless the permitted, effective and ambient capability sets are
+/// empty (read from /proc/self/status: the jail mounts its own /proc).
+fn no_capabilities_left() -> Result<(), JailError> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| JailError::setup("read /proc/self/status", e))?;
+    for set in ["CapPrm:", "CapEff:", "CapAmb:"] {
+        let value = status
+            .lines()
+            .find_map(|l| l.strip_prefix(set))
+            .map(str::trim)
+            .ok_or_else(|| JailError::Setup(format!("no {set} in /proc/self/status")))?;
+        if value.bytes().any(|b| b != b'0') {
+            return Err(JailError::Setup(format!(
+                "capabilities survived the change to uid {JAIL_UID}: {set} {value}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn exec(
     spec: &JailSpec,
     confinement: &Confinement,
@@ -116,6 +136,8 @@ fn exec(
     setresgid(gid, gid, gid).map_err(|e| JailError::setup("setresgid 1000", e))?;
     // Leaving uid 0 clears every capability.
     setresuid(uid, uid, uid).map_err(|e| JailError::setup("setresuid 1000", e))?;
+    // ... but only when leaving uid 0: make sure that is what happened.
+    no_capabilities_left()?;
     umask(Mode::from_bits_truncate(0o022));
     chdir("/mnt/data").map_err(|e| JailError::setup("chdir /mnt/data", e))?;
 

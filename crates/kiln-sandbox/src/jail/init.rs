@@ -14,7 +14,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid};
+use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid, write};
 
 use super::plan::{HOSTNAME, Op};
 use super::{
@@ -30,6 +30,19 @@ pub(super) struct InitPipes {
     pub release_w: OwnedFd,
     /// Read end of the go pipe (parked jails only), for the program process.
     pub go_r: Option<OwnedFd>,
+    /// Embedded jails: the fork-server forks the program, not init.
+    pub remote: Option<RemotePipes>,
+}
+
+/// What init of an embedded jail talks through: the fork-server forks the
+/// program process into the jail once init says the root is ready.
+pub(crate) struct RemotePipes {
+    /// Init writes one byte here once the root is built and entered.
+    pub ready_w: OwnedFd,
+    /// The program's exec pipe (its setup failures, `parked`).
+    pub exec_r: OwnedFd,
+    /// The fork-server writes the program's `finished` status here.
+    pub exit_r: OwnedFd,
 }
 
 pub(super) fn init_main(
@@ -79,6 +92,7 @@ fn init(
         release_r,
         release_w,
         go_r,
+        remote,
     } = pipes;
     // If the helper dies (the server killed it), so do we — and with us the
     // whole pid namespace. Set before waiting, so a helper that died earlier
@@ -109,6 +123,11 @@ fn init(
     sethostname(HOSTNAME).map_err(|e| JailError::setup("sethostname", e))?;
 
     rootfs::build_and_enter(&spec.root_dir, plan)?;
+
+    if let Some(remote) = remote {
+        drop(go_r);
+        return remote_program(remote, status);
+    }
 
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("exec pipe", e))?;
     let child = match sys::fork_single_threaded().map_err(|e| JailError::setup("fork", e))? {
@@ -142,14 +161,7 @@ fn init(
     }
     if !failure.is_empty() {
         let _ = reap_until(child);
-        return Err(match StatusMsg::parse_last(&failure) {
-            Some(StatusMsg::ExecFailed(m)) => JailError::Exec(m),
-            Some(StatusMsg::Error(m)) => JailError::Setup(m),
-            _ => JailError::Setup(format!(
-                "user program setup: {}",
-                String::from_utf8_lossy(&failure).trim()
-            )),
-        });
+        return Err(exec_failure(&failure));
     }
 
     let (code, signal) = reap_until(child)?;
@@ -163,6 +175,53 @@ fn init(
         signal,
         cpu_us: us(usage.user_time()) + us(usage.system_time()),
     })
+}
+
+/// Init's side of an embedded jail: the root is ready; the fork-server's
+/// program reports on the exec pipe, its exit status comes on the exit pipe.
+/// Orphans are reparented to init and die with it.
+fn remote_program(remote: RemotePipes, status: &File) -> Result<StatusMsg, JailError> {
+    let RemotePipes {
+        ready_w,
+        exec_r,
+        exit_r,
+    } = remote;
+    write(&ready_w, b"1").map_err(|e| JailError::setup("say ready", e))?;
+    drop(ready_w);
+    let (failure, read_result) = read_exec_pipe(exec_r, status);
+    let devnull = open_devnull()?;
+    for fd in [0, 1, 2] {
+        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach stdio", e))?;
+    }
+    drop(devnull);
+    if let Err(e) = read_result {
+        return Err(JailError::setup("read exec pipe", e));
+    }
+    if !failure.is_empty() {
+        return Err(exec_failure(&failure));
+    }
+    let mut line = Vec::new();
+    BufReader::new(File::from(exit_r))
+        .read_until(b'\n', &mut line)
+        .map_err(|e| JailError::setup("read program status", e))?;
+    match StatusMsg::parse_last(&line) {
+        Some(msg @ StatusMsg::Finished { .. }) => Ok(msg),
+        _ => Err(JailError::Setup(
+            "the program ended without a status (is the fork-server gone?)".to_owned(),
+        )),
+    }
+}
+
+/// The error a program process reported on its exec pipe.
+fn exec_failure(failure: &[u8]) -> JailError {
+    match StatusMsg::parse_last(failure) {
+        Some(StatusMsg::ExecFailed(m)) => JailError::Exec(m),
+        Some(StatusMsg::Error(m)) => JailError::Setup(m),
+        _ => JailError::Setup(format!(
+            "user program setup: {}",
+            String::from_utf8_lossy(failure).trim()
+        )),
+    }
 }
 
 /// Reads the exec pipe to EOF. A `parked` line is reported on the status

@@ -40,7 +40,10 @@ use nix::unistd::{Pid, getpid, pipe2};
 
 use crate::probe::JAIL_NAMESPACES;
 use crate::seccomp;
-use crate::spec::{CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, STATUS_FD, StatusMsg};
+use crate::spec::{
+    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, ParkMode, STATUS_FD, StatusMsg,
+    ZYGOTE_FD,
+};
 use crate::sys::{self, Forked};
 
 /// Runs a parked, confined program process's user program in process
@@ -93,18 +96,12 @@ fn report(status: &File, msg: &StatusMsg) {
 
 /// Entry point of `kiln __jail`. Never returns.
 pub fn helper_main() -> ! {
-    helper_main_with(None)
-}
-
-/// The helper, with the fork-server's in-process runner for
-/// [`crate::spec::ParkMode::Embedded`] jails.
-pub(crate) fn helper_main_with(runner: Option<EmbeddedRunner>) -> ! {
     let Some(status_fd) = sys::adopt_inherited_fd(STATUS_FD) else {
         eprintln!("kiln __jail: internal entry point of the sandbox (no status pipe on fd 3)");
         sys::exit_now(2);
     };
     let status = File::from(status_fd);
-    let code = match helper(&status, runner) {
+    let code = match helper(&status) {
         Ok(()) => 0,
         Err(e) => {
             report(&status, &e.into_status());
@@ -262,10 +259,84 @@ fn wait_go(pid: Pid, pidfd: Option<&OwnedFd>, control: &OwnedFd) -> Result<Parke
     }
 }
 
-fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError> {
+/// The spec's mount plan and the program process's confinement (seccomp
+/// programs, Landlock rules), computed on the host.
+fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
+    let filters = spec
+        .seccomp_filters
+        .as_ref()
+        .map(|programs| programs.iter().map(seccomp::from_insns).collect())
+        .unwrap_or_default();
+    let plan = plan::build(spec, &plan::RealHost);
+    let confinement = Confinement {
+        filters,
+        landlock: spec.landlock.then(|| plan::landlock_rules(&plan)),
+    };
+    (plan, confinement)
+}
+
+/// The program process of an embedded jail as forked by the fork-server,
+/// already in the jail's pid namespace: joins the jail's cgroups and its
+/// other namespaces through its init's pidfd, then goes on exactly like a
+/// program process its init forked. Never returns.
+pub(crate) fn forked_program_main(
+    spec_line: &[u8],
+    exec_w: OwnedFd,
+    go_r: OwnedFd,
+    init_pidfd: OwnedFd,
+    runner: EmbeddedRunner,
+) -> ! {
+    let fail = |e: JailError| -> ! {
+        let _ = nix::unistd::write(&exec_w, &e.into_status().to_line());
+        sys::exit_now(127)
+    };
+    let spec: JailSpec = match serde_json::from_slice(spec_line) {
+        Ok(s) => s,
+        Err(e) => fail(JailError::setup("parse spec", e)),
+    };
+    let (_, confinement) = prepare(&spec);
+    // "0" is the writer itself (our pid here is the jail's, not the host's).
+    let procs: Vec<std::path::PathBuf> = match &spec.cgroup {
+        None => Vec::new(),
+        Some(CgroupAttach::V1 { procs }) => procs.clone(),
+        Some(CgroupAttach::V2 { dir }) => vec![dir.join("cgroup.procs")],
+    };
+    for p in procs {
+        if let Err(e) = std::fs::write(&p, "0") {
+            fail(JailError::setup(
+                format_args!("attach to {}", p.display()),
+                e,
+            ));
+        }
+    }
+    let others = nix::sched::CloneFlags::from_bits_truncate(JAIL_NAMESPACES & !libc::CLONE_NEWPID);
+    if let Err(e) = nix::sched::setns(&init_pidfd, others) {
+        fail(JailError::setup("join the jail's namespaces", e));
+    }
+    drop(init_pidfd);
+    // Uid 0 of the jail, as a program its init forked starts: our host uid
+    // has no mapping there, and only the change from uid 0 to the jail's
+    // user clears the capabilities that joining the user namespace gave us.
+    let root_g = nix::unistd::Gid::from_raw(0);
+    let root_u = nix::unistd::Uid::from_raw(0);
+    if let Err(e) = nix::unistd::setresgid(root_g, root_g, root_g)
+        .and_then(|()| nix::unistd::setresuid(root_u, root_u, root_u))
+    {
+        fail(JailError::setup("become the jail's uid 0", e));
+    }
+    exec::exec_main(&spec, &confinement, exec_w, Some(go_r), Some(runner))
+}
+
+fn helper(status: &File) -> Result<(), JailError> {
     sys::set_cloexec(STATUS_FD, true).map_err(|e| JailError::setup("mark status fd", e))?;
+    // The fork-server's socket, for embedded jails; it never reaches the
+    // jail (close-on-exec, and dropped in the init's clone).
+    let zygote = sys::adopt_inherited_fd(ZYGOTE_FD);
+    if zygote.is_some() {
+        sys::set_cloexec(ZYGOTE_FD, true).map_err(|e| JailError::setup("mark zygote fd", e))?;
+    }
     // Nothing but 0-3 may travel into the jail.
-    sys::close_from(STATUS_FD + 1).map_err(|e| JailError::setup("close inherited fds", e))?;
+    sys::close_from(ZYGOTE_FD + 1).map_err(|e| JailError::setup("close inherited fds", e))?;
 
     // The spec is one line; stdin then stays open as the control pipe (see
     // `wait_init`), kept on a close-on-exec fd above 3.
@@ -277,6 +348,15 @@ fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError
         .map_err(|e| JailError::setup("read spec", e))?;
     let spec: JailSpec =
         serde_json::from_str(&line).map_err(|e| JailError::setup("parse spec", e))?;
+    let zygote = match (spec.park, zygote) {
+        (Some(ParkMode::Embedded), Some(z)) => Some(z),
+        (Some(ParkMode::Embedded), None) => {
+            return Err(JailError::Setup(
+                "embedded park mode without a fork-server socket".to_owned(),
+            ));
+        }
+        (_, _) => None,
+    };
     let control = stdin
         .as_fd()
         .try_clone_to_owned()
@@ -287,16 +367,7 @@ fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError
     // Host root's supplementary groups (gid 0 among them) must not follow
     // the jail; inside, setgroups is denied, so drop them here.
     nix::unistd::setgroups(&[]).map_err(|e| JailError::setup("setgroups", e))?;
-    let filters = spec
-        .seccomp_filters
-        .as_ref()
-        .map(|programs| programs.iter().map(seccomp::from_insns).collect())
-        .unwrap_or_default();
-    let plan = plan::build(&spec, &plan::RealHost);
-    let confinement = Confinement {
-        filters,
-        landlock: spec.landlock.then(|| plan::landlock_rules(&plan)),
-    };
+    let (plan, confinement) = prepare(&spec);
 
     let cgroup_fd = match &spec.cgroup {
         None => None,
@@ -326,6 +397,27 @@ fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError
     } else {
         (None, None)
     };
+    // Embedded: the init says when its root is ready, the fork-server's
+    // program reports on the exec pipe and its status arrives on the exit
+    // pipe.
+    let remote = match &zygote {
+        Some(_) => {
+            let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("pipe", e));
+            Some((pipe()?, pipe()?, pipe()?))
+        }
+        None => None,
+    };
+    let (remote_init, remote_helper) = match remote {
+        Some(((ready_r, ready_w), (exec_r, exec_w), (exit_r, exit_w))) => (
+            Some(init::RemotePipes {
+                ready_w,
+                exec_r,
+                exit_r,
+            }),
+            Some((ready_r, exec_w, exit_w)),
+        ),
+        None => (None, None),
+    };
     let mut started = Instant::now();
     let forked = sys::clone3_fork(
         JAIL_NAMESPACES as u64,
@@ -338,18 +430,21 @@ fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError
             drop(devnull);
             drop(control);
             drop(go_w);
+            drop(zygote);
+            drop(remote_helper);
             let pipes = init::InitPipes {
                 release_r,
                 release_w,
                 go_r,
+                remote: remote_init,
             };
-            init::init_main(&spec, &plan, &confinement, pipes, status, runner)
+            init::init_main(&spec, &plan, &confinement, pipes, status, None)
         }
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
+    drop(remote_init);
     drop(release_r);
     drop(cgroup_fd);
-    drop(go_r);
 
     if let Err(e) = write_id_maps(pid, spec.id_base) {
         let _ = kill(pid, Signal::SIGKILL);
@@ -361,6 +456,35 @@ fn helper(status: &File, runner: Option<EmbeddedRunner>) -> Result<(), JailError
     release
         .write_all(b"1")
         .map_err(|e| JailError::setup("release jail init", e))?;
+
+    if let (Some(zygote), Some((ready_r, exec_w, exit_w)), Some(go_r), Some(init_pidfd)) =
+        (zygote, remote_helper, &go_r, &pidfd)
+    {
+        // EOF instead: the init failed and reported; it is reaped below.
+        let mut byte = [0u8; 1];
+        let ready = loop {
+            match nix::unistd::read(&ready_r, &mut byte) {
+                Err(Errno::EINTR) => continue,
+                r => break matches!(r, Ok(1)),
+            }
+        };
+        if ready {
+            let fds = crate::zygote::ProgramFds {
+                stdout: &1,
+                stderr: &2,
+                exec_w: &exec_w,
+                go_r,
+                exit_w: &exit_w,
+                init_pidfd,
+            };
+            if let Err(e) = crate::zygote::request_program(&zygote, line.as_bytes(), &fds) {
+                let _ = kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                return Err(JailError::setup("fork the program", e));
+            }
+        }
+    }
+    drop(go_r);
 
     // Only the jail holds the output pipes from now on, so their EOF marks
     // the jail's end.

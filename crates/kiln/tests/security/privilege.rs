@@ -15,6 +15,26 @@ async fn runs_as_uid_1000_with_no_capabilities() {
 }
 
 #[tokio::test]
+async fn python_runs_as_uid_1000_with_no_capabilities() {
+    // py runs in a fork of the fork-server that joined the jail: its own path to uid 1000
+    let r = attack(
+        "py",
+        "import os\nprint(os.getuid(), os.geteuid(), os.getgid())\n\
+         for l in open('/proc/self/status'):\n    \
+         if l.startswith(('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')): print(l.split()[1])",
+    )
+    .await;
+    let o = out(&r);
+    let mut lines = o.lines();
+    assert_eq!(lines.next(), Some("1000 1000 1000"), "{r}");
+    let caps: Vec<_> = lines.collect();
+    assert_eq!(caps.len(), 5, "{r}");
+    for cap in caps {
+        assert_eq!(cap, "0000000000000000", "capabilities left: {r}");
+    }
+}
+
+#[tokio::test]
 async fn setuid_to_root_fails() {
     let r = attack("py", "import os\ntry:\n    os.setuid(0); print('ROOT')\nexcept PermissionError:\n    print('denied')").await;
     assert_eq!(out(&r), "denied\n", "{r}");

@@ -1,8 +1,8 @@
 # Kiln: the warm Python template, run ONCE by the fork-server as its preload.
 #
 # The fork-server embeds libpython, runs this file as root on the host, then
-# forks one child per execution. The child enters a fresh jail (uid 1000, cwd
-# /mnt/data, seccomp) and calls
+# forks one child per execution. The child joins a fresh jail's namespaces and
+# cgroups, confines itself (uid 1000, cwd /mnt/data, seccomp) and calls
 #     import _kiln_zygote; _kiln_zygote.run(bytes.fromhex("<hex>"))
 # with the UTF-8 JSON {"argv": ["/usr/bin/python3", "-u", "main.py", ARGS...],
 # "env": [["K", "V"], ...]}. `run` never returns: it makes the process look
@@ -29,7 +29,9 @@
 #   __del__ runs and unclosed files are flushed); preloaded modules are not, and
 #   stay importable from a __del__ running then;
 # - threads get the hidden frames' depth as extra recursion room; RSS and
-#   ru_maxrss include the shared preloaded pages.
+#   ru_maxrss include the shared preloaded pages;
+# - the process's parent is the fork-server, outside the jail's pid namespace,
+#   so os.getppid() is 0 (1, the jail's init, in a cold run).
 # The fork-server must call PyOS_AfterFork_Child() in the child (threading's
 # and random's at-fork hooks); the child reseeds random and numpy anyway.
 
