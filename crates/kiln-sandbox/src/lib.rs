@@ -1,7 +1,7 @@
 //! Kiln's native Linux sandbox.
 //!
-//! Every run gets a fresh jail: a helper process (`kiln __jail`, see
-//! [`helper_main`]) attaches to per-run memory and pids cgroups and clones
+//! Every run gets a fresh jail: a helper process (see [`helper_main`]; a
+//! fork of the jail launcher, [`launcher_main`], or a spawned `kiln __jail`) attaches to per-run memory and pids cgroups and clones
 //! the jail's init into new user, mount, pid, net, ipc and uts namespaces
 //! under a slot's private uid range. Init builds a minimal read-only root
 //! (runtimes bound from the host, our own `/etc`, the workspace at
@@ -15,8 +15,8 @@
 //! workspace lives on the slot's own filesystem, so a size and file-count
 //! quota is enforced by the kernel ([`SandboxConfig::workspace_bytes`]).
 //!
-//! The server side ([`Sandbox`]) never forks itself: it spawns the helper
-//! with `tokio::process`, captures output with caps, enforces the wall time
+//! The server side ([`Sandbox`]) never forks itself into a jail: it has the
+//! launcher fork the helper (or spawns one with `tokio::process`), captures output with caps, enforces the wall time
 //! and cancellation, and returns only once every process of the jail is dead
 //! and its cgroups are gone.
 //!
@@ -33,11 +33,13 @@ mod config;
 mod embed;
 mod error;
 mod jail;
+mod launcher;
 mod probe;
 mod quota;
 mod run;
 mod sandbox;
 mod seccomp;
+mod seqpacket;
 mod slots;
 mod spec;
 mod sys;
@@ -48,6 +50,7 @@ pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
 pub use error::SandboxError;
 pub use jail::helper_main;
+pub use launcher::launcher_main;
 pub use probe::{HostReport, probe_host};
 pub use quota::{QuotaMode, WorkspaceQuota};
 pub use run::{RunRequest, RunResult};

@@ -12,6 +12,7 @@ use kiln_core::{ExitStatus, Limits};
 use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, pipe2};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::process::Command;
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
+use crate::launcher::{HelperFds, Launcher};
 use crate::spec::{JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
 use crate::sys;
 
@@ -189,8 +191,13 @@ fn make_pipes() -> std::io::Result<(ServerEnds, HelperPipes)> {
     ))
 }
 
-/// A helper process, spawned by the server.
+/// A helper process: forked by the jail launcher (then a pidfd ties the
+/// server to it; the kernel reaps it) or spawned by the server.
 pub(crate) enum HelperProc {
+    Launched {
+        pidfd: AsyncFd<OwnedFd>,
+        exited: bool,
+    },
     Spawned(tokio::process::Child),
 }
 
@@ -198,6 +205,11 @@ impl HelperProc {
     /// SIGKILL; its death takes the jail down (PDEATHSIG of the jail's init).
     fn kill(&self) {
         match self {
+            HelperProc::Launched { pidfd, exited } => {
+                if !exited {
+                    let _ = sys::pidfd_kill(pidfd.get_ref());
+                }
+            }
             // The helper is not reaped before `wait` returns, so the pid is
             // still ours.
             HelperProc::Spawned(child) => {
@@ -211,7 +223,22 @@ impl HelperProc {
     /// Waits for the helper's exit; describes how it ended.
     async fn wait(&mut self) -> std::io::Result<String> {
         match self {
+            HelperProc::Launched { pidfd, exited } => {
+                // A pidfd becomes readable once its process has exited.
+                let _ready = pidfd.readable().await?;
+                *exited = true;
+                Ok("exited (reaped by the jail launcher)".to_owned())
+            }
             HelperProc::Spawned(child) => Ok(child.wait().await?.to_string()),
+        }
+    }
+}
+
+impl Drop for HelperProc {
+    fn drop(&mut self) {
+        // A spawned child has kill_on_drop.
+        if let HelperProc::Launched { exited: false, .. } = self {
+            self.kill();
         }
     }
 }
@@ -234,20 +261,42 @@ impl std::fmt::Debug for Started {
     }
 }
 
-/// Spawns `kiln __jail` (argv[0] is what the jail sees as /proc/1/cmdline:
-/// never the host path) with a cleared environment.
-pub(crate) fn spawn_helper(helper: &Path) -> Result<Started, SandboxError> {
-    spawn_helper_with(helper, None)
-}
-
-/// [`spawn_helper`], handing the helper a socket to the fork-server on
+/// Starts a jail helper: forked by `launcher` when there is one that
+/// answers, else spawned as `helper __jail` (argv[0] is what the jail sees
+/// as /proc/1/cmdline: never the host path) with a cleared environment.
+/// `zygote` is a socket to the fork-server, handed to the helper on
 /// [`ZYGOTE_FD`] (embedded warm jails: the fork-server forks their program).
-pub(crate) fn spawn_helper_with(
+pub(crate) async fn start_helper(
     helper: &Path,
+    launcher: Option<&Launcher>,
     zygote: Option<OwnedFd>,
 ) -> Result<Started, SandboxError> {
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
+    if let Some(launcher) = launcher.filter(|l| l.alive()) {
+        let fds = HelperFds {
+            control: &child_ends.control,
+            stdout: &child_ends.stdout,
+            stderr: &child_ends.stderr,
+            status: &child_ends.status,
+            zygote: zygote.as_ref(),
+        };
+        match launcher.launch(&fds).await {
+            Ok(pidfd) => {
+                // The helper has its own copies: EOF and SIGPIPE work.
+                drop(child_ends);
+                drop(zygote);
+                let pidfd = sys::async_readable(pidfd)
+                    .map_err(|e| SandboxError::io("watch helper pidfd", helper, e))?;
+                let proc = HelperProc::Launched {
+                    pidfd,
+                    exited: false,
+                };
+                return Started::new(helper, proc, ends);
+            }
+            Err(e) => tracing::warn!(error = %e, "spawning the jail helper instead"),
+        }
+    }
     let mut cmd = Command::new(helper);
     cmd.arg0("kiln")
         .arg("__jail")
@@ -467,6 +516,7 @@ impl Started {
 /// Runs the helper for `spec` to the end (a jail built for this run only).
 pub(crate) async fn supervise(
     helper: &Path,
+    launcher: Option<&Launcher>,
     spec: &JailSpec,
     limits: &Limits,
     cancel: &CancellationToken,
@@ -474,7 +524,7 @@ pub(crate) async fn supervise(
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
-    let mut started = spawn_helper(helper)?;
+    let mut started = start_helper(helper, launcher, None).await?;
     started.send_line(&spec_line).await;
     started.drive(None, limits, cancel).await
 }

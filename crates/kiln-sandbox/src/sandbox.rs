@@ -16,12 +16,10 @@ use tokio_util::sync::CancellationToken;
 use crate::cgroup::{CgroupDriver, CgroupStats, RunCgroups};
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
+use crate::launcher::Launcher;
 use crate::probe::{HostReport, probe_host};
 use crate::quota::{SlotFs, WorkspaceQuota};
-use crate::run::{
-    KillReason, RunRequest, RunResult, Started, Supervised, spawn_helper, spawn_helper_with,
-    supervise,
-};
+use crate::run::{KillReason, RunRequest, RunResult, Started, Supervised, start_helper, supervise};
 use crate::seccomp;
 use crate::slots::{Slot, SlotLease, SlotPool};
 use crate::spec::{BpfInsns, GoMsg, JailLimits, JailSpec, ParkMode, StatusMsg};
@@ -45,6 +43,9 @@ struct Inner {
     filters: HashMap<String, Vec<BpfInsns>>,
     /// The fork-server for embedded warm jails, once started.
     zygote: std::sync::OnceLock<Zygote>,
+    /// Forks jail helpers; `None` if it could not start (helpers are
+    /// spawned then).
+    launcher: Option<Launcher>,
 }
 
 /// Replaces the probe's guess about the workspace quota with what was set
@@ -246,6 +247,16 @@ impl Sandbox {
             "sandbox ready"
         );
         let slots = SlotPool::new(cfg.uid_base, cfg.slots, Arc::clone(&areas));
+        let launcher = match Launcher::start(&cfg.helper) {
+            Ok(l) => {
+                tracing::info!(pid = l.pid(), "jail launcher ready");
+                Some(l)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no jail launcher: every jail spawns its helper");
+                None
+            }
+        };
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 cfg,
@@ -256,6 +267,7 @@ impl Sandbox {
                 closed: AtomicBool::new(false),
                 filters,
                 zygote: std::sync::OnceLock::new(),
+                launcher,
             }),
         })
     }
@@ -326,7 +338,14 @@ impl Sandbox {
             None => (None, Some(slot.lease())),
         };
         let spec = self.jail_spec(slot, &req, cgroups.as_ref(), None, Vec::new());
-        let supervised = supervise(&self.inner.cfg.helper, &spec, &req.limits, &cancel).await;
+        let supervised = supervise(
+            &self.inner.cfg.helper,
+            self.inner.launcher.as_ref(),
+            &spec,
+            &req.limits,
+            &cancel,
+        )
+        .await;
         conclude(&name, supervised, cgroups, lease).await
     }
 
@@ -438,17 +457,19 @@ impl Sandbox {
             .map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
         spec_line.push(b'\n');
         let parked = async {
-            let mut started = match park.mode {
+            let zygote = match park.mode {
                 ParkMode::Embedded => match self.inner.zygote.get() {
-                    Some(z) => spawn_helper_with(&self.inner.cfg.helper, Some(z.client()?))?,
+                    Some(z) => Some(z.client()?),
                     None => {
                         return Err(SandboxError::Request(
                             "no fork-server for embedded warm jails".to_owned(),
                         ));
                     }
                 },
-                _ => spawn_helper(&self.inner.cfg.helper)?,
+                _ => None,
             };
+            let launcher = self.inner.launcher.as_ref();
+            let mut started = start_helper(&self.inner.cfg.helper, launcher, zygote).await?;
             started.send_line(&spec_line).await;
             started.wait_parked().await?;
             Ok(started)
@@ -561,6 +582,16 @@ impl Sandbox {
     /// possible).
     pub fn has_zygote(&self) -> bool {
         self.inner.zygote.get().is_some_and(Zygote::alive)
+    }
+
+    /// The jail launcher's pid while it answers (`None`: every helper is
+    /// spawned).
+    pub fn launcher_pid(&self) -> Option<u32> {
+        self.inner
+            .launcher
+            .as_ref()
+            .filter(|l| l.alive())
+            .map(Launcher::pid)
     }
 
     /// What the fork-server reported at start-up, if it runs.

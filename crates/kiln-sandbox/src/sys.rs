@@ -647,3 +647,45 @@ pub fn reap_child(pid: i32) -> Result<Option<Reaped>, Errno> {
         cpu_us: us(usage.ru_utime) + us(usage.ru_stime),
     }))
 }
+
+/// `pidfd_send_signal(pidfd, SIGKILL)`: kills the process the pidfd refers
+/// to, never a process that reused its pid.
+pub fn pidfd_kill(pidfd: &impl AsRawFd) -> Result<(), Errno> {
+    // SAFETY: a plain system call on a descriptor the caller owns; a null
+    // siginfo is allowed and means "as kill(2) would send it".
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_uint,
+        )
+    };
+    if r == -1 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// `SIGCHLD` → `SIG_IGN` (the kernel reaps children as they exit) or back
+/// to `SIG_DFL`.
+pub fn set_sigchld_ignored(ignored: bool) -> Result<(), Errno> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    let handler = if ignored {
+        SigHandler::SigIgn
+    } else {
+        SigHandler::SigDfl
+    };
+    // SAFETY: SIG_IGN and SIG_DFL install no handler code.
+    unsafe { signal(Signal::SIGCHLD, handler) }.map(|_| ())
+}
+
+/// Registers `fd` with tokio's reactor for readiness to read (a pidfd: its
+/// process exited; a socket: a message arrived).
+pub fn async_readable(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the `OwnedFd` is a valid open descriptor and the `AsyncFd`
+    // takes ownership of it: nothing can close or replace it while it is
+    // registered.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    registered.map_err(io::Error::from)
+}

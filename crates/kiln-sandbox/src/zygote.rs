@@ -30,7 +30,6 @@
 //! anything but these messages; it holds no secret (its environment is
 //! exactly the jail's) and exits when every holder of the socket closed it.
 
-use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -39,19 +38,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::cmsg_space;
 use nix::fcntl::OFlag;
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
-use nix::sys::socket::{
-    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
-    sendmsg, socketpair,
-};
 use serde::{Deserialize, Serialize};
 
 use crate::error::SandboxError;
+use crate::seqpacket::{self, recv, recv_into, send, wait_readable};
 use crate::spec::{GoMsg, StatusMsg};
 use crate::sys::{self, Forked};
 use crate::{embed, jail};
@@ -102,84 +97,6 @@ pub(crate) struct Zygote {
     alive: Arc<AtomicBool>,
 }
 
-fn send(sock: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> nix::Result<()> {
-    let iov = [IoSlice::new(bytes)];
-    let cmsg = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    loop {
-        // A seqpacket message goes whole or not at all: after EINTR, resend.
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            r => return r.map(|_| ()),
-        }
-    }
-}
-
-/// Receives one message (up to `max` bytes) and the fds attached to it.
-fn recv(sock: &OwnedFd, max: usize) -> nix::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; max];
-    let (n, fds) = recv_into(sock, &mut buf)?;
-    buf.truncate(n);
-    Ok((buf, fds))
-}
-
-/// Receives one message into `buf` (truncated to its length); returns the
-/// message's length and the fds attached to it.
-fn recv_into(sock: &OwnedFd, buf: &mut [u8]) -> nix::Result<(usize, Vec<OwnedFd>)> {
-    let mut space = cmsg_space!([RawFd; 8]);
-    let (n, raw) = {
-        let mut iov = [IoSliceMut::new(buf)];
-        // EINTR consumed nothing: receive again.
-        let msg = loop {
-            match recvmsg::<()>(
-                sock.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            ) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                r => break r?,
-            }
-        };
-        let mut raw = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(fds) = c {
-                raw.extend(fds);
-            }
-        }
-        (msg.bytes, raw)
-    };
-    // Descriptors the kernel just installed for us (SCM_RIGHTS).
-    let fds = raw
-        .into_iter()
-        .filter_map(sys::adopt_inherited_fd)
-        .collect();
-    Ok((n, fds))
-}
-
-/// Waits until `sock` is readable, for at most `limit`. A signal arriving
-/// meanwhile (the server's runtime gets them) only restarts the wait.
-fn wait_readable(sock: &OwnedFd, limit: Duration) -> Result<(), String> {
-    let until = Instant::now() + limit;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("no answer within {limit:?}"));
-        }
-        // poll takes at most u16::MAX ms at a time; longer waits loop
-        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-        let mut fds = [nix::poll::PollFd::new(
-            sock.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        match nix::poll::poll(&mut fds, ms) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => return Ok(()),
-            Err(e) => return Err(format!("wait: {e}")),
-        }
-    }
-}
-
 impl Zygote {
     /// Starts `helper __zygote`, hands it `cfg` and waits for the preload.
     pub(crate) async fn start(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
@@ -192,13 +109,7 @@ impl Zygote {
 
     fn start_blocking(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
         let err = |m: String| SandboxError::Zygote(m);
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| err(format!("socketpair: {e}")))?;
+        let (ours, theirs) = seqpacket::pair().map_err(|e| err(format!("socketpair: {e}")))?;
         let child = std::process::Command::new(helper)
             .arg0("kiln")
             .arg("__zygote")
@@ -278,13 +189,7 @@ pub(crate) fn request_program(
     spec_line: &[u8],
     fds: &ProgramFds<'_>,
 ) -> Result<i32, String> {
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| format!("socketpair: {e}"))?;
+    let (ours, theirs) = seqpacket::pair().map_err(|e| format!("socketpair: {e}"))?;
     let mut msg = Vec::with_capacity(spec_line.len() + 1);
     msg.push(b'g');
     msg.extend_from_slice(spec_line);
@@ -579,52 +484,4 @@ pub fn find_libpython(python: &Path) -> Result<PathBuf, SandboxError> {
         )));
     }
     Ok(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-
-    #[test]
-    fn waiting_for_the_fork_server_survives_signals() {
-        // A handled signal makes poll(2) fail with EINTR whatever SA_RESTART says;
-        // the server's runtime handles SIGCHLD, so this happens in practice.
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let _handler = rt.block_on(async {
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).unwrap()
-        });
-        let (a, b) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            tid_tx.send(nix::sys::pthread::pthread_self()).unwrap();
-            wait_readable(&a, Duration::from_secs(10))
-        });
-        let tid = tid_rx.recv().unwrap();
-        for _ in 0..5 {
-            std::thread::sleep(Duration::from_millis(20));
-            nix::sys::pthread::pthread_kill(tid, nix::sys::signal::Signal::SIGUSR1).unwrap();
-        }
-        send(&b, b"ready", &[]).unwrap();
-        assert_eq!(waiter.join().unwrap(), Ok(()));
-    }
-
-    #[test]
-    fn waiting_for_the_fork_server_gives_up_after_the_limit() {
-        let (a, _b) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
-        let e = wait_readable(&a, Duration::from_millis(50)).unwrap_err();
-        assert!(e.contains("no answer within"), "{e}");
-    }
 }

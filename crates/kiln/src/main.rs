@@ -50,6 +50,7 @@ fn main() -> ExitCode {
     match std::env::args_os().nth(1) {
         Some(a) if a == "__jail" => kiln_sandbox::helper_main(),
         Some(a) if a == "__zygote" => kiln_sandbox::zygote_main(),
+        Some(a) if a == "__launcher" => kiln_sandbox::launcher_main(),
         _ => {}
     }
     let cli = Cli::parse();

@@ -183,10 +183,12 @@ fn run_cgroups(parents: &[PathBuf]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Child processes of this process (jail helpers; zombies included).
+/// Jail helpers left: children of this process and of its jail launcher
+/// (zombies included), but not the launcher and the fork-server, which live
+/// as long as the server.
 fn children() -> Vec<String> {
-    let me = std::process::id().to_string();
-    let mut out = Vec::new();
+    // (pid, "pid (comm) state", ppid, cmdline) of every process
+    let mut procs = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
             continue;
@@ -197,13 +199,30 @@ fn children() -> Vec<String> {
         };
         let mut f = rest.split_whitespace();
         let (state, ppid) = (f.next(), f.next());
-        // the fork-server lives as long as the server
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if ppid == Some(me.as_str()) && cmdline != b"kiln\0__zygote\0" {
-            out.push(format!("{head}) {}", state.unwrap_or("?")));
-        }
+        procs.push((
+            e.file_name().to_string_lossy().into_owned(),
+            format!("{head}) {}", state.unwrap_or("?")),
+            ppid.unwrap_or("").to_owned(),
+            cmdline,
+        ));
     }
-    out
+    let long_lived = |cmdline: &[u8]| {
+        cmdline == b"kiln\0__zygote\0" || cmdline == b"kiln\0__launcher\0"
+    };
+    let me = std::process::id().to_string();
+    let mut parents = vec![me.clone()];
+    parents.extend(
+        procs
+            .iter()
+            .filter(|(_, _, ppid, cmdline)| *ppid == me && cmdline == b"kiln\0__launcher\0")
+            .map(|(pid, ..)| pid.clone()),
+    );
+    procs
+        .into_iter()
+        .filter(|(_, _, ppid, cmdline)| parents.contains(ppid) && !long_lived(cmdline))
+        .map(|(_, desc, ..)| desc)
+        .collect()
 }
 
 /// Workspaces left in the slots' areas (`<data>/slots/<i>/`; ext4's
