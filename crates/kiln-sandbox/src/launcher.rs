@@ -27,10 +27,7 @@
 //! server spawns `kiln __jail` per jail as before.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -38,7 +35,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 use crate::error::SandboxError;
 use crate::jail;
-use crate::seqpacket::{self, recv, recv_into, send, wait_readable};
+use crate::seqpacket::{self, OwnedChild, recv, recv_into, send, wait_readable};
 use crate::sys::{self, Forked};
 
 /// How long the launcher may take to say it is ready.
@@ -48,7 +45,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct Launcher {
     sock: OwnedFd,
-    child: Mutex<std::process::Child>,
+    child: OwnedChild,
     alive: AtomicBool,
 }
 
@@ -71,15 +68,7 @@ impl Launcher {
     /// a few milliseconds).
     pub(crate) fn start(helper: &Path) -> Result<Launcher, SandboxError> {
         let err = |m: String| SandboxError::Helper(format!("jail launcher: {m}"));
-        let (ours, theirs) = seqpacket::pair().map_err(|e| err(format!("socketpair: {e}")))?;
-        let mut child = std::process::Command::new(helper)
-            .arg0("kiln")
-            .arg("__launcher")
-            .env_clear()
-            .stdin(Stdio::from(theirs))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
+        let (ours, child) = seqpacket::spawn_peer(helper, "launcher")
             .map_err(|e| err(format!("spawn {}: {e}", helper.display())))?;
         let ready = wait_readable(&ours, START_TIMEOUT)
             .and_then(|()| recv(&ours, 16).map_err(|e| e.to_string()))
@@ -93,20 +82,17 @@ impl Launcher {
             })
             // A launcher that stops reading must never block a runtime thread.
             .and_then(|()| set_nonblocking(&ours).map_err(|e| e.to_string()));
-        if let Err(e) = ready {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(err(e));
-        }
+        // On an error, dropping `child` kills it.
+        ready.map_err(err)?;
         Ok(Launcher {
             sock: ours,
-            child: Mutex::new(child),
+            child,
             alive: AtomicBool::new(true),
         })
     }
 
     pub(crate) fn pid(&self) -> u32 {
-        self.child.lock().unwrap_or_else(|p| p.into_inner()).id()
+        self.child.id()
     }
 
     /// Whether the launcher still answers.
@@ -161,29 +147,9 @@ impl Launcher {
     }
 }
 
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
-
 /// Entry point of `kiln __launcher`. Never returns.
 pub fn launcher_main() -> ! {
-    // Like the fork-server: no parent-death signal (it follows the spawning
-    // thread, not the server); the socket's EOF ends us.
-    let Some(sock) = sys::adopt_inherited_fd(0) else {
-        eprintln!("kiln __launcher: internal entry point of the sandbox (no socket on fd 0)");
-        sys::exit_now(2);
-    };
-    match serve(&sock) {
-        Ok(()) => sys::exit_now(0),
-        Err(why) => {
-            eprintln!("kiln __launcher: {why}");
-            sys::exit_now(1)
-        }
-    }
+    seqpacket::serve_stdin("launcher", serve, |_, _| {})
 }
 
 fn serve(sock: &OwnedFd) -> Result<(), String> {
@@ -230,24 +196,14 @@ fn become_helper(fds: Vec<OwnedFd>) -> ! {
     if let Err(e) = sys::set_sigchld_ignored(false) {
         fail("restore SIGCHLD", &e);
     }
-    // Through copies above 16 first: a received fd may sit on a target.
-    let mut high = Vec::with_capacity(fds.len() - 1);
-    for fd in &fds[1..] {
-        match fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(16)) {
-            Ok(h) => high.push(h),
-            Err(e) => fail("dup", &e),
-        }
+    let targets: Vec<&OwnedFd> = fds[1..].iter().collect();
+    if let Err(e) = sys::install_fds(&targets) {
+        fail("install fds", &e);
     }
-    for (target, fd) in high.iter().enumerate() {
-        if let Err(e) = sys::dup2_raw(fd, target as RawFd) {
-            fail("dup2", &e);
-        }
-    }
-    let count = high.len() as RawFd;
+    let count = (fds.len() - 1) as RawFd;
     // Not dropped: an original may sit on a target by now, replaced by
     // dup2; close_from closes the rest (our socket, originals, copies).
     std::mem::forget(fds);
-    std::mem::forget(high);
     if let Err(e) = sys::close_from(count) {
         fail("close fds", &e);
     }

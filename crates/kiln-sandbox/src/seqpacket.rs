@@ -3,6 +3,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::cmsg_space;
@@ -99,6 +100,73 @@ pub(crate) fn wait_readable(sock: &OwnedFd, limit: Duration) -> Result<(), Strin
             Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
             Ok(_) => return Ok(()),
             Err(e) => return Err(format!("wait: {e}")),
+        }
+    }
+}
+
+/// A long-lived process of the server's (the fork-server, the jail
+/// launcher), killed and reaped when dropped.
+#[derive(Debug)]
+pub(crate) struct OwnedChild(Mutex<std::process::Child>);
+
+impl OwnedChild {
+    pub(crate) fn new(child: std::process::Child) -> OwnedChild {
+        OwnedChild(Mutex::new(child))
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).id()
+    }
+}
+
+impl Drop for OwnedChild {
+    fn drop(&mut self) {
+        let child = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Spawns `helper __<name>` with a cleared environment and one end of a
+/// new socket pair as its fd 0; returns the other end and the process.
+pub(crate) fn spawn_peer(
+    helper: &std::path::Path,
+    name: &str,
+) -> std::io::Result<(OwnedFd, OwnedChild)> {
+    use std::os::unix::process::CommandExt;
+    let (ours, theirs) = pair()?;
+    let child = std::process::Command::new(helper)
+        .arg0("kiln")
+        .arg(format!("__{name}"))
+        .env_clear()
+        .stdin(std::process::Stdio::from(theirs))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    Ok((ours, OwnedChild::new(child)))
+}
+
+/// Body of `kiln __<name>` for a process that serves the socket on its fd 0:
+/// runs `serve` and exits 0 when it returns `Ok` (the socket closed); on an
+/// error, `report`s it on the socket, prints it and exits 1. No parent-death
+/// signal: it fires when the *thread* that spawned the process exits (a
+/// tokio blocking thread retires after idling); the server's death closes
+/// the socket instead.
+pub(crate) fn serve_stdin(
+    name: &str,
+    serve: impl FnOnce(&OwnedFd) -> Result<(), String>,
+    report: impl FnOnce(&OwnedFd, &str),
+) -> ! {
+    let Some(sock) = sys::adopt_inherited_fd(0) else {
+        eprintln!("kiln __{name}: internal entry point of the sandbox (no socket on fd 0)");
+        sys::exit_now(2);
+    };
+    match serve(&sock) {
+        Ok(()) => sys::exit_now(0),
+        Err(why) => {
+            report(&sock, &why);
+            eprintln!("kiln __{name}: {why}");
+            sys::exit_now(1)
         }
     }
 }

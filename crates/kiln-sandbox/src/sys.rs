@@ -321,6 +321,23 @@ pub fn dup2_raw(from: &impl AsRawFd, to: RawFd) -> Result<(), Errno> {
     if r < 0 { Err(Errno::last()) } else { Ok(()) }
 }
 
+/// Makes `fds[i]` appear as fd `i` (without close-on-exec), through copies
+/// above 16 first: a source may already sit on a target number. A source
+/// that sat on a target is replaced, so callers must not close the sources
+/// afterwards (forget them; `close_from(fds.len())` closes the rest).
+pub fn install_fds(fds: &[&OwnedFd]) -> Result<(), Errno> {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let mut high = Vec::with_capacity(fds.len());
+    for fd in fds {
+        high.push(fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(16))?);
+    }
+    for (target, fd) in high.iter().enumerate() {
+        dup2_raw(fd, target as RawFd)?;
+    }
+    // the copies (all above 16) close here
+    Ok(())
+}
+
 /// Closes a raw fd number that this process does not otherwise own.
 pub fn close_raw(fd: RawFd) {
     // SAFETY: closing a descriptor number; the callers use it on inherited

@@ -30,8 +30,7 @@
 //! anything but these messages; it holds no secret (its environment is
 //! exactly the jail's) and exits when every holder of the socket closed it.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,14 +38,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use nix::fcntl::{FcntlArg, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SandboxError;
-use crate::seqpacket::{self, recv, recv_into, send, wait_readable};
+use crate::seqpacket::{self, OwnedChild, recv, recv_into, send, wait_readable};
 use crate::spec::{GoMsg, StatusMsg};
 use crate::sys::{self, Forked};
 use crate::{embed, jail};
@@ -92,7 +90,7 @@ const CONFIG_MAX: usize = 1 << 20;
 #[derive(Debug)]
 pub(crate) struct Zygote {
     sock: Arc<Mutex<OwnedFd>>,
-    child: Mutex<std::process::Child>,
+    _child: OwnedChild,
     info: ZygoteInfo,
     alive: Arc<AtomicBool>,
 }
@@ -109,45 +107,24 @@ impl Zygote {
 
     fn start_blocking(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
         let err = |m: String| SandboxError::Zygote(m);
-        let (ours, theirs) = seqpacket::pair().map_err(|e| err(format!("socketpair: {e}")))?;
-        let child = std::process::Command::new(helper)
-            .arg0("kiln")
-            .arg("__zygote")
-            .env_clear()
-            .stdin(Stdio::from(theirs))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
+        // On every error below, dropping `child` kills it.
+        let (ours, child) = seqpacket::spawn_peer(helper, "zygote")
             .map_err(|e| err(format!("spawn {}: {e}", helper.display())))?;
         let config = serde_json::to_vec(cfg).map_err(|e| err(format!("encode config: {e}")))?;
         send(&ours, &config, &[]).map_err(|e| err(format!("send config: {e}")))?;
-        let kill = |child: &mut std::process::Child| {
-            let _ = child.kill();
-            let _ = child.wait();
-        };
-        let mut child = child;
-        if let Err(e) = wait_readable(&ours, START_TIMEOUT) {
-            kill(&mut child);
-            return Err(err(e));
-        }
+        wait_readable(&ours, START_TIMEOUT).map_err(err)?;
         let (bytes, _) = recv(&ours, 64 * 1024).map_err(|e| err(format!("read answer: {e}")))?;
         match serde_json::from_slice::<Hello>(&bytes) {
             Ok(Hello::Ready(info)) => Ok(Zygote {
                 sock: Arc::new(Mutex::new(ours)),
-                child: Mutex::new(child),
+                _child: child,
                 info,
                 alive: Arc::new(AtomicBool::new(true)),
             }),
-            Ok(Hello::Failed(why)) => {
-                kill(&mut child);
-                Err(err(why))
-            }
-            Err(_) => {
-                kill(&mut child);
-                Err(err(
-                    "the fork-server ended during its preload (see its stderr above)".into(),
-                ))
-            }
+            Ok(Hello::Failed(why)) => Err(err(why)),
+            Err(_) => Err(err(
+                "the fork-server ended during its preload (see its stderr above)".into(),
+            )),
         }
     }
 
@@ -215,32 +192,12 @@ pub(crate) fn request_program(
     }
 }
 
-impl Drop for Zygote {
-    fn drop(&mut self) {
-        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
-
 /// Entry point of `kiln __zygote`. Never returns.
 pub fn zygote_main() -> ! {
-    // No parent-death signal: it fires when the *thread* that spawned us
-    // exits (a tokio blocking thread retires after idling). The server's
-    // death closes the socket instead, and we exit on its EOF.
-    let Some(sock) = sys::adopt_inherited_fd(0) else {
-        eprintln!("kiln __zygote: internal entry point of the sandbox (no socket on fd 0)");
-        sys::exit_now(2);
-    };
-    match serve(&sock) {
-        Ok(()) => sys::exit_now(0),
-        Err(why) => {
-            let hello = serde_json::to_vec(&Hello::Failed(why.clone())).unwrap_or_default();
-            let _ = send(&sock, &hello, &[]);
-            eprintln!("kiln __zygote: {why}");
-            sys::exit_now(1)
-        }
-    }
+    seqpacket::serve_stdin("zygote", serve, |sock, why| {
+        let hello = serde_json::to_vec(&Hello::Failed(why.to_owned())).unwrap_or_default();
+        let _ = send(sock, &hello, &[]);
+    })
 }
 
 fn rss_bytes() -> u64 {
@@ -401,21 +358,11 @@ fn become_program(spec_line: &[u8], fds: [OwnedFd; 5]) -> ! {
         Err(e) => fail("open /dev/null", &e),
     };
     // 0-3: /dev/null, stdout, stderr, /dev/null; 4-6: exec, go, init pidfd.
-    // Through copies above 16 first: a received fd may sit on a target.
     let order = [
         &devnull, &fds[0], &fds[1], &devnull, &fds[2], &fds[3], &fds[4],
     ];
-    let mut high = Vec::with_capacity(order.len());
-    for fd in order {
-        match fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(16)) {
-            Ok(h) => high.push(h),
-            Err(e) => fail("dup", &e),
-        }
-    }
-    for (target, fd) in high.iter().enumerate() {
-        if let Err(e) = sys::dup2_raw(fd, target as RawFd) {
-            fail("dup2", &e);
-        }
+    if let Err(e) = sys::install_fds(&order) {
+        fail("install fds", &e);
     }
     for fd in [4, 5, 6] {
         if let Err(e) = sys::set_cloexec(fd, true) {

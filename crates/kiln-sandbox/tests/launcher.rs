@@ -65,7 +65,11 @@ async fn helpers_are_forked_by_the_launcher_and_spawned_once_it_is_gone() {
     assert_eq!(kids.len(), 1, "one helper: {kids:?}");
     assert_eq!(kids[0].1, b"kiln\0__launcher\0");
     // The kernel reaped it: no zombie is left under the launcher.
-    assert!(children_of(launcher).is_empty(), "{:?}", children_of(launcher));
+    assert!(
+        children_of(launcher).is_empty(),
+        "{:?}",
+        children_of(launcher)
+    );
 
     // Once the launcher is gone, runs still work: helpers are spawned.
     nix::sys::signal::kill(

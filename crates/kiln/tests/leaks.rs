@@ -207,9 +207,8 @@ fn children() -> Vec<String> {
             cmdline,
         ));
     }
-    let long_lived = |cmdline: &[u8]| {
-        cmdline == b"kiln\0__zygote\0" || cmdline == b"kiln\0__launcher\0"
-    };
+    let long_lived =
+        |cmdline: &[u8]| cmdline == b"kiln\0__zygote\0" || cmdline == b"kiln\0__launcher\0";
     let me = std::process::id().to_string();
     let mut parents = vec![me.clone()];
     parents.extend(
