@@ -168,9 +168,18 @@ async fn start_python_zygote(
     // the forks get the jail's own (MPLCONFIGDIR in their environment)
     let mpl = data.join("zygote").join("mpl");
     std::fs::create_dir_all(&mpl).with_context(|| format!("create {}", mpl.display()))?;
-    let mut env = kiln_exec::environment(py, limits);
-    env.retain(|(k, _)| k != "PYTHONPATH" && k != "MPLCONFIGDIR");
-    env.push(("MPLCONFIGDIR".to_owned(), mpl.display().to_string()));
+    // The variables of a run's environment in the same order, so a fork only
+    // changes the values that differ (see `run` in python_template.py):
+    // PYTHONPATH empty (CPython ignores an empty one; the jail's directory is
+    // no host path to import from), MPLCONFIGDIR on the host.
+    let env = kiln_exec::environment(py, limits)
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "PYTHONPATH" => (k, String::new()),
+            "MPLCONFIGDIR" => (k, mpl.display().to_string()),
+            _ => (k, v),
+        })
+        .collect();
     let cfg = kiln_sandbox::ZygoteConfig {
         libpython,
         preload: kiln_core::lang::warm::PYTHON_TEMPLATE.to_owned(),

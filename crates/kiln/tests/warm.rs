@@ -27,9 +27,11 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["--flag", "a b"],
     ),
     (
+        // in order: os.environ's, and the C library's as a child inherits it
         "environment",
         "py",
-        "import os\nprint(sorted(os.environ.items()))",
+        "import os, subprocess\nprint(list(os.environ.items()))\n\
+         print(subprocess.run(['/usr/bin/env'], capture_output=True, text=True).stdout)",
         &[],
     ),
     (

@@ -101,6 +101,7 @@ def _kiln_template():
     import json
     import locale
     import signal
+    import _signal
     import site
     import weakref
     from importlib.machinery import SourceFileLoader
@@ -223,22 +224,23 @@ def _kiln_template():
         )
 
     def setup_signals():
-        """The dispositions and mask a cold interpreter starts with."""
+        """The dispositions and mask a cold interpreter starts with. Through _signal, with
+        plain ints: signal.py's enum conversions would touch (and so copy) shared pages."""
         try:
-            signal.set_wakeup_fd(-1)
+            _signal.set_wakeup_fd(-1)
         except (ValueError, OSError):
             pass
-        for sig in signal.valid_signals():
-            if sig in (signal.SIGKILL, signal.SIGSTOP):
+        for sig in _signal.valid_signals():
+            if sig in (_signal.SIGKILL, _signal.SIGSTOP):
                 continue
             try:
-                signal.signal(sig, signal.SIG_DFL)
+                _signal.signal(sig, _signal.SIG_DFL)
             except (OSError, ValueError, RuntimeError):
                 pass  # glibc's reserved real-time signals
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
 
     def setup_sys(argv, script, env, script_dir):
         sys.argv = argv[script:]
@@ -554,8 +556,15 @@ def _kiln_template():
             unbuffered = "-u" in argv[1:script] or bool(env.get("PYTHONUNBUFFERED"))
             cwd = os.getcwd()
             path = os.path.join(cwd, argv[script])
-            os.environ.clear()
-            os.environ.update(env)
+            if list(os.environ) == list(env):
+                # the fork-server's own environment is the jail's: change only what
+                # differs (every putenv or unsetenv copies shared pages)
+                for key, value in env.items():
+                    if os.environ[key] != value:
+                        os.environ[key] = value
+            else:
+                os.environ.clear()
+                os.environ.update(env)
             try:  # a cold interpreter sets LC_CTYPE from the environment, nothing else
                 locale.setlocale(locale.LC_ALL, "C")
                 locale.setlocale(locale.LC_CTYPE, "")
