@@ -154,7 +154,7 @@ pub fn launcher_main() -> ! {
 
 fn serve(sock: &OwnedFd) -> Result<(), String> {
     sys::close_from(3).map_err(|e| format!("close inherited fds: {e}"))?;
-    sys::ensure_single_threaded_now().map_err(|e| e.to_string())?;
+    sys::ensure_single_threaded().map_err(|e| e.to_string())?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     // The kernel reaps our children: the server watches each by its pidfd.
     sys::set_sigchld_ignored(true).map_err(|e| format!("ignore SIGCHLD: {e}"))?;

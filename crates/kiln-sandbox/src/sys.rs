@@ -87,7 +87,8 @@ fn thread_count() -> io::Result<u64> {
         .ok_or_else(|| io::Error::other("unparsable /proc/self/stat"))
 }
 
-fn ensure_single_threaded() -> io::Result<()> {
+/// Fails unless the calling process has exactly one thread.
+pub fn ensure_single_threaded() -> io::Result<()> {
     match thread_count()? {
         1 => Ok(()),
         n => Err(io::Error::other(format!(
@@ -616,11 +617,6 @@ pub fn at_exit(f: extern "C" fn()) -> io::Result<()> {
     Ok(())
 }
 
-/// Fails unless the calling process has exactly one thread.
-pub fn ensure_single_threaded_now() -> io::Result<()> {
-    ensure_single_threaded()
-}
-
 /// How a reaped child ended: exit code or signal, and the CPU time it and
 /// the children it waited for used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -628,6 +624,11 @@ pub struct Reaped {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub cpu_us: u64,
+}
+
+/// A `timeval` (CPU time from `rusage`) in microseconds.
+pub fn timeval_micros(t: &libc::timeval) -> u64 {
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
 }
 
 /// `wait4(pid, WNOHANG)`: reaps `pid` if it has exited.
@@ -650,9 +651,6 @@ pub fn reap_child(pid: i32) -> Result<Option<Reaped>, Errno> {
         }
         break;
     }
-    let us = |t: libc::timeval| {
-        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
-    };
     let (code, signal) = if libc::WIFSIGNALED(status) {
         (None, Some(libc::WTERMSIG(status)))
     } else {
@@ -661,7 +659,7 @@ pub fn reap_child(pid: i32) -> Result<Option<Reaped>, Errno> {
     Ok(Some(Reaped {
         code,
         signal,
-        cpu_us: us(usage.ru_utime) + us(usage.ru_stime),
+        cpu_us: timeval_micros(&usage.ru_utime) + timeval_micros(&usage.ru_stime),
     }))
 }
 

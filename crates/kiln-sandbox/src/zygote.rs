@@ -218,7 +218,7 @@ fn serve(sock: &OwnedFd) -> Result<(), String> {
     let (bytes, _) = recv(sock, CONFIG_MAX).map_err(|e| format!("read config: {e}"))?;
     let cfg: ZygoteConfig =
         serde_json::from_slice(&bytes).map_err(|e| format!("parse config: {e}"))?;
-    sys::ensure_single_threaded_now().map_err(|e| e.to_string())?;
+    sys::ensure_single_threaded().map_err(|e| e.to_string())?;
     // Programs are forks of this process: host root's supplementary groups
     // (gid 0 among them) must not follow them into the jail.
     nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
@@ -228,7 +228,7 @@ fn serve(sock: &OwnedFd) -> Result<(), String> {
     embed::initialize(&cfg.libpython, &cfg.preload).map_err(|e| e.to_string())?;
     // Forking needs a single thread: a preload that started one (OpenBLAS
     // without OPENBLAS_NUM_THREADS=1, say) is refused here, not later.
-    sys::ensure_single_threaded_now().map_err(|e| format!("after the preload: {e}"))?;
+    sys::ensure_single_threaded().map_err(|e| format!("after the preload: {e}"))?;
     let info = ZygoteInfo {
         pid: std::process::id(),
         preload_ms: u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),

@@ -17,9 +17,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid, write};
 
 use super::plan::{HOSTNAME, Op};
-use super::{
-    Confinement, EXIT_REPORTED, EmbeddedRunner, JailError, exec, open_devnull, report, rootfs,
-};
+use super::{Confinement, EXIT_REPORTED, JailError, exec, open_devnull, report, rootfs};
 use crate::spec::{JailSpec, ParkMode, StatusMsg};
 use crate::sys::{self, Forked};
 
@@ -51,10 +49,8 @@ pub(super) fn init_main(
     confinement: &Confinement,
     pipes: InitPipes,
     status: &File,
-    runner: Option<EmbeddedRunner>,
 ) -> ! {
-    let msg =
-        init(spec, plan, confinement, pipes, status, runner).unwrap_or_else(JailError::into_status);
+    let msg = init(spec, plan, confinement, pipes, status).unwrap_or_else(JailError::into_status);
     let code = match msg {
         StatusMsg::Finished { .. } => 0,
         _ => EXIT_REPORTED,
@@ -86,7 +82,6 @@ fn init(
     confinement: &Confinement,
     pipes: InitPipes,
     status: &File,
-    runner: Option<EmbeddedRunner>,
 ) -> Result<StatusMsg, JailError> {
     let InitPipes {
         release_r,
@@ -133,7 +128,8 @@ fn init(
     let child = match sys::fork_single_threaded().map_err(|e| JailError::setup("fork", e))? {
         Forked::Child => {
             drop(err_r);
-            exec::exec_main(spec, confinement, err_w, go_r, runner)
+            // The embedded runner only runs in the fork-server's forks.
+            exec::exec_main(spec, confinement, err_w, go_r, None)
         }
         Forked::Parent { pid, .. } => pid,
     };
@@ -149,16 +145,8 @@ fn init(
         report(status, &StatusMsg::Parked);
     }
 
-    // Init holds neither the output pipes nor stdin from now on.
-    let devnull = open_devnull()?;
-    for fd in [0, 1, 2] {
-        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach stdio", e))?;
-    }
-    drop(devnull);
-
-    if let Err(e) = read_result {
-        return Err(JailError::setup("read exec pipe", e));
-    }
+    detach_stdio()?;
+    read_result.map_err(|e| JailError::setup("read exec pipe", e))?;
     if !failure.is_empty() {
         let _ = reap_until(child);
         return Err(exec_failure(&failure));
@@ -167,13 +155,11 @@ fn init(
     let (code, signal) = reap_until(child)?;
     let usage =
         getrusage(UsageWho::RUSAGE_CHILDREN).map_err(|e| JailError::setup("getrusage", e))?;
-    let us = |t: nix::sys::time::TimeVal| {
-        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec()).unwrap_or(0)
-    };
     Ok(StatusMsg::Finished {
         code,
         signal,
-        cpu_us: us(usage.user_time()) + us(usage.system_time()),
+        cpu_us: sys::timeval_micros(usage.user_time().as_ref())
+            + sys::timeval_micros(usage.system_time().as_ref()),
     })
 }
 
@@ -189,14 +175,8 @@ fn remote_program(remote: RemotePipes, status: &File) -> Result<StatusMsg, JailE
     write(&ready_w, b"1").map_err(|e| JailError::setup("say ready", e))?;
     drop(ready_w);
     let (failure, read_result) = read_exec_pipe(exec_r, status);
-    let devnull = open_devnull()?;
-    for fd in [0, 1, 2] {
-        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach stdio", e))?;
-    }
-    drop(devnull);
-    if let Err(e) = read_result {
-        return Err(JailError::setup("read exec pipe", e));
-    }
+    detach_stdio()?;
+    read_result.map_err(|e| JailError::setup("read exec pipe", e))?;
     if !failure.is_empty() {
         return Err(exec_failure(&failure));
     }
@@ -210,6 +190,16 @@ fn remote_program(remote: RemotePipes, status: &File) -> Result<StatusMsg, JailE
             "the program ended without a status (is the fork-server gone?)".to_owned(),
         )),
     }
+}
+
+/// Init holds neither the output pipes nor stdin from now on: only the
+/// program's processes do, so their EOF marks the run's end.
+fn detach_stdio() -> Result<(), JailError> {
+    let devnull = open_devnull()?;
+    for fd in [0, 1, 2] {
+        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach stdio", e))?;
+    }
+    Ok(())
 }
 
 /// The error a program process reported on its exec pipe.

@@ -438,7 +438,7 @@ fn helper(status: &File) -> Result<(), JailError> {
                 go_r,
                 remote: remote_init,
             };
-            init::init_main(&spec, &plan, &confinement, pipes, status, None)
+            init::init_main(&spec, &plan, &confinement, pipes, status)
         }
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
