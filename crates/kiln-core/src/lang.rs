@@ -70,6 +70,11 @@ pub struct LanguageSpec {
     /// Host `/etc` entries the runtime reads (configuration its packages
     /// install there); the jail must bind them read-only.
     pub etc: &'static [&'static str],
+    /// The name people write for it (`python`, `javascript`, ...): what seed
+    /// 000's API lists. Resolves to this entry.
+    pub common_name: &'static str,
+    /// How its warm jails are prepared; `None`: generic ones.
+    pub warm: Option<WarmRecipe>,
 }
 
 /// Budget of compilers that are quick on anything a chat produces.
@@ -77,16 +82,59 @@ const FAST_COMPILE: Duration = Duration::from_secs(15);
 /// Budget of heavier toolchains (rustc, the Go tool, javac, GDC, C++ templates).
 const SLOW_COMPILE: Duration = Duration::from_secs(30);
 
-/// What warm jails run before the request arrives (see kiln-sandbox's
-/// warm pool and fork-server).
+/// How warm jails of a runtime are prepared before a request arrives (see
+/// kiln-sandbox's warm pool and fork-server). A runtime without a recipe
+/// runs in generic warm jails ([`WARM_EXEC`]), which `execve` the program at
+/// the go; so does every step of a compiled runtime.
+#[derive(Debug)]
+pub enum WarmRecipe {
+    /// The runtime is started while the jail is parked, with the runtime's
+    /// environment, and reads the go on its stdin. `argv` takes the same
+    /// placeholders as `run`; `etc_files` are placed at `/etc/kiln/<name>`.
+    Prestart {
+        argv: &'static [&'static str],
+        etc_files: &'static [(&'static str, &'static str)],
+    },
+    /// The program process is a fork of the fork-server: `interpreter`'s
+    /// shared library, embedded, ran `preload` once.
+    Embedded {
+        interpreter: &'static str,
+        preload: &'static str,
+    },
+}
+
+/// The warm profile of runtimes without a recipe of their own.
+pub const WARM_EXEC: &str = "exec";
+
+/// What warm jails run before the request arrives.
 pub mod warm {
-    /// Preloaded once by the Python fork-server; defines `_kiln_zygote.run`,
-    /// which runs one program in a fresh fork exactly like `python3 -u main.py`.
-    pub const PYTHON_TEMPLATE: &str = include_str!("lang/warm/python_template.py");
+    /// Preloaded once by the Python fork-server (after the plot hook shared
+    /// with cold runs); defines `_kiln_zygote.run`, which runs one program in
+    /// a fresh fork exactly like `python3 -u main.py`.
+    pub const PYTHON_TEMPLATE: &str = concat!(
+        include_str!("lang/python/kiln_plot.py"),
+        include_str!("lang/warm/python_template.py")
+    );
     /// Started in a parked `js` jail at `/etc/kiln/node_warm.js`: reads the
     /// go on stdin, then runs the user's `index.js` as node's main module.
     pub const NODE_BOOTSTRAP: &str = include_str!("lang/warm/node_warm.js");
 }
+
+/// The jail environment every runtime starts from; a runtime's own
+/// variables ([`LanguageSpec::env`]) win over these.
+const BASE_ENV: &[(&str, &str)] = &[
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("HOME", WORKSPACE),
+    ("USER", "sandbox"),
+    ("LOGNAME", "sandbox"),
+    ("LANG", "C.UTF-8"),
+    ("LC_ALL", "C.UTF-8"),
+    ("TMPDIR", "/tmp"),
+    ("TERM", "dumb"),
+    ("OPENBLAS_NUM_THREADS", "1"),
+    ("MKL_NUM_THREADS", "1"),
+    ("OMP_NUM_THREADS", "1"),
+];
 
 /// Every runtime Kiln knows. Order is the order `health` lists them in
 /// (py and js first: other crates' tests rely on it).
@@ -110,11 +158,19 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: FAST_COMPILE,
         support_files: &[SupportFile {
             name: "python/sitecustomize.py",
-            contents: include_str!("lang/sitecustomize.py"),
+            contents: concat!(
+                include_str!("lang/python/kiln_plot.py"),
+                include_str!("lang/python/sitecustomize.py")
+            ),
             // plt.show() needs pyplot, imported by name, via seaborn or pylab
             when_code_contains: &["matplotlib", "seaborn", "pylab"],
         }],
         etc: &["python3", "python3.11", "matplotlibrc"],
+        common_name: "python",
+        warm: Some(WarmRecipe::Embedded {
+            interpreter: "/usr/bin/python3",
+            preload: warm::PYTHON_TEMPLATE,
+        }),
     },
     LanguageSpec {
         name: "js",
@@ -136,6 +192,18 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: FAST_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "javascript",
+        warm: Some(WarmRecipe::Prestart {
+            // node runs index.js itself once the preloaded bootstrap has
+            // read the go: same main module and stack as a cold run
+            argv: &[
+                "/usr/bin/node",
+                "--require",
+                "/etc/kiln/node_warm.js",
+                "{entry}",
+            ],
+            etc_files: &[("node_warm.js", warm::NODE_BOOTSTRAP)],
+        }),
     },
     LanguageSpec {
         name: "ts",
@@ -171,6 +239,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: FAST_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "typescript",
+        warm: None,
     },
     LanguageSpec {
         name: "c",
@@ -192,6 +262,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: FAST_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "c",
+        warm: None,
     },
     LanguageSpec {
         name: "cpp",
@@ -212,6 +284,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: SLOW_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "cpp",
+        warm: None,
     },
     LanguageSpec {
         name: "java",
@@ -256,6 +330,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
             when_code_contains: &[],
         }],
         etc: &["java-17-openjdk"],
+        common_name: "java",
+        warm: None,
     },
     LanguageSpec {
         name: "php",
@@ -270,6 +346,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         support_files: &[],
         // php.ini and conf.d, which load the extensions (mbstring, xml, ...)
         etc: &["php"],
+        common_name: "php",
+        warm: None,
     },
     LanguageSpec {
         name: "rs",
@@ -291,6 +369,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: SLOW_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "rust",
+        warm: None,
     },
     LanguageSpec {
         name: "go",
@@ -315,6 +395,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: SLOW_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "go",
+        warm: None,
     },
     LanguageSpec {
         name: "d",
@@ -330,6 +412,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: SLOW_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "d",
+        warm: None,
     },
     LanguageSpec {
         name: "f90",
@@ -351,6 +435,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: FAST_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "fortran",
+        warm: None,
     },
     LanguageSpec {
         name: "r",
@@ -369,6 +455,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
             when_code_contains: &[],
         }],
         etc: &["R"],
+        common_name: "r",
+        warm: None,
     },
     LanguageSpec {
         name: "bash",
@@ -385,6 +473,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         compile_timeout: FAST_COMPILE,
         support_files: &[],
         etc: &[],
+        common_name: "bash",
+        warm: None,
     },
 ];
 
@@ -436,6 +526,40 @@ impl Language {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), self.fill(v, limits)))
             .collect()
+    }
+
+    /// The complete environment of a jailed process of this runtime: the
+    /// base every runtime shares, then this runtime's own variables
+    /// (placeholders filled from `limits`), which win. Nothing from the host.
+    pub fn environment(&self, limits: &Limits) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = BASE_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        env.push(("SANDBOX_LANGUAGE".into(), self.name().into()));
+        for (k, v) in self.env(limits) {
+            env.retain(|(ek, _)| *ek != k);
+            env.push((k, v));
+        }
+        env
+    }
+
+    /// The warm profile an execution of this runtime takes: its own when it
+    /// has a recipe and runs in one step, else [`WARM_EXEC`].
+    pub fn warm_profile(&self) -> &'static str {
+        if self.0.warm.is_some() && self.0.compile.is_none() {
+            self.0.name
+        } else {
+            WARM_EXEC
+        }
+    }
+
+    /// The prestart argv of its warm recipe, placeholders filled.
+    pub fn prestart_argv(&self, limits: &Limits) -> Option<Vec<String>> {
+        match &self.0.warm {
+            Some(WarmRecipe::Prestart { argv, .. }) => Some(self.fill_all(argv, limits)),
+            _ => None,
+        }
     }
 
     /// The support files to stage for `code`.
@@ -696,6 +820,77 @@ mod tests {
         for b in &binds {
             assert!(!b.is_empty() && !b.contains('/') && *b != "." && *b != "..");
             assert_eq!(binds.iter().filter(|x| x == &b).count(), 1);
+        }
+    }
+
+    #[test]
+    fn common_names_resolve_to_their_entry() {
+        // seed 000 names these six
+        for (name, canonical) in [
+            ("python", "py"),
+            ("javascript", "js"),
+            ("java", "java"),
+            ("cpp", "cpp"),
+            ("go", "go"),
+            ("r", "r"),
+        ] {
+            let l = Language::resolve(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!((l.name(), l.spec().common_name), (canonical, name));
+        }
+        for l in Language::all() {
+            let back = Language::resolve(l.spec().common_name).map(|b| b.name());
+            assert_eq!(back, Some(l.name()));
+        }
+    }
+
+    #[test]
+    fn environment_is_the_base_then_the_runtimes_own_values() {
+        let py = Language::resolve("py").unwrap();
+        let env = py.environment(&limits());
+        let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("HOME"), Some("/mnt/data"));
+        assert_eq!(get("SANDBOX_LANGUAGE"), Some("py"));
+        assert_eq!(get("PYTHONPATH"), Some("/mnt/data/.kiln/python"));
+        // each variable once
+        let mut keys: Vec<_> = env.iter().map(|(k, _)| k).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), env.len());
+    }
+
+    #[test]
+    fn warm_profiles_follow_the_recipes() {
+        assert_eq!(Language::resolve("py").unwrap().warm_profile(), "py");
+        assert_eq!(Language::resolve("js").unwrap().warm_profile(), "js");
+        assert_eq!(Language::resolve("bash").unwrap().warm_profile(), WARM_EXEC);
+        // a compiled runtime's steps run in generic jails
+        assert_eq!(Language::resolve("c").unwrap().warm_profile(), WARM_EXEC);
+        let js = Language::resolve("js").unwrap();
+        assert_eq!(
+            js.prestart_argv(&limits()).unwrap(),
+            [
+                "/usr/bin/node",
+                "--require",
+                "/etc/kiln/node_warm.js",
+                "index.js"
+            ]
+        );
+    }
+
+    #[test]
+    fn cold_and_warm_python_share_one_plot_hook() {
+        let hook = include_str!("lang/python/kiln_plot.py");
+        let py = Language::resolve("py").unwrap();
+        let cold = py
+            .support_files_for("import matplotlib.pyplot")
+            .next()
+            .unwrap()
+            .contents;
+        assert!(cold.starts_with(hook) && warm::PYTHON_TEMPLATE.starts_with(hook));
+        // neither file defines a show() of its own
+        for text in [&cold[hook.len()..], &warm::PYTHON_TEMPLATE[hook.len()..]] {
+            assert!(!text.contains("def show("), "a second plt.show() hook");
+            assert!(text.contains("_kiln_patch_pyplot("));
         }
     }
 

@@ -1,4 +1,5 @@
-# Kiln: the warm Python template, run ONCE by the fork-server as its preload.
+# Kiln: the warm Python template, run ONCE by the fork-server as its preload
+# (after kiln_plot.py, the plt.show() hook cold runs use too).
 #
 # The fork-server embeds libpython, runs this file as root on the host, then
 # forks one child per execution. The child joins a fresh jail's namespaces and
@@ -62,25 +63,7 @@ def _kiln_template():
         os.environ.setdefault(name, "1")
     os.environ.setdefault("MPLBACKEND", "Agg")
 
-    def seed_font_cache():
-        """Copy the prebuilt fontlist-*.json into MPLCONFIGDIR (saves the font scan)."""
-        target = os.environ.get("MPLCONFIGDIR")
-        if not target:
-            return
-        try:
-            names = [n for n in os.listdir(font_cache) if n.startswith("fontlist-")]
-            if names:
-                os.makedirs(target, exist_ok=True)
-            for name in names:
-                dest = os.path.join(target, name)
-                if not os.path.exists(dest):
-                    with open(os.path.join(font_cache, name), "rb") as src:
-                        with open(dest, "wb") as out:
-                            out.write(src.read())
-        except OSError:
-            pass  # no prebuilt cache: matplotlib builds its own
-
-    seed_font_cache()
+    _kiln_seed_font_cache(font_cache)
     import importlib
 
     for name in stdlib:
@@ -107,28 +90,11 @@ def _kiln_template():
     from importlib.machinery import SourceFileLoader
 
     # plt.show() saves every open figure as plot_<n>.png in the directory the
-    # execution started in (what sitecustomize.py does with its startup cwd).
+    # execution started in (kiln_plot.py, the hook cold runs use too).
     output_dir = [os.getcwd()]
-
-    def next_plot_path():
-        n = 1
-        while True:
-            path = os.path.join(output_dir[0], "plot_%d.png" % n)
-            if not os.path.lexists(path):
-                return path
-            n += 1
-
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
-
-        def show(*args, **kwargs):
-            """Kiln: save each open figure as plot_<n>.png in /mnt/data, then close it."""
-            for num in plt.get_fignums():
-                plt.figure(num).savefig(next_plot_path())
-            plt.close("all")
-
-        show.__wrapped__ = plt.show
-        plt.show = show
+        _kiln_patch_pyplot(plt, lambda: output_dir[0])
 
     # sys.unraisablehook takes only this struct type; it is not exported, so
     # catch one instance of it.
@@ -597,4 +563,4 @@ def _kiln_template():
 
 
 _kiln_template()
-del _kiln_template
+del _kiln_template, _kiln_patch_pyplot, _kiln_seed_font_cache

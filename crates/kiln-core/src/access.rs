@@ -1,0 +1,273 @@
+//! The one access rule: may this caller read something stored under a
+//! session key? Every face (LibreChat's routes, seed 000's, the runs API)
+//! and the executor (by-reference inputs) ask [`may_read`]; none keeps a
+//! copy of the rule.
+//!
+//! A *claim* is the scope a request names for what it reads: an explicit
+//! `kind`/`id`/`version` (G2/G3), a G1 `entity_id`, both, or neither.
+//!
+//! - With a claim: some claimed key must equal the stored key. A scope
+//!   claim derives its key as [`SessionKey::derive`] does; an `entity_id`
+//!   stands for the caller's own user key when it names the caller, else for
+//!   the agent of that id, and — for identity-less callers, whose G1 builds
+//!   sent user ids as `entity_id` — for that user too.
+//! - Without a claim: an identified caller may read its own user key and
+//!   every agent or skill key of its tenant; an identity-less caller may read
+//!   anything (ids are 126-bit capabilities; this is how G1 clients download)
+//!   unless the deployment requires identity.
+//!
+//! Identity is a scoping hint, not a security boundary, unless a verified
+//! identity (a JWT) backs it: with auth `none`, any caller can claim any user.
+
+use crate::id::is_resource_id;
+use crate::scope::{Kind, Principal, ScopeError, SessionKey};
+
+/// Who is asking: the principal and whether any identity source named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub principal: Principal,
+    /// False when no identity source was present (user `anonymous`).
+    pub identified: bool,
+}
+
+/// User id of callers no identity source named.
+pub const ANONYMOUS: &str = "anonymous";
+
+impl Caller {
+    /// A caller an identity source named.
+    pub fn identified(tenant: &str, user_id: &str) -> Caller {
+        Caller {
+            principal: Principal {
+                tenant: tenant.to_owned(),
+                user_id: user_id.to_owned(),
+            },
+            identified: true,
+        }
+    }
+
+    /// A caller without identity: user [`ANONYMOUS`].
+    pub fn anonymous(tenant: &str) -> Caller {
+        Caller {
+            principal: Principal {
+                tenant: tenant.to_owned(),
+                user_id: ANONYMOUS.to_owned(),
+            },
+            identified: false,
+        }
+    }
+}
+
+/// The scope a request names for what it reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claim {
+    /// `kind` with its `id` and `version` (strings as sent).
+    pub scope: Option<(Kind, Option<String>, Option<String>)>,
+    /// G1's `entity_id`.
+    pub entity_id: Option<String>,
+}
+
+impl Claim {
+    /// No claim: the caller's identity decides.
+    pub fn none() -> Claim {
+        Claim::default()
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.scope.is_none() && self.entity_id.is_none()
+    }
+}
+
+/// Why a read is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// The claim is malformed (a bad kind/id/version or entity id): 400.
+    #[error(transparent)]
+    BadClaim(#[from] ScopeError),
+    /// The deployment requires an identity and the caller has none: 401.
+    #[error("a user identity is required")]
+    IdentityRequired,
+    /// The caller may not read it: 403.
+    #[error("not readable by the caller")]
+    Forbidden,
+}
+
+/// Deployment-wide setting the rule depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Refuse identity-less reads without a claim.
+    pub require_identity: bool,
+}
+
+/// May `caller`, naming `claim`, read what is stored under `stored`?
+pub fn may_read(
+    policy: Policy,
+    caller: &Caller,
+    claim: &Claim,
+    stored: &SessionKey,
+) -> Result<(), Denied> {
+    if !claim.is_none() {
+        let mut keys = Vec::new();
+        if let Some((kind, id, version)) = &claim.scope {
+            keys.push(SessionKey::derive(
+                &caller.principal,
+                *kind,
+                id.as_deref(),
+                version.as_deref(),
+            )?);
+        }
+        if let Some(entity) = &claim.entity_id {
+            keys.extend(entity_keys(caller, entity)?);
+        }
+        return if keys.iter().any(|k| k == stored) {
+            Ok(())
+        } else {
+            Err(Denied::Forbidden)
+        };
+    }
+    if caller.identified {
+        let p = &caller.principal;
+        let s = stored.as_str();
+        let shared = s.starts_with(&format!("{}:agent:", p.tenant))
+            || s.starts_with(&format!("{}:skill:", p.tenant));
+        if *stored == p.user_key() || shared {
+            Ok(())
+        } else {
+            Err(Denied::Forbidden)
+        }
+    } else if policy.require_identity {
+        Err(Denied::IdentityRequired)
+    } else {
+        Ok(())
+    }
+}
+
+/// The keys a G1 `entity_id` may stand for (see the module docs).
+pub fn entity_keys(caller: &Caller, entity_id: &str) -> Result<Vec<SessionKey>, ScopeError> {
+    if !is_resource_id(entity_id) {
+        return Err(ScopeError::BadId);
+    }
+    let p = &caller.principal;
+    if caller.identified && p.user_id == entity_id {
+        return Ok(vec![p.user_key()]);
+    }
+    let agent = SessionKey::derive(p, Kind::Agent, Some(entity_id), None)?;
+    if caller.identified {
+        Ok(vec![agent])
+    } else {
+        let as_user = Principal {
+            tenant: p.tenant.clone(),
+            user_id: entity_id.to_owned(),
+        };
+        Ok(vec![agent, as_user.user_key()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(user: &str) -> Caller {
+        Caller {
+            principal: Principal {
+                tenant: "local".into(),
+                user_id: user.into(),
+            },
+            identified: true,
+        }
+    }
+
+    fn anonymous() -> Caller {
+        Caller {
+            principal: Principal {
+                tenant: "local".into(),
+                user_id: "anonymous".into(),
+            },
+            identified: false,
+        }
+    }
+
+    fn key(s: &str) -> SessionKey {
+        SessionKey::from_stored(s.to_owned())
+    }
+
+    fn scope(kind: Kind, id: Option<&str>) -> Claim {
+        Claim {
+            scope: Some((kind, id.map(Into::into), None)),
+            entity_id: None,
+        }
+    }
+
+    fn entity(e: &str) -> Claim {
+        Claim {
+            scope: None,
+            entity_id: Some(e.into()),
+        }
+    }
+
+    const OPEN: Policy = Policy {
+        require_identity: false,
+    };
+
+    #[test]
+    fn a_scope_claim_must_derive_the_stored_key() {
+        let alice = caller("alice");
+        let own = key("local:user:alice");
+        assert!(may_read(OPEN, &alice, &scope(Kind::User, None), &own).is_ok());
+        // a user claim always means the caller, whatever id it names
+        let bob = caller("bob");
+        assert_eq!(
+            may_read(OPEN, &bob, &scope(Kind::User, Some("alice")), &own),
+            Err(Denied::Forbidden)
+        );
+        let agent = key("local:agent:agent_x");
+        assert!(may_read(OPEN, &bob, &scope(Kind::Agent, Some("agent_x")), &agent).is_ok());
+        assert!(matches!(
+            may_read(OPEN, &bob, &scope(Kind::Agent, Some("a/b")), &agent),
+            Err(Denied::BadClaim(_))
+        ));
+    }
+
+    #[test]
+    fn an_entity_claim_means_the_agent_or_the_callers_own_user_key() {
+        let alice = caller("alice");
+        assert!(may_read(OPEN, &alice, &entity("alice"), &key("local:user:alice")).is_ok());
+        assert!(may_read(OPEN, &alice, &entity("alice"), &key("local:agent:alice")).is_err());
+        assert!(may_read(OPEN, &alice, &entity("ag"), &key("local:agent:ag")).is_ok());
+        // identity-less G1 callers sent user ids as entity_id
+        let anon = anonymous();
+        assert!(may_read(OPEN, &anon, &entity("alice"), &key("local:user:alice")).is_ok());
+        assert!(may_read(OPEN, &anon, &entity("alice"), &key("local:agent:alice")).is_ok());
+        assert!(may_read(OPEN, &anon, &entity("bob"), &key("local:user:alice")).is_err());
+    }
+
+    #[test]
+    fn either_claimed_key_may_match() {
+        let alice = caller("alice");
+        let both = Claim {
+            scope: Some((Kind::User, None, None)),
+            entity_id: Some("agent_x".into()),
+        };
+        assert!(may_read(OPEN, &alice, &both, &key("local:agent:agent_x")).is_ok());
+        assert!(may_read(OPEN, &alice, &both, &key("local:user:alice")).is_ok());
+        assert!(may_read(OPEN, &alice, &both, &key("local:user:bob")).is_err());
+    }
+
+    #[test]
+    fn without_a_claim_identity_decides() {
+        let alice = caller("alice");
+        let none = Claim::none();
+        assert!(may_read(OPEN, &alice, &none, &key("local:user:alice")).is_ok());
+        assert!(may_read(OPEN, &alice, &none, &key("local:agent:a")).is_ok());
+        assert!(may_read(OPEN, &alice, &none, &key("local:skill:k:v:1")).is_ok());
+        assert!(may_read(OPEN, &alice, &none, &key("local:user:bob")).is_err());
+        assert!(may_read(OPEN, &alice, &none, &key("other:agent:a")).is_err());
+        assert!(may_read(OPEN, &anonymous(), &none, &key("local:user:bob")).is_ok());
+        let strict = Policy {
+            require_identity: true,
+        };
+        assert_eq!(
+            may_read(strict, &anonymous(), &none, &key("local:user:bob")),
+            Err(Denied::IdentityRequired)
+        );
+    }
+}
