@@ -25,6 +25,10 @@
 //! runs; [`WarmPool`] keeps some per runtime. For `py` the parked process is
 //! a fork of the fork-server's preloaded interpreter (`zygote.rs`).
 //!
+//! The executor takes its jails through one small trait, [`Jails`]
+//! (`acquire(profile) -> Jail`); [`JailSource`] implements it with the warm
+//! pool (and its fallback to generic jails) or cold jails.
+//!
 //! This is the only crate of the workspace with `unsafe`: system calls in
 //! `sys.rs` and the embedded interpreter's C API in `embed.rs`.
 
@@ -33,6 +37,7 @@ mod config;
 mod embed;
 mod error;
 mod jail;
+mod jails;
 mod launcher;
 mod probe;
 mod quota;
@@ -50,10 +55,11 @@ pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
 pub use error::SandboxError;
 pub use jail::helper_main;
+pub use jails::{BoxFuture, Jail, JailSource, Jails, ZygoteStart};
 pub use launcher::launcher_main;
 pub use probe::{HostReport, probe_host};
 pub use quota::{QuotaMode, WorkspaceQuota};
-pub use run::{RunRequest, RunResult};
+pub use run::{OutputSink, OutputStream, RunRequest, RunResult};
 pub use sandbox::{ParkSpec, ParkedJail, Sandbox};
 pub use seccomp::{DEFAULT_PROFILE as DEFAULT_SECCOMP_PROFILE, PolicyError};
 pub use slots::Slot;

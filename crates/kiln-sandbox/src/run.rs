@@ -38,6 +38,10 @@ pub struct RunRequest {
     pub limits: Limits,
     /// Name of the seccomp profile (a file in `resources/seccomp/profiles/`).
     pub seccomp_profile: String,
+    /// Sees the program's output as it is captured, chunk by chunk, in
+    /// order (only what fits under the caps: exactly the bytes the result
+    /// holds).
+    pub output: Option<OutputSink>,
 }
 
 impl Default for RunRequest {
@@ -49,9 +53,54 @@ impl Default for RunRequest {
             env: Vec::new(),
             limits: Limits::default(),
             seccomp_profile: crate::seccomp::DEFAULT_PROFILE.to_owned(),
+            output: None,
         }
     }
 }
+
+/// Which of the program's output streams a chunk comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// The callback of an [`OutputSink`].
+type OutputFn = dyn Fn(OutputStream, &[u8]) + Send + Sync;
+
+/// Called with each chunk of output as the server reads it from the jail.
+/// It runs on the task that supervises the jail: it must not block (append
+/// to a buffer, notify, return).
+#[derive(Clone)]
+pub struct OutputSink(std::sync::Arc<OutputFn>);
+
+impl OutputSink {
+    pub fn new(f: impl Fn(OutputStream, &[u8]) + Send + Sync + 'static) -> OutputSink {
+        OutputSink(std::sync::Arc::new(f))
+    }
+
+    /// Shows `data` to the callback (nothing for an empty chunk).
+    pub fn call(&self, stream: OutputStream, data: &[u8]) {
+        if !data.is_empty() {
+            (self.0)(stream, data);
+        }
+    }
+}
+
+impl std::fmt::Debug for OutputSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutputSink")
+    }
+}
+
+/// Two sinks are equal when they are the same callback.
+impl PartialEq for OutputSink {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for OutputSink {}
 
 /// How a run ended. Produced for every run that got as far as executing the
 /// user program (and for runs killed by a limit before that).
@@ -72,7 +121,10 @@ pub struct RunResult {
     pub oom_killed: bool,
     /// From spawning the helper to its exit (includes jail setup).
     pub wall_time: Duration,
-    /// User+system time of the jail's processes (absent if killed).
+    /// User+system time of every process of the jail: from the run's
+    /// cgroup where the host accounts CPU per group (then also for killed
+    /// runs; for a parked jail from the go on), else what the jail's init
+    /// reaped (absent if killed).
     pub cpu_time: Option<Duration>,
     /// Peak memory of the run's cgroup.
     pub memory_peak: Option<u64>,
@@ -104,6 +156,17 @@ impl Capture {
             overflow: false,
             eof: false,
         }
+    }
+
+    /// Appends what fits, shows it to `sink`; `true` when this call
+    /// exceeded the cap.
+    fn push_to(&mut self, data: &[u8], stream: OutputStream, sink: Option<&OutputSink>) -> bool {
+        let before = self.buf.len();
+        let overflow = self.push(data);
+        if let Some(sink) = sink {
+            sink.call(stream, &self.buf[before..]);
+        }
+        overflow
     }
 
     /// Appends what fits; `true` when this call exceeded the cap.
@@ -405,6 +468,7 @@ impl Started {
         go: Option<&[u8]>,
         limits: &Limits,
         cancel: &CancellationToken,
+        sink: Option<&OutputSink>,
     ) -> Result<Supervised, SandboxError> {
         let started = Instant::now();
         if let Some(go) = go {
@@ -452,7 +516,7 @@ impl Started {
                 r = stdout.read(&mut obuf), if !out.eof => match r {
                     Ok(0) | Err(_) => out.eof = true,
                     Ok(n) => {
-                        if out.push(&obuf[..n]) {
+                        if out.push_to(&obuf[..n], OutputStream::Stdout, sink) {
                             stop!(KillReason::StdoutOverflow);
                         }
                     }
@@ -460,7 +524,7 @@ impl Started {
                 r = stderr.read(&mut ebuf), if !err.eof => match r {
                     Ok(0) | Err(_) => err.eof = true,
                     Ok(n) => {
-                        if err.push(&ebuf[..n]) {
+                        if err.push_to(&ebuf[..n], OutputStream::Stderr, sink) {
                             stop!(KillReason::StderrOverflow);
                         }
                     }
@@ -520,13 +584,14 @@ pub(crate) async fn supervise(
     spec: &JailSpec,
     limits: &Limits,
     cancel: &CancellationToken,
+    sink: Option<&OutputSink>,
 ) -> Result<Supervised, SandboxError> {
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
     let mut started = start_helper(helper, launcher, None).await?;
     started.send_line(&spec_line).await;
-    started.drive(None, limits, cancel).await
+    started.drive(None, limits, cancel, sink).await
 }
 
 #[cfg(test)]
@@ -543,6 +608,27 @@ mod tests {
         assert!(!c.push(b"ghi"), "overflow is reported once");
         assert_eq!(c.buf, b"abcde");
         assert!(c.overflow);
+    }
+
+    #[test]
+    fn the_sink_sees_exactly_what_is_captured() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = std::sync::Arc::clone(&seen);
+        let sink = OutputSink::new(move |stream, data| {
+            s2.lock().unwrap().push((stream, data.to_vec()));
+        });
+        let mut c = Capture::new(5);
+        assert!(!c.push_to(b"abc", OutputStream::Stderr, Some(&sink)));
+        assert!(c.push_to(b"defg", OutputStream::Stderr, Some(&sink)));
+        assert!(!c.push_to(b"h", OutputStream::Stderr, Some(&sink)));
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            *seen,
+            [
+                (OutputStream::Stderr, b"abc".to_vec()),
+                (OutputStream::Stderr, b"de".to_vec())
+            ]
+        );
     }
 
     #[test]

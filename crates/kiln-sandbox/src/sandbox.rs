@@ -344,6 +344,7 @@ impl Sandbox {
             &spec,
             &req.limits,
             &cancel,
+            req.output.as_ref(),
         )
         .await;
         conclude(&name, supervised, cgroups, lease).await
@@ -436,6 +437,7 @@ impl Sandbox {
             env: park.env.clone(),
             limits: limits.clone(),
             seccomp_profile: park.seccomp_profile.clone(),
+            output: None,
         };
         check_workspace_location(&req, slot)?;
         validate_request(&req)?;
@@ -535,11 +537,16 @@ impl Sandbox {
         let ParkedJail {
             name,
             started,
-            cgroups,
+            mut cgroups,
             lease,
             ..
         } = jail;
-        let supervised = started.drive(Some(&go_line), &req.limits, &cancel).await;
+        if let Some(c) = cgroups.as_mut() {
+            c.mark_start();
+        }
+        let supervised = started
+            .drive(Some(&go_line), &req.limits, &cancel, req.output.as_ref())
+            .await;
         conclude(&name, supervised, cgroups, lease).await
     }
 
@@ -558,7 +565,7 @@ impl Sandbox {
         let limits = Limits::default();
         // Cancelled at once: the same path as a cancelled run, so the
         // helper gets its grace to reap before it is killed.
-        let _ = started.drive(None, &limits, &never).await;
+        let _ = started.drive(None, &limits, &never, None).await;
         if let Some(c) = cgroups {
             let _ = c.finish().await;
         }
@@ -725,6 +732,10 @@ fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxEr
             )));
         }
     };
+    // the run's cgroup sees every process (also those killed with the jail,
+    // and a warm `py` program, which is not the init's child); the init's
+    // rusage only those it reaped
+    let cpu_time = stats.cpu.or(cpu_time);
     Ok(RunResult {
         exit,
         stdout: s.stdout.buf,

@@ -106,6 +106,10 @@ pub enum CgroupDriver {
 pub struct CgroupStats {
     pub memory_peak: Option<u64>,
     pub oom_kills: u64,
+    /// CPU time of every process that ran in the groups since the run's
+    /// start (see [`RunCgroups::mark_start`]); `None` where the host does
+    /// not account it per group.
+    pub cpu: Option<Duration>,
 }
 
 impl CgroupDriver {
@@ -113,7 +117,12 @@ impl CgroupDriver {
     pub fn setup(support: &CgroupSupport) -> Result<CgroupDriver, SandboxError> {
         match support {
             CgroupSupport::V1 { memory, pids } => {
-                Ok(CgroupDriver::V1(v1::V1::setup(memory, pids)?))
+                let cpuacct = own_v1_group("cpuacct");
+                Ok(CgroupDriver::V1(v1::V1::setup(
+                    memory,
+                    pids,
+                    cpuacct.as_deref(),
+                )?))
             }
             CgroupSupport::V2 { group, .. } => Ok(CgroupDriver::V2(v2::V2::setup(group)?)),
             CgroupSupport::None => Err(SandboxError::Unsupported(vec![
@@ -141,14 +150,22 @@ impl CgroupDriver {
         let mut run = RunCgroups {
             v2: matches!(self, CgroupDriver::V2(_)),
             dirs: Vec::new(),
+            cpu_dir: None,
+            cpu_base: None,
             done: false,
             lease: Some(lease),
         };
         // Every directory is pushed as soon as it exists, so an error below
         // still removes it (Drop).
         match self {
-            CgroupDriver::V1(d) => d.create(name, limits, &mut run.dirs)?,
-            CgroupDriver::V2(d) => d.create(name, limits, &mut run.dirs)?,
+            CgroupDriver::V1(d) => {
+                d.create(name, limits, &mut run.dirs)?;
+                run.cpu_dir = d.cpu_dir(name);
+            }
+            CgroupDriver::V2(d) => {
+                d.create(name, limits, &mut run.dirs)?;
+                run.cpu_dir = run.dirs.first().cloned();
+            }
         }
         Ok(run)
     }
@@ -183,6 +200,17 @@ impl CgroupDriver {
     }
 }
 
+/// Our own group in the v1 hierarchy holding `controller`, if mounted.
+fn own_v1_group(controller: &str) -> Option<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let cgroup = fs::read_to_string("/proc/self/cgroup").ok()?;
+    detect::v1_group(
+        &detect::cgroup_mounts(&mountinfo),
+        &detect::memberships(&cgroup),
+        controller,
+    )
+}
+
 /// Pids listed in a group's `cgroup.procs` (empty when the group is gone).
 fn procs(dir: &Path) -> Vec<i32> {
     fs::read_to_string(dir.join("cgroup.procs"))
@@ -215,6 +243,10 @@ pub struct RunCgroups {
     v2: bool,
     /// Groups not removed yet; the first is where memory statistics live.
     dirs: Vec<PathBuf>,
+    /// The group whose CPU time is read (v1 `cpuacct`, v2 the run group).
+    cpu_dir: Option<PathBuf>,
+    /// Its CPU time when the run's program started (see `mark_start`).
+    cpu_base: Option<Duration>,
     done: bool,
     lease: Option<SlotLease>,
 }
@@ -230,6 +262,27 @@ impl RunCgroups {
             CgroupAttach::V1 {
                 procs: self.dirs.iter().map(|d| d.join("cgroup.procs")).collect(),
             }
+        }
+    }
+
+    /// CPU time charged to the groups so far.
+    fn cpu_usage(&self) -> Option<Duration> {
+        let dir = self.cpu_dir.as_ref()?;
+        if self.v2 {
+            v2::cpu_usage(dir)
+        } else {
+            v1::cpu_usage(dir)
+        }
+    }
+
+    /// The program starts now (the go of a parked jail): figures read at
+    /// the end count from here, not from when the jail was built.
+    pub(crate) fn mark_start(&mut self) {
+        self.cpu_base = self.cpu_usage();
+        if !self.v2
+            && let Some(memory) = self.dirs.first()
+        {
+            v1::reset_peak(memory);
         }
     }
 
@@ -253,11 +306,15 @@ impl RunCgroups {
         let Some(dir) = self.dirs.first() else {
             return CgroupStats::default();
         };
-        if self.v2 {
+        let mut stats = if self.v2 {
             v2::stats(dir)
         } else {
             v1::stats(dir)
-        }
+        };
+        stats.cpu = self
+            .cpu_usage()
+            .map(|now| now.saturating_sub(self.cpu_base.unwrap_or_default()));
+        stats
     }
 
     /// Removes the groups that are empty; `true` once all are gone.
@@ -347,6 +404,8 @@ impl Drop for RunCgroups {
         let mut rest = RunCgroups {
             v2: self.v2,
             dirs: std::mem::take(&mut self.dirs),
+            cpu_dir: None,
+            cpu_base: None,
             done: false,
             lease: self.lease.take(),
         };

@@ -129,7 +129,18 @@ pub fn stats(dir: &Path) -> CgroupStats {
         oom_kills: read("memory.events")
             .and_then(|t| detect::keyed_value(&t, "oom_kill"))
             .unwrap_or(0),
+        cpu: None,
     }
+}
+
+/// CPU time (user + system) charged so far to a v2 group: `usage_usec` of
+/// `cpu.stat`, which every group has whether or not the cpu controller is
+/// enabled.
+pub fn cpu_usage(dir: &Path) -> Option<std::time::Duration> {
+    fs::read_to_string(dir.join("cpu.stat"))
+        .ok()
+        .and_then(|t| detect::keyed_value(&t, "usage_usec"))
+        .map(std::time::Duration::from_micros)
 }
 
 #[cfg(test)]
@@ -199,8 +210,14 @@ mod tests {
             stats(&run),
             CgroupStats {
                 memory_peak: Some(4096),
-                oom_kills: 2
+                oom_kills: 2,
+                cpu: None,
             }
+        );
+        fs::write(run.join("cpu.stat"), "usage_usec 2500\nuser_usec 2000\n").expect("cpu");
+        assert_eq!(
+            cpu_usage(&run),
+            Some(std::time::Duration::from_micros(2500))
         );
     }
 
