@@ -33,11 +33,10 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use http_body_util::BodyExt as _;
 use kiln_api::{ApiConfig, AppState, HealthInfo};
-use kiln_core::{Nanoid, Principal, RelPath};
-use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute};
+use kiln_core::{Nanoid, RelPath};
+use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute, RunContext};
 use kiln_store::{Store, StoreConfig};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use crate::relpath::assert_accepted_name_is_safe;
@@ -168,9 +167,8 @@ struct NoExec;
 impl Execute for NoExec {
     fn execute<'a>(
         &'a self,
-        _principal: &'a Principal,
+        _run: &'a RunContext,
         _req: ExecRequest,
-        _cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
         async {
             Err(ExecError::BadRequest(
@@ -223,21 +221,21 @@ impl Harness {
                 retention: Duration::from_secs(3600),
             }))
             .expect("open the harness's store");
-        let state = |require_identity: bool| AppState {
-            store: store.clone(),
-            exec: Arc::new(NoExec),
-            config: Arc::new(ApiConfig {
-                max_upload_bytes: MAX_UPLOAD_BYTES,
-                max_batch_files: MAX_BATCH_FILES,
-                require_identity,
-                ..ApiConfig::default()
-            }),
-            health: Arc::new(HealthInfo {
-                version: "fuzz".to_owned(),
-                languages: Vec::new(),
-            }),
-            metrics: None,
-            shutdown: CancellationToken::new(),
+        let state = |require_identity: bool| {
+            AppState::new(
+                store.clone(),
+                Arc::new(NoExec),
+                ApiConfig {
+                    max_upload_bytes: MAX_UPLOAD_BYTES,
+                    max_batch_files: MAX_BATCH_FILES,
+                    require_identity,
+                    ..ApiConfig::default()
+                },
+                HealthInfo {
+                    version: "fuzz".to_owned(),
+                    languages: Vec::new(),
+                },
+            )
         };
         Harness {
             open: kiln_api::router(state(false)),

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use kiln_core::LanguageSpec;
+use kiln_exec::sessions::FileSessions;
+use kiln_exec::{Runs, RunsConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +41,8 @@ pub struct ApiConfig {
     pub max_json_bytes: usize,
     /// Tenant every principal belongs to.
     pub tenant: String,
+    /// Seed 000's API: most files one run may name in `files`.
+    pub max_run_files: usize,
 }
 
 impl Default for ApiConfig {
@@ -51,6 +55,7 @@ impl Default for ApiConfig {
             max_batch_files: 200,
             max_json_bytes: 50 * 1024 * 1024,
             tenant: "local".to_owned(),
+            max_run_files: 10,
         }
     }
 }
@@ -66,12 +71,13 @@ impl std::fmt::Debug for ApiConfig {
             .field("max_batch_files", &self.max_batch_files)
             .field("max_json_bytes", &self.max_json_bytes)
             .field("tenant", &self.tenant)
+            .field("max_run_files", &self.max_run_files)
             .finish()
     }
 }
 
 /// What `GET /health` reports; probed once by the binary at startup.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct HealthInfo {
     /// Server version (the binary's `CARGO_PKG_VERSION`).
     pub version: String,
@@ -79,9 +85,12 @@ pub struct HealthInfo {
 }
 
 /// One runtime's availability on this host.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LanguageHealth {
     pub name: String,
+    /// The name people write (`python`, `javascript`, ...).
+    #[serde(skip)]
+    pub common_name: String,
     pub aliases: Vec<String>,
     /// First line of the version probe, when it ran.
     pub version: Option<String>,
@@ -96,6 +105,7 @@ impl LanguageHealth {
     pub fn available(spec: &LanguageSpec, version: Option<String>) -> Self {
         LanguageHealth {
             name: spec.name.to_owned(),
+            common_name: spec.common_name.to_owned(),
             aliases: spec.aliases.iter().map(|a| (*a).to_owned()).collect(),
             version,
             available: true,
@@ -107,6 +117,7 @@ impl LanguageHealth {
     pub fn unavailable(spec: &LanguageSpec, reason: impl Into<String>) -> Self {
         LanguageHealth {
             name: spec.name.to_owned(),
+            common_name: spec.common_name.to_owned(),
             aliases: spec.aliases.iter().map(|a| (*a).to_owned()).collect(),
             version: None,
             available: false,
@@ -119,12 +130,39 @@ impl LanguageHealth {
 #[derive(Clone)]
 pub struct AppState {
     pub store: kiln_store::Store,
-    pub exec: Arc<dyn kiln_exec::Execute>,
+    /// The run registry every face starts executions through.
+    pub runs: Runs,
+    /// Seed 000's named file sessions.
+    pub sessions: Arc<FileSessions>,
     pub config: Arc<ApiConfig>,
     pub health: Arc<HealthInfo>,
     /// Renders `/metrics`; `None` → `/metrics` answers 404.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// Cancelled when the server begins shutting down: new `/exec` calls
-    /// are refused with 503 (runs already in flight are left to finish).
+    /// Cancelled when the server begins shutting down: new runs are refused
+    /// with 503 (runs already in flight are left to finish).
     pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    /// A state whose runs execute on `exec`, with default registry
+    /// settings, sessions idle for an hour expiring, no metrics.
+    pub fn new(
+        store: kiln_store::Store,
+        exec: Arc<dyn kiln_exec::Execute>,
+        config: ApiConfig,
+        health: HealthInfo,
+    ) -> AppState {
+        AppState {
+            runs: Runs::new(exec, RunsConfig::default()),
+            sessions: Arc::new(FileSessions::new(
+                store.clone(),
+                std::time::Duration::from_secs(3600),
+            )),
+            store,
+            config: Arc::new(config),
+            health: Arc::new(health),
+            metrics: None,
+            shutdown: CancellationToken::new(),
+        }
+    }
 }

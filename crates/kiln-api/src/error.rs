@@ -12,6 +12,27 @@ use kiln_exec::ExecError;
 use kiln_store::StoreError;
 use serde_json::{Value, json};
 
+/// The free-text error envelope: `{"error": "<message>"}` (sometimes with
+/// `details`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<String>,
+}
+
+/// The coded error envelope: `{"error": "<code>", "message": "<text>", ...}`
+/// (rate limits carry `retry_after_seconds`; profile errors
+/// `expected_profile` and `actual_profile`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CodedError {
+    /// `rate_limited`, `execution_profile_mismatch`, `sandbox_setup_failed`, ...
+    pub error: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
+}
+
 /// The only deployment profile Kiln serves (stateless executions).
 pub const PROFILE: &str = "default";
 
@@ -108,6 +129,9 @@ pub enum ApiError {
         file: Nanoid,
         source: StoreError,
     },
+    /// No run of that id (or it is no longer kept).
+    #[error("run {0} not found")]
+    RunNotFound(Nanoid),
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),
@@ -151,6 +175,7 @@ impl ApiError {
                 }),
             ),
             RouteNotFound(_) => plain(StatusCode::NOT_FOUND, "Not found"),
+            RunNotFound(_) => plain(StatusCode::NOT_FOUND, "Run not found"),
             MethodNotAllowed => plain(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
             BodyTooLarge { .. } => plain(StatusCode::PAYLOAD_TOO_LARGE, "Request body too large"),
             UploadTooLarge { .. } => {
@@ -204,11 +229,27 @@ fn exec_envelope(e: &ExecError) -> (StatusCode, Value) {
             StatusCode::SERVICE_UNAVAILABLE,
             json!({ "error": "Request cancelled" }),
         ),
-        ExecError::Storage(_) => (
+        ExecError::Storage(_) | ExecError::Internal(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": "Internal server error" }),
         ),
+        ExecError::RateLimited { retry_after } => {
+            let secs = retry_seconds(*retry_after);
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({
+                    "error": "rate_limited",
+                    "message": format!("Too many CodeAPI execution requests. Please retry in {secs} seconds."),
+                    "retry_after_seconds": secs,
+                }),
+            )
+        }
     }
+}
+
+/// Whole seconds to wait, at least one.
+pub fn retry_seconds(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0).max(u64::from(d.is_zero()))
 }
 
 impl IntoResponse for ApiError {
@@ -219,6 +260,13 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
         }
-        (status, Json(body)).into_response()
+        let mut resp = (status, Json(body)).into_response();
+        if let ApiError::Exec(ExecError::RateLimited { retry_after }) = &self {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_seconds(*retry_after)),
+            );
+        }
+        resp
     }
 }

@@ -1,72 +1,37 @@
 //! Who is calling ([`Caller`]) and whether they may read a storage session
-//! ([`authorize_session`]).
+//! ([`authorize_session`]), for every face.
 //!
 //! Identity sources, first hit wins: `User-Id` header → (for `/exec`) body
 //! `user_id` → `kind=user` + `id` (query, or upload form) → none. Without any
 //! the caller is "identity-less" and acts as user `anonymous`.
 //!
-//! Session reads (download, list, metadata, delete) are authorized as
-//! follows. A *claim* is a scope the request names: `kind`/`id`/`version`
-//! (G2/G3) or `entity_id` (G1). With a claim, the claimed key must equal the
-//! session's stored key (403 otherwise). Without a claim, an identified caller
-//! may read its own user sessions and any agent/skill session of its tenant;
-//! an identity-less caller may read any session (ids are 126-bit
-//! capabilities; this is how G1 clients download) unless `require_identity`
-//! is on (401). Identity is a scoping hint here, not a security boundary:
-//! with auth `none` any caller can claim any user id.
+//! Whether a caller may read a session is the one access rule of
+//! `kiln_core::access` (the executor asks the same rule about by-reference
+//! inputs): this module only turns a request's `kind`/`id`/`version` and
+//! `entity_id` into a claim and the rule's refusals into envelopes.
 
 use axum::http::HeaderMap;
+use kiln_core::access::{Claim, Denied, Policy, may_read};
 use kiln_core::id::is_resource_id;
 use kiln_core::{Kind, Nanoid, Principal, SessionKey};
 use serde::Deserialize;
 
+pub use kiln_core::access::{ANONYMOUS, Caller};
+
 use crate::config::ApiConfig;
 use crate::error::ApiError;
 
-/// User id of identity-less callers.
-pub const ANONYMOUS: &str = "anonymous";
-
-/// The caller of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    pub principal: Principal,
-    /// False when no identity source was present (user `anonymous`).
-    pub identified: bool,
-}
-
-impl Caller {
-    pub fn identified(tenant: &str, user_id: &str) -> Caller {
-        Caller {
-            principal: Principal {
-                tenant: tenant.to_owned(),
-                user_id: user_id.to_owned(),
-            },
-            identified: true,
-        }
+/// The caller from candidate user ids in priority order (`None` = source
+/// absent). Enforces `require_identity`.
+pub fn resolve_caller(config: &ApiConfig, candidates: &[Option<&str>]) -> Result<Caller, ApiError> {
+    if let Some(c) = candidates.iter().flatten().next() {
+        check_user_id(c)?;
+        return Ok(Caller::identified(&config.tenant, c));
     }
-
-    pub fn anonymous(tenant: &str) -> Caller {
-        Caller {
-            principal: Principal {
-                tenant: tenant.to_owned(),
-                user_id: ANONYMOUS.to_owned(),
-            },
-            identified: false,
-        }
+    if config.require_identity {
+        return Err(ApiError::IdentityRequired);
     }
-
-    /// Resolve from candidate user ids in priority order (`None` = source
-    /// absent). Enforces `require_identity`.
-    pub fn resolve(config: &ApiConfig, candidates: &[Option<&str>]) -> Result<Caller, ApiError> {
-        if let Some(c) = candidates.iter().flatten().next() {
-            check_user_id(c)?;
-            return Ok(Caller::identified(&config.tenant, c));
-        }
-        if config.require_identity {
-            return Err(ApiError::IdentityRequired);
-        }
-        Ok(Caller::anonymous(&config.tenant))
-    }
+    Ok(Caller::anonymous(&config.tenant))
 }
 
 fn check_user_id(id: &str) -> Result<(), ApiError> {
@@ -115,7 +80,41 @@ impl ScopeQuery {
 
     /// The caller of a session route: `User-Id`, then `kind=user&id=`.
     pub fn caller(&self, config: &ApiConfig, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        Caller::resolve(config, &[header_user_id(headers)?, self.user_hint()])
+        resolve_caller(config, &[header_user_id(headers)?, self.user_hint()])
+    }
+
+    /// The claim these parameters make: `kind` (with `id`, `version`) or
+    /// `entity_id`; an explicit kind is the whole claim.
+    pub fn claim(&self) -> Result<Claim, ApiError> {
+        if let Some(kind) = self.kind.as_deref() {
+            return Ok(Claim {
+                scope: Some((parse_kind(kind)?, self.id.clone(), self.version.clone())),
+                entity_id: None,
+            });
+        }
+        if let Some(entity) = self.entity_id.as_deref() {
+            check_entity_id(entity)?;
+            return Ok(Claim {
+                scope: None,
+                entity_id: Some(entity.to_owned()),
+            });
+        }
+        Ok(Claim::none())
+    }
+}
+
+fn parse_kind(kind: &str) -> Result<Kind, ApiError> {
+    Kind::parse(kind)
+        .ok_or_else(|| ApiError::BadRequest("kind must be one of: skill, agent, user".to_owned()))
+}
+
+fn check_entity_id(entity_id: &str) -> Result<(), ApiError> {
+    if is_resource_id(entity_id) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(
+            "entity_id must match ^[A-Za-z0-9_.:-]{1,128}$".to_owned(),
+        ))
     }
 }
 
@@ -126,41 +125,44 @@ pub fn derive_key(
     id: Option<&str>,
     version: Option<&str>,
 ) -> Result<SessionKey, ApiError> {
-    let kind = Kind::parse(kind).ok_or_else(|| {
-        ApiError::BadRequest("kind must be one of: skill, agent, user".to_owned())
-    })?;
-    SessionKey::derive(principal, kind, id, version)
+    SessionKey::derive(principal, parse_kind(kind)?, id, version)
         .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
-/// Keys an `entity_id` (G1) may stand for: the caller's own user key when
-/// it names the caller, else the agent key; identity-less callers may mean
-/// either (a later G1 build sent the user id as `entity_id`).
+/// Keys an `entity_id` (G1) may stand for (see `kiln_core::access`).
 pub fn entity_keys(caller: &Caller, entity_id: &str) -> Result<Vec<SessionKey>, ApiError> {
-    if !is_resource_id(entity_id) {
-        return Err(ApiError::BadRequest(
-            "entity_id must match ^[A-Za-z0-9_.:-]{1,128}$".to_owned(),
-        ));
-    }
-    let p = &caller.principal;
-    if caller.identified && p.user_id == entity_id {
-        return Ok(vec![p.user_key()]);
-    }
-    let agent = SessionKey::derive(p, Kind::Agent, Some(entity_id), None)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    if caller.identified {
-        Ok(vec![agent])
-    } else {
-        let as_user = Principal {
-            tenant: p.tenant.clone(),
-            user_id: entity_id.to_owned(),
-        };
-        Ok(vec![agent, as_user.user_key()])
+    check_entity_id(entity_id)?;
+    kiln_core::access::entity_keys(caller, entity_id)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+/// The deployment's access policy.
+pub fn policy(config: &ApiConfig) -> Policy {
+    Policy {
+        require_identity: config.require_identity,
     }
 }
 
+/// May `caller`, naming `claim`, read what `session`'s stored key
+/// `stored` owns? The access rule's refusals as envelopes.
+pub fn authorize(
+    config: &ApiConfig,
+    caller: &Caller,
+    claim: &Claim,
+    session: &Nanoid,
+    stored: &SessionKey,
+) -> Result<(), ApiError> {
+    may_read(policy(config), caller, claim, stored).map_err(|d| match d {
+        Denied::BadClaim(e) => ApiError::BadRequest(e.to_string()),
+        Denied::IdentityRequired => ApiError::IdentityRequired,
+        Denied::Forbidden => ApiError::SessionForbidden {
+            session: session.clone(),
+        },
+    })
+}
+
 /// May `caller`, naming `query`, read the session whose stored key is
-/// `stored`? See the module docs for the rules.
+/// `stored`?
 pub fn authorize_session(
     config: &ApiConfig,
     caller: &Caller,
@@ -168,45 +170,7 @@ pub fn authorize_session(
     session: &Nanoid,
     stored: &SessionKey,
 ) -> Result<(), ApiError> {
-    let forbidden = || ApiError::SessionForbidden {
-        session: session.clone(),
-    };
-    if let Some(kind) = query.kind.as_deref() {
-        let claimed = derive_key(
-            &caller.principal,
-            kind,
-            query.id.as_deref(),
-            query.version.as_deref(),
-        )?;
-        return if &claimed == stored {
-            Ok(())
-        } else {
-            Err(forbidden())
-        };
-    }
-    if let Some(entity) = query.entity_id.as_deref() {
-        let keys = entity_keys(caller, entity)?;
-        return if keys.iter().any(|k| k == stored) {
-            Ok(())
-        } else {
-            Err(forbidden())
-        };
-    }
-    if caller.identified {
-        let tenant = &caller.principal.tenant;
-        let s = stored.as_str();
-        let shared = s.starts_with(&format!("{tenant}:agent:"))
-            || s.starts_with(&format!("{tenant}:skill:"));
-        if stored == &caller.principal.user_key() || shared {
-            Ok(())
-        } else {
-            Err(forbidden())
-        }
-    } else if config.require_identity {
-        Err(ApiError::IdentityRequired)
-    } else {
-        Ok(())
-    }
+    authorize(config, caller, &query.claim()?, session, stored)
 }
 
 /// Parse a path/ref id as a nanoid (400 `Bad request` otherwise).
@@ -242,9 +206,9 @@ mod tests {
 
     #[test]
     fn resolve_takes_the_first_present_source() {
-        let c = Caller::resolve(&cfg(), &[None, Some("bob"), Some("carol")]).unwrap();
+        let c = resolve_caller(&cfg(), &[None, Some("bob"), Some("carol")]).unwrap();
         assert_eq!(c, Caller::identified("local", "bob"));
-        let c = Caller::resolve(&cfg(), &[None, None]).unwrap();
+        let c = resolve_caller(&cfg(), &[None, None]).unwrap();
         assert_eq!(c, Caller::anonymous("local"));
         assert!(!c.identified);
     }
@@ -252,7 +216,7 @@ mod tests {
     #[test]
     fn resolve_rejects_malformed_ids_and_enforces_require_identity() {
         assert!(matches!(
-            Caller::resolve(&cfg(), &[Some("a/b")]),
+            resolve_caller(&cfg(), &[Some("a/b")]),
             Err(ApiError::BadRequest(_))
         ));
         let strict = ApiConfig {
@@ -260,7 +224,7 @@ mod tests {
             ..cfg()
         };
         assert!(matches!(
-            Caller::resolve(&strict, &[None]),
+            resolve_caller(&strict, &[None]),
             Err(ApiError::IdentityRequired)
         ));
     }

@@ -1,36 +1,39 @@
-//! Kiln's HTTP layer: every LibreChat route, authentication, the
-//! execution-profile check, and the JSON shapes and error envelopes of the
-//! Code Interpreter API. This is the only crate that knows those shapes.
+//! Kiln's HTTP layer: the faces. Each parses its own wire shapes, starts
+//! runs in the one registry (`kiln_exec::Runs`), reads the one store, asks
+//! the one access rule, and renders its own envelopes. This is the only
+//! crate that knows any face's JSON.
 //!
-//! Routes (each served under `/v1` and at the root; `/metrics` at the root
-//! only):
-//!
-//! | Route | Auth | Module |
+//! | Face | Routes (under `/v1`; LibreChat's also at the root) | Module |
 //! |---|---|---|
-//! | `POST /exec` | yes | [`exec`] |
-//! | `POST /upload`, `POST /upload/batch` | yes | [`upload`] |
-//! | `GET /download/{session_id}/{file_id}` | yes | [`files`] |
-//! | `GET /files/{session_id}?detail=` | yes | [`files`] |
-//! | `GET /sessions/{session_id}/objects/{file_id}` | yes | [`files`] |
-//! | `DELETE /files/{session_id}/{file_id}`, `DELETE /sessions/{session_id}/objects/{file_id}` | yes | [`files`] |
-//! | `GET /health` | no | [`health`] |
-//! | `GET /metrics` | no | [`health`] |
+//! | LibreChat (codeapi) | `POST /exec`, `POST /upload`, `POST /upload/batch`, `GET /download/{session_id}/{file_id}`, `GET /files/{session_id}`, `GET|DELETE /sessions/{session_id}/objects/{file_id}`, `DELETE /files/{session_id}/{file_id}`, `GET /health` | [`codeapi`] |
+//! | Kiln's runs | `GET /runs/{run_id}`, `GET /runs/{run_id}/events`, `POST /runs/{run_id}/cancel` | [`runs`] |
+//! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
+//! | Operations | `GET /metrics`, `GET /openapi.json` (root only) | [`codeapi::health`], [`openapi`] |
+//!
+//! Streaming (`Accept: text/event-stream` on the run-starting routes, and
+//! `/runs/{run_id}/events`) is [`sse`], shared by the faces. The OpenAPI
+//! document is generated from the handlers' annotations and types, from the
+//! same registrations that build the router ([`openapi`]).
 //!
 //! Layers, outermost first: sensitive-header marking (`authorization`,
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500; then, per authenticated route, API-key auth.
+//! 500; then, per authenticated route, API-key auth (each face answers a
+//! failure in its own envelope).
 
 pub mod body;
+pub mod codeapi;
 pub mod config;
 pub mod error;
-pub mod exec;
-pub mod files;
-pub mod health;
 pub mod identity;
 pub mod middleware;
-pub mod upload;
+pub mod openapi;
+pub mod proxy;
+pub mod runs;
+pub mod sse;
+
+pub use codeapi::{exec, files, health, upload};
 
 use std::time::Duration;
 
@@ -38,49 +41,78 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath};
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderName, Request, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::{MakeSpan, OnResponse, TraceLayer};
 use tracing::Span;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use config::{ApiConfig, AppState, AuthMode, HealthInfo, LanguageHealth};
 pub use error::ApiError;
 
-/// The complete application: every route under `/v1` and at the root,
-/// `/metrics`, JSON fallbacks, and the layer stack described above.
-pub fn router(state: AppState) -> Router {
-    if state.config.auth == AuthMode::ApiKey && state.config.api_key.is_none() {
-        tracing::error!("auth mode api-key without a key: every authenticated route answers 401");
-    }
+/// Every route served under `/v1` (LibreChat's also at the root), with
+/// their OpenAPI operations. The one list of routes: the router and the
+/// document are both made from it.
+pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
     let upload_limit = DefaultBodyLimit::max(upload::upload_body_limit(&state.config));
-
-    let authenticated = Router::new()
-        .route("/exec", post(exec::exec))
-        .route("/upload", post(upload::upload).layer(upload_limit))
-        .route(
-            "/upload/batch",
-            post(upload::upload_batch).layer(upload_limit),
-        )
-        .route("/download/{session_id}/{file_id}", get(files::download))
-        .route("/files/{session_id}", get(files::list))
-        .route(
-            "/files/{session_id}/{file_id}",
-            axum::routing::delete(files::delete),
-        )
-        .route(
-            "/sessions/{session_id}/objects/{file_id}",
-            get(files::object).delete(files::delete),
-        )
+    let uploads = OpenApiRouter::new()
+        .routes(routes!(upload::upload))
+        .routes(routes!(upload::upload_batch))
+        .layer(upload_limit);
+    let librechat = OpenApiRouter::new()
+        .routes(routes!(exec::exec))
+        .merge(uploads)
+        .routes(routes!(files::download))
+        .routes(routes!(files::list))
+        .routes(routes!(files::delete))
+        .routes(routes!(files::object, files::delete_object))
+        .routes(routes!(runs::get_run))
+        .routes(routes!(runs::run_events))
+        .routes(routes!(runs::cancel_run))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::auth,
         ));
-    let api = authenticated
-        .route("/health", get(health::health))
-        .method_not_allowed_fallback(middleware::method_not_allowed);
+    let seed_uploads = OpenApiRouter::new()
+        .routes(routes!(proxy::upload, proxy::list))
+        .layer(upload_limit);
+    let seed = OpenApiRouter::new()
+        .routes(routes!(proxy::run))
+        .merge(seed_uploads)
+        .routes(routes!(proxy::download, proxy::delete))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::proxy_auth,
+        ));
+    OpenApiRouter::new()
+        .merge(librechat)
+        .merge(seed)
+        .routes(routes!(health::health))
+        .routes(routes!(proxy::health))
+}
+
+/// Routes served at the root only.
+fn root_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(health::metrics))
+        .routes(routes!(openapi::openapi_json))
+}
+
+/// The complete application: every route under `/v1` and LibreChat's at
+/// the root, `/metrics` and `/openapi.json`, JSON fallbacks, and the layer
+/// stack described above.
+pub fn router(state: AppState) -> Router {
+    if state.config.auth == AuthMode::ApiKey && state.config.api_key.is_none() {
+        tracing::error!("auth mode api-key without a key: every authenticated route answers 401");
+    }
+    let (api, api_doc) = api_routes(&state).split_for_parts();
+    let (root, root_doc) = root_routes().split_for_parts();
+    let doc = openapi::document(api_doc, root_doc);
+    let api = api.method_not_allowed_fallback(middleware::method_not_allowed);
 
     let layers = ServiceBuilder::new()
         .layer(SetSensitiveRequestHeadersLayer::new([
@@ -104,7 +136,9 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/v1", api.clone())
         .merge(api)
-        .route("/metrics", get(health::metrics))
+        .merge(root)
+        .route("/v1/openapi.json", get(openapi::openapi_json))
+        .layer(axum::Extension(openapi::Document::new(doc)))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .layer(layers)

@@ -54,25 +54,43 @@ fn check_profile(req: &Request) -> Result<(), ApiError> {
     }
 }
 
-/// API-key authentication for every route it wraps (not `/health`,
-/// `/metrics`). The key is compared in constant time and never logged.
+/// Whether the request passes API-key authentication (always, with auth
+/// `none`). The key is compared in constant time and never logged.
+pub fn authenticated(state: &AppState, req: &Request) -> bool {
+    match state.config.auth {
+        AuthMode::None => true,
+        AuthMode::ApiKey => match state.config.api_key.as_deref() {
+            Some(expected) => presented_keys(req).any(|k| key_matches(k, expected)),
+            None => false,
+        },
+    }
+}
+
+/// API-key authentication for LibreChat's and Kiln's routes it wraps (not
+/// `/health`, `/metrics`).
 pub async fn auth(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> axum::response::Response {
-    match state.config.auth {
-        AuthMode::None => next.run(req).await,
-        AuthMode::ApiKey => {
-            let Some(expected) = state.config.api_key.as_deref() else {
-                return ApiError::Unauthenticated.into_response();
-            };
-            if presented_keys(&req).any(|k| key_matches(k, expected)) {
-                next.run(req).await
-            } else {
-                ApiError::Unauthenticated.into_response()
-            }
-        }
+    if authenticated(&state, &req) {
+        next.run(req).await
+    } else {
+        ApiError::Unauthenticated.into_response()
+    }
+}
+
+/// The same check for seed 000's routes, answered in that face's envelope.
+pub async fn proxy_auth(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> axum::response::Response {
+    if authenticated(&state, &req) {
+        next.run(req).await
+    } else {
+        let sent = presented_keys(&req).next().is_some();
+        crate::proxy::unauthorized(sent)
     }
 }
 

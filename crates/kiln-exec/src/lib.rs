@@ -1,18 +1,30 @@
-//! Kiln's executor: stages inputs into a fresh workspace, runs the code in
-//! the sandbox, harvests outputs with the walker and stores them.
+//! Kiln's executor: runs as objects, and the pipeline that executes one.
 //!
-//! Flow of one execution ([`Executor::run`]):
-//! plan inputs (dedupe, collisions) → authorize refs against their storage
-//! session's owner → take a sandbox slot (queueing) → stage inputs and the
-//! entry file into `<work>/<session>` owned by the slot's uid → compile and
-//! run in the sandbox → walk the workspace → store outputs → remove the
-//! workspace.
+//! - [`Runs`] (`runs/`): the registry every face starts executions through
+//!   (`start(caller, request) -> Watch`): ids, event logs any number of
+//!   watchers read, cancel, disconnect policy, the execution queue, retention
+//!   of finished runs, a per-caller rate limit.
+//! - [`Executor`] (`pipeline/`): one execution as named steps — authorize
+//!   (plan inputs, the one access rule) → workspace (a jail from
+//!   `kiln_sandbox::Jails`, the output session, staging) → run (compile,
+//!   run) → harvest (walk, store outputs) → outcome (status, message,
+//!   usage).
+//! - [`workspace`]: the one place the host touches files a jail controls.
+//! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
+//!   sessions).
 
-mod executor;
+pub mod pipeline;
 pub mod plan;
+pub mod runs;
+pub mod sessions;
 pub mod types;
 pub mod walker;
+pub mod workspace;
 
-pub use executor::{ExecConfig, Executor, WARM_EXEC, classify, content_type, environment};
+pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
+pub use runs::{
+    CancelReason, Phase, RunContext, RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions,
+    Step, Stream, Subscriber, Watch,
+};
 pub use types::*;
 pub use walker::WalkLimits;

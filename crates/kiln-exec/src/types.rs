@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use kiln_core::outcome::{ExitStatus, RunStatus};
-use kiln_core::{Kind, Language, Nanoid, RelPath};
+use kiln_core::{Kind, Language, Nanoid, RelPath, Usage};
 
-/// One `/exec` call, already validated by the HTTP layer.
+/// One execution, already validated by the face that received it.
 #[derive(Debug, Clone)]
 pub struct ExecRequest {
     pub lang: Language,
@@ -15,6 +15,22 @@ pub struct ExecRequest {
     pub files: Vec<InputFile>,
     /// Requested wall time in milliseconds (lowers, never raises, the limit).
     pub timeout_ms: Option<u64>,
+    /// Where the outputs are stored.
+    pub outputs: Outputs,
+}
+
+/// Where an execution's outputs go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Outputs {
+    /// A new storage session of the caller's (LibreChat's model: each
+    /// execution's outputs are a session of their own).
+    #[default]
+    NewSession,
+    /// An existing storage session of the caller's that works as a
+    /// persistent workspace (seed 000's sessions): outputs are added to it,
+    /// an output that modified an input of this session replaces it, and an
+    /// input of this session the program deleted is deleted.
+    Workspace(Nanoid),
 }
 
 /// An input file to place at `/mnt/data/<name>`.
@@ -53,7 +69,13 @@ pub struct ExecResult {
     pub exit: ExitStatus,
     pub status: Option<RunStatus>,
     pub message: Option<String>,
+    /// Wall time of the step whose result this is (the run step, or the
+    /// compile step that failed).
     pub wall_time: Duration,
+    /// What each step used.
+    pub usage: Usage,
+    /// The run was cancelled on request (its processes were killed).
+    pub cancelled: bool,
 }
 
 /// One entry of `files` in the result.
@@ -90,8 +112,9 @@ pub struct DeliveryFailure {
     pub failed: u32,
 }
 
-/// Why `/exec` could not produce a result. Each variant maps to one status.
-#[derive(Debug, thiserror::Error)]
+/// Why an execution could not produce a result. Each variant maps to one
+/// status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
     /// A `files[]` entry is malformed or collides with another (400).
     #[error("{0}")]
@@ -114,15 +137,21 @@ pub enum ExecError {
     /// Storage failed (500).
     #[error("storage: {0}")]
     Storage(String),
+    /// Something inside Kiln failed unexpectedly (500).
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// The caller started too many runs recently (429).
+    #[error("rate limited: retry in {}s", retry_after.as_secs())]
+    RateLimited { retry_after: Duration },
 }
 
-/// What the HTTP layer needs from an executor. The real implementation is
-/// [`crate::Executor`]; tests of the HTTP layer may use a double.
+/// What the run registry needs from an executor: run one execution to its
+/// result, reporting progress through `run`. The real implementation is
+/// [`crate::Executor`]; tests of the faces may use a double.
 pub trait Execute: Send + Sync + 'static {
     fn execute<'a>(
         &'a self,
-        principal: &'a kiln_core::Principal,
+        run: &'a crate::runs::RunContext,
         req: ExecRequest,
-        cancel: tokio_util::sync::CancellationToken,
     ) -> futures::future::BoxFuture<'a, Result<ExecResult, ExecError>>;
 }

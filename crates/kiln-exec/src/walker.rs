@@ -3,16 +3,15 @@
 //!
 //! Runs on the host as root over a directory untrusted code wrote to, but
 //! only after every process of the jail is dead, so nothing changes under
-//! it. Even so it never follows a symlink: entries are classified with
-//! `lstat` semantics (`DirEntry::file_type`), files are opened with
-//! `O_NOFOLLOW | O_NONBLOCK` and must be regular after `fstat`, and FIFOs,
-//! sockets and devices are ignored.
+//! it. Every look at the workspace goes through [`Workspace`], which never
+//! follows a symlink (not even one planted as an intermediate directory):
+//! entries are classified without following them, files are opened only
+//! when regular, FIFOs, sockets and devices are ignored, and a by-reference
+//! input counts as present only when it is a regular file reached without
+//! links (so `deleted_files` says nothing about paths outside).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
 
 use kiln_core::Nanoid;
 use kiln_core::allow::{DIRKEEP, is_reportable};
@@ -20,6 +19,7 @@ use kiln_core::path::{MAX_DEPTH, MAX_PATH_LEN};
 use sha2::{Digest, Sha256};
 
 use crate::types::Truncation;
+use crate::workspace::{EntryKind, Workspace};
 
 /// PTC plumbing that is never an output.
 const PTC_HISTORY: &str = "_ptc_history.json";
@@ -68,12 +68,12 @@ pub struct WalkOutcome {
     pub truncation: Option<Truncation>,
 }
 
-/// Walk `root` (the host directory that was `/mnt/data`).
+/// Walk the workspace `ws` (the host directory that was `/mnt/data`).
 ///
 /// `inputs` maps relative names to what was staged there; `entry` is the
 /// entry file name and the hash of the code written to it.
 pub fn walk(
-    root: &Path,
+    ws: &Workspace,
     inputs: &HashMap<String, StagedInput>,
     entry: (&str, &str),
     limits: &WalkLimits,
@@ -87,6 +87,7 @@ pub fn walk(
         })
         .collect();
     let mut w = Walker {
+        ws,
         inputs,
         input_dirs: &input_dirs,
         entry,
@@ -95,7 +96,7 @@ pub fn walk(
         candidates_inherited: Vec::new(),
         trunc: Truncation::default(),
     };
-    w.dir(root, "", 0)?;
+    w.dir("", 0)?;
 
     let Walker {
         candidates_generated: mut generated,
@@ -123,12 +124,8 @@ pub fn walk(
     let mut deleted = Vec::new();
     if !truncated {
         for (name, input) in inputs {
-            if input.origin.is_none() {
-                continue;
-            }
-            match fs::symlink_metadata(root.join(name)) {
-                Ok(m) if m.file_type().is_file() => {}
-                _ => deleted.push(name.clone()),
+            if input.origin.is_some() && !ws.is_regular(name) {
+                deleted.push(name.clone());
             }
         }
         deleted.sort();
@@ -143,6 +140,7 @@ pub fn walk(
 }
 
 struct Walker<'a> {
+    ws: &'a Workspace,
     inputs: &'a HashMap<String, StagedInput>,
     input_dirs: &'a HashSet<String>,
     entry: (&'a str, &'a str),
@@ -153,32 +151,33 @@ struct Walker<'a> {
 }
 
 impl Walker<'_> {
-    /// Walk directory `dir` whose relative name is `rel` ("" for the root)
+    /// Walk the directory whose relative name is `rel` ("" for the root)
     /// and which sits `depth` directories below the root.
-    fn dir(&mut self, dir: &Path, rel: &str, depth: usize) -> io::Result<()> {
-        let mut entries: Vec<_> = match fs::read_dir(dir) {
-            Ok(rd) => rd.filter_map(Result::ok).collect(),
-            Err(e) if depth == 0 => return Err(e),
-            Err(_) => {
+    fn dir(&mut self, rel: &str, depth: usize) -> io::Result<()> {
+        let mut entries = match self.ws.read_dir(rel) {
+            Ok(Some(entries)) => entries,
+            Ok(None) | Err(_) if depth > 0 => {
                 skip(&mut self.trunc, rel.to_owned(), |t| &mut t.unreadable);
                 return Ok(());
             }
+            Ok(None) => return Err(io::Error::other("the workspace is not a directory")),
+            Err(e) => return Err(e),
         };
-        entries.sort_by_key(|e| e.file_name());
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
 
         if entries.is_empty() && depth > 0 {
             // preserve the empty directory with a marker
             let marker = format!("{rel}/{DIRKEEP}");
-            if marker.len() <= MAX_PATH_LEN && File::create(dir.join(DIRKEEP)).is_ok() {
-                self.file(dir, &marker)?;
+            if marker.len() <= MAX_PATH_LEN && self.ws.create_file(&marker).is_ok() {
+                self.file(&marker)?;
             }
             return Ok(());
         }
 
         for e in entries {
-            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+            let Some(name) = e.name.to_str().map(str::to_owned) else {
                 // not UTF-8: cannot be named in the API
-                let lossy = format!("{rel}/{}", e.file_name().to_string_lossy());
+                let lossy = format!("{rel}/{}", e.name.to_string_lossy());
                 skip(&mut self.trunc, lossy, |t| &mut t.unreadable);
                 continue;
             };
@@ -187,30 +186,26 @@ impl Walker<'_> {
             } else {
                 format!("{rel}/{name}")
             };
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_symlink() {
-                continue;
-            }
-            if ft.is_dir() {
-                if name.starts_with('.') && !self.input_dirs.contains(&child_rel) {
-                    continue;
+            match e.kind {
+                EntryKind::Dir => {
+                    if name.starts_with('.') && !self.input_dirs.contains(&child_rel) {
+                        continue;
+                    }
+                    if depth + 1 > MAX_DEPTH {
+                        skip(&mut self.trunc, child_rel, |t| &mut t.depth);
+                        continue;
+                    }
+                    self.dir(&child_rel, depth + 1)?;
                 }
-                if depth + 1 > MAX_DEPTH {
-                    skip(&mut self.trunc, child_rel, |t| &mut t.depth);
-                    continue;
-                }
-                self.dir(&e.path(), &child_rel, depth + 1)?;
-            } else if ft.is_file() {
-                self.file(dir, &child_rel)?;
-            } else if ft.is_fifo() || ft.is_socket() || ft.is_block_device() || ft.is_char_device()
-            {
-                continue;
+                EntryKind::File => self.file(&child_rel)?,
+                // links, FIFOs, sockets and devices are never outputs
+                EntryKind::Symlink | EntryKind::Other => {}
             }
         }
         Ok(())
     }
 
-    fn file(&mut self, dir: &Path, rel: &str) -> io::Result<()> {
+    fn file(&mut self, rel: &str) -> io::Result<()> {
         let base = rel.rsplit('/').next().unwrap_or(rel);
         if base == PTC_HISTORY && !rel.contains('/') {
             return Ok(());
@@ -222,14 +217,14 @@ impl Walker<'_> {
             skip(&mut self.trunc, rel.to_owned(), |t| &mut t.path);
             return Ok(());
         }
-        let path = dir.join(base);
-        let Some(size) = regular_size(&path)? else {
+        let Some((_, size)) = self.ws.open_regular(rel)? else {
             return Ok(());
         };
 
         if let Some(input) = self.inputs.get(rel) {
             let unchanged = input.read_only
-                || (size == input.size && hash_file(&path)?.as_deref() == Some(&input.sha256));
+                || (size == input.size
+                    && hash_file(self.ws, rel)?.as_deref() == Some(&input.sha256));
             match (&input.origin, unchanged) {
                 (Some((id, sid)), true) => {
                     self.candidates_inherited.push(Inherited {
@@ -254,7 +249,7 @@ impl Walker<'_> {
                 // inline inputs are re-emitted with fresh ids
                 (None, _) => {}
             }
-        } else if rel == self.entry.0 && hash_file(&path)?.as_deref() == Some(self.entry.1) {
+        } else if rel == self.entry.0 && hash_file(self.ws, rel)?.as_deref() == Some(self.entry.1) {
             return Ok(());
         }
 
@@ -278,36 +273,10 @@ fn skip(t: &mut Truncation, name: String, reason: impl FnOnce(&mut Truncation) -
     }
 }
 
-/// Open without following symlinks or blocking on FIFOs; `None` unless a
+/// SHA-256 of the regular file `rel` of `ws`, hex encoded; `None` unless a
 /// regular file.
-fn open_regular(path: &Path) -> io::Result<Option<File>> {
-    let f = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    if !f.metadata()?.file_type().is_file() {
-        return Ok(None);
-    }
-    Ok(Some(f))
-}
-
-/// Size of a regular file, `None` for anything else.
-fn regular_size(path: &Path) -> io::Result<Option<u64>> {
-    match open_regular(path)? {
-        Some(f) => Ok(Some(f.metadata()?.len())),
-        None => Ok(None),
-    }
-}
-
-/// SHA-256 of a regular file's content, hex encoded.
-pub fn hash_file(path: &Path) -> io::Result<Option<String>> {
-    let Some(mut f) = open_regular(path)? else {
+pub fn hash_file(ws: &Workspace, rel: &str) -> io::Result<Option<String>> {
+    let Some((mut f, _)) = ws.open_regular(rel)? else {
         return Ok(None);
     };
     let mut h = Sha256::new();
@@ -329,7 +298,9 @@ pub fn hash_bytes(b: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use std::os::unix::fs::symlink;
+    use std::path::Path;
 
     use super::*;
 
@@ -355,8 +326,9 @@ mod tests {
     }
 
     fn run(dir: &Path, inputs: &HashMap<String, StagedInput>) -> WalkOutcome {
+        let ws = Workspace::open(dir, (0, 0)).unwrap();
         walk(
-            dir,
+            &ws,
             inputs,
             ("main.py", &hash_bytes(b"print(1)")),
             &limits(),
@@ -468,6 +440,21 @@ mod tests {
         let w = run(d.path(), &HashMap::new());
         assert_eq!(names(&w.generated), ["empty/inner/.dirkeep"]);
         assert!(d.path().join("empty/inner/.dirkeep").exists());
+    }
+
+    #[test]
+    fn an_input_behind_a_planted_directory_link_counts_as_deleted() {
+        // the program replaced the input's directory with a link to a host
+        // directory holding a file of the same name: the host file must not
+        // make the input look present (no existence oracle for host paths)
+        let d = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        fs::write(host.path().join("data.csv"), "a,b\n").unwrap();
+        symlink(host.path(), d.path().join("in")).unwrap();
+        let inputs = HashMap::from([("in/data.csv".to_owned(), input(b"a,b\n", false))]);
+        let w = run(d.path(), &inputs);
+        assert_eq!(w.deleted, ["in/data.csv"]);
+        assert!(w.inherited.is_empty() && w.generated.is_empty());
     }
 
     #[test]

@@ -85,6 +85,18 @@ pub struct Config {
     /// Start the Python fork-server: warm `py` jails are forks of an
     /// interpreter that imported numpy, pandas and matplotlib once.
     pub python_zygote: bool,
+    /// How long a finished run stays retrievable at `/v1/runs/{run_id}`, seconds.
+    pub run_retention_secs: u64,
+    /// Most memory finished runs kept for retrieval may hold, MiB (the oldest go first).
+    pub run_retention_mb: u64,
+    /// At most this many runs per user in `rate_limit_window_secs` (429 beyond); 0: no limit.
+    pub rate_limit_runs: u32,
+    /// The window of `rate_limit_runs`, seconds.
+    pub rate_limit_window_secs: u64,
+    /// Seed 000's API: a session idle this long is emptied, files included, minutes.
+    pub session_ttl_minutes: u64,
+    /// Seed 000's API: most files one run may name in `files`.
+    pub max_run_files: usize,
 }
 
 impl Default for Config {
@@ -124,6 +136,12 @@ impl Default for Config {
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,
+            run_retention_secs: 600,
+            run_retention_mb: 64,
+            rate_limit_runs: 0,
+            rate_limit_window_secs: 60,
+            session_ttl_minutes: 60,
+            max_run_files: 10,
         }
     }
 }
@@ -186,6 +204,12 @@ impl Config {
         if self.warm_min > self.warm_per_runtime {
             bail!("warm_min must not exceed warm_per_runtime");
         }
+        if self.rate_limit_runs > 0 && self.rate_limit_window_secs == 0 {
+            bail!("rate_limit_window_secs must be at least 1 when rate_limit_runs is set");
+        }
+        if self.session_ttl_minutes == 0 {
+            bail!("session_ttl_minutes must be at least 1");
+        }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");
         }
@@ -226,6 +250,22 @@ impl Config {
             "off" => QuotaMode::Off,
             other => bail!("workspace_quota must be auto, loop, tmpfs or off, not {other:?}"),
         })
+    }
+
+    /// Settings of the run registry.
+    pub fn runs(&self) -> kiln_exec::RunsConfig {
+        kiln_exec::RunsConfig {
+            concurrency: self.max_concurrency as usize,
+            keep_finished: Duration::from_secs(self.run_retention_secs),
+            keep_finished_bytes: usize::try_from(self.run_retention_mb * 1024 * 1024)
+                .unwrap_or(usize::MAX),
+            rate_limit: (self.rate_limit_runs > 0).then(|| {
+                (
+                    self.rate_limit_runs,
+                    Duration::from_secs(self.rate_limit_window_secs),
+                )
+            }),
+        }
     }
 
     /// Limits of one run.

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use config::{Auth, Config};
-use kiln_core::{Language, Principal};
-use kiln_exec::{ExecConfig, ExecRequest, Executor, WalkLimits};
-use kiln_sandbox::{ParkMode, ParkSpec, Sandbox, SandboxConfig, WarmConfig, WarmPool};
+use kiln_core::Language;
+use kiln_core::access::Caller;
+use kiln_exec::sessions::FileSessions;
+use kiln_exec::{ExecConfig, ExecRequest, Executor, Outputs, Runs, StartOptions, WalkLimits};
+use kiln_sandbox::{JailSource, Sandbox, SandboxConfig, WarmConfig, ZygoteStart};
 use kiln_store::{Store, StoreConfig};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -26,11 +28,17 @@ use tracing::{error, info, warn};
 pub struct Kiln {
     pub config: Config,
     pub store: Store,
-    pub executor: Executor,
+    /// Where jails come from (the sandbox, and the warm pool if on).
+    pub jails: JailSource,
+    /// The run registry every face starts executions through.
+    pub runs: Runs,
+    /// Seed 000's named file sessions.
+    pub sessions: Arc<FileSessions>,
     pub languages: Vec<kiln_api::LanguageHealth>,
 }
 
-/// Open storage, probe and set up the sandbox, build the executor.
+/// Open storage, probe and set up the sandbox, build the executor and the
+/// run registry.
 pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let data = &config.data_dir;
     std::fs::create_dir_all(data).with_context(|| format!("create data dir {}", data.display()))?;
@@ -73,119 +81,42 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             max_output_files: config.max_output_files,
             max_file_bytes: config.max_output_file_mb * 1024 * 1024,
         },
-        concurrency: config.max_concurrency as usize,
     };
-    let pool = (config.warm_jails > 0).then(|| start_warm_pool(&sandbox, &config, &data));
-    let executor = Executor::new(store.clone(), sandbox, ec, pool);
+    let jails = if config.warm_jails > 0 {
+        // warm profiles come from the language table; the fork-server
+        // (embedded py) starts in the background
+        let zygote = config.python_zygote.then(|| ZygoteStart {
+            config_dir: data.join("zygote").join("mpl"),
+        });
+        JailSource::warm(
+            sandbox,
+            WarmConfig {
+                max_total: config.warm_jails,
+                max_per_profile: config.warm_per_runtime,
+                min_per_profile: config.warm_min,
+                decay_after: Duration::from_secs(60),
+                limits: config.limits(),
+            },
+            zygote,
+        )
+    } else {
+        JailSource::cold(sandbox)
+    };
+    let executor = Executor::new(store.clone(), Arc::new(jails.clone()), ec);
+    let runs = Runs::new(Arc::new(executor), config.runs());
+    let sessions = Arc::new(FileSessions::new(
+        store.clone(),
+        Duration::from_secs(config.session_ttl_minutes * 60),
+    ));
     let languages = probe_languages().await;
     Ok(Kiln {
         config,
         store,
-        executor,
+        jails,
+        runs,
+        sessions,
         languages,
     })
-}
-
-/// Starts the warm pool: generic jails (`exec`), pre-started node (`js`)
-/// when node is installed, and — once the fork-server has finished its
-/// preload, in the background — embedded Python (`py`). Until then, or if
-/// the fork-server cannot start, `py` runs in generic warm jails.
-fn start_warm_pool(sandbox: &Sandbox, config: &Config, data: &std::path::Path) -> WarmPool {
-    let limits = config.limits();
-    let mut profiles = vec![(kiln_exec::WARM_EXEC.to_owned(), ParkSpec::exec())];
-    if let Some(js) = Language::resolve("js")
-        && std::path::Path::new("/usr/bin/node").is_file()
-    {
-        profiles.push((
-            js.name().to_owned(),
-            ParkSpec {
-                mode: ParkMode::Prestart,
-                // node runs index.js itself once the preloaded bootstrap
-                // has read the go: same main module and stack as a cold run
-                argv: vec![
-                    "/usr/bin/node".to_owned(),
-                    "--require".to_owned(),
-                    "/etc/kiln/node_warm.js".to_owned(),
-                    "index.js".to_owned(),
-                ],
-                env: kiln_exec::environment(js, &limits),
-                etc_files: vec![(
-                    "node_warm.js".to_owned(),
-                    kiln_core::lang::warm::NODE_BOOTSTRAP.to_owned(),
-                )],
-                seccomp_profile: kiln_sandbox::DEFAULT_SECCOMP_PROFILE.to_owned(),
-            },
-        ));
-    }
-    let pool = WarmPool::start(
-        sandbox.clone(),
-        WarmConfig {
-            max_total: config.warm_jails,
-            max_per_profile: config.warm_per_runtime,
-            min_per_profile: config.warm_min,
-            decay_after: Duration::from_secs(60),
-            limits: limits.clone(),
-        },
-        profiles,
-    );
-    if config.python_zygote {
-        let (sandbox, pool2, data) = (sandbox.clone(), pool.clone(), data.to_path_buf());
-        tokio::spawn(async move {
-            match start_python_zygote(&sandbox, &limits, &data).await {
-                Ok(info) => {
-                    metrics::gauge!("kiln_zygote_rss_bytes").set(info.rss_bytes as f64);
-                    info!(
-                        pid = info.pid,
-                        preload_ms = info.preload_ms,
-                        rss_mib = info.rss_bytes / (1024 * 1024),
-                        "python fork-server ready: py runs fork a preloaded interpreter"
-                    );
-                    pool2.add_profile(
-                        "py",
-                        ParkSpec {
-                            mode: ParkMode::Embedded,
-                            ..ParkSpec::exec()
-                        },
-                    );
-                }
-                Err(e) => {
-                    warn!(error = %e, "python fork-server unavailable: py runs start a fresh interpreter")
-                }
-            }
-        });
-    }
-    pool
-}
-
-async fn start_python_zygote(
-    sandbox: &Sandbox,
-    limits: &kiln_core::Limits,
-    data: &std::path::Path,
-) -> anyhow::Result<kiln_sandbox::ZygoteInfo> {
-    let py = Language::resolve("py").context("the py language")?;
-    let libpython = kiln_sandbox::find_libpython(std::path::Path::new("/usr/bin/python3"))?;
-    // matplotlib wants a writable config dir while the template imports it;
-    // the forks get the jail's own (MPLCONFIGDIR in their environment)
-    let mpl = data.join("zygote").join("mpl");
-    std::fs::create_dir_all(&mpl).with_context(|| format!("create {}", mpl.display()))?;
-    // The variables of a run's environment in the same order, so a fork only
-    // changes the values that differ (see `run` in python_template.py):
-    // PYTHONPATH empty (CPython ignores an empty one; the jail's directory is
-    // no host path to import from), MPLCONFIGDIR on the host.
-    let env = kiln_exec::environment(py, limits)
-        .into_iter()
-        .map(|(k, v)| match k.as_str() {
-            "PYTHONPATH" => (k, String::new()),
-            "MPLCONFIGDIR" => (k, mpl.display().to_string()),
-            _ => (k, v),
-        })
-        .collect();
-    let cfg = kiln_sandbox::ZygoteConfig {
-        libpython,
-        preload: kiln_core::lang::warm::PYTHON_TEMPLATE.to_owned(),
-        env,
-    };
-    Ok(sandbox.start_zygote(&cfg).await?)
 }
 
 /// The process-wide Prometheus recorder (installed once).
@@ -197,7 +128,8 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
 }
 
 /// Serve until `shutdown` is cancelled. Then stop accepting, let running
-/// executions finish for up to `shutdown_grace_secs`, kill the rest.
+/// executions (attached and detached) finish for up to
+/// `shutdown_grace_secs`, kill the rest.
 pub async fn serve(
     kiln: Kiln,
     listener: TcpListener,
@@ -213,12 +145,15 @@ pub async fn serve(
         require_identity: kiln.config.require_identity,
         max_upload_bytes: kiln.config.max_upload_mb * 1024 * 1024,
         max_batch_files: kiln.config.max_batch_files,
+        max_run_files: kiln.config.max_run_files,
         ..kiln_api::ApiConfig::default()
     };
     let stop_new = CancellationToken::new();
+    let runs = kiln.runs.clone();
     let state = kiln_api::AppState {
         store: kiln.store.clone(),
-        exec: Arc::new(kiln.executor.clone()),
+        runs: runs.clone(),
+        sessions: Arc::clone(&kiln.sessions),
         config: Arc::new(api_config),
         health: Arc::new(kiln_api::HealthInfo {
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -229,40 +164,56 @@ pub async fn serve(
     };
     let app = kiln_api::router(state);
 
-    // garbage collection of expired files
+    // garbage collection of expired files, and of idle seed-000 sessions
     let gc_store = kiln.store.clone();
+    let gc_sessions = Arc::clone(&kiln.sessions);
     let gc_every = Duration::from_secs(kiln.config.gc_interval_secs.max(1));
+    let sweep_every = (kiln.sessions.ttl() / 4).clamp(Duration::from_secs(1), gc_every);
     let gc_stop = shutdown.clone();
     let gc = tokio::spawn(async move {
+        let mut last_gc: Option<tokio::time::Instant> = None;
         loop {
-            match gc_store.gc().await {
-                Ok(r) if r.objects + r.sessions + r.orphan_blobs > 0 => {
-                    info!(
-                        objects = r.objects,
-                        sessions = r.sessions,
-                        orphans = r.orphan_blobs,
-                        "expired files collected"
-                    );
+            if last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
+                last_gc = Some(tokio::time::Instant::now());
+                match gc_store.gc().await {
+                    Ok(r) if r.objects + r.sessions + r.orphan_blobs > 0 => {
+                        info!(
+                            objects = r.objects,
+                            sessions = r.sessions,
+                            orphans = r.orphan_blobs,
+                            "expired files collected"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => error!(error = %e, "garbage collection failed"),
                 }
-                Ok(_) => {}
-                Err(e) => error!(error = %e, "garbage collection failed"),
+            }
+            match gc_sessions.sweep().await {
+                Ok(0) => {}
+                Ok(n) => info!(files = n, "idle sessions emptied"),
+                Err(e) => error!(error = %e, "emptying idle sessions failed"),
             }
             tokio::select! {
-                () = tokio::time::sleep(gc_every) => {}
+                () = tokio::time::sleep(sweep_every) => {}
                 () = gc_stop.cancelled() => return,
             }
         }
     });
 
     let grace = Duration::from_secs(kiln.config.shutdown_grace_secs);
-    let executor = kiln.executor.clone();
+    // when the shutdown began (its grace period ends `grace` later)
+    let began: Arc<OnceLock<tokio::time::Instant>> = Arc::default();
     let graceful = {
         let shutdown = shutdown.clone();
         let stop_new = stop_new.clone();
+        let runs = runs.clone();
+        let began = Arc::clone(&began);
         async move {
             shutdown.cancelled().await;
+            let _ = began.set(tokio::time::Instant::now());
             info!("shutting down: no new executions, waiting for running ones");
             stop_new.cancel();
+            runs.close();
         }
     };
     let server = axum::serve(listener, app)
@@ -270,10 +221,23 @@ pub async fn serve(
         .into_future();
     tokio::pin!(server);
     let result = tokio::select! {
-        r = &mut server => r.context("serve"),
+        r = &mut server => {
+            // requests are answered; detached runs may still be going
+            let left = began
+                .get()
+                .map(|t| (*t + grace).saturating_duration_since(tokio::time::Instant::now()))
+                .unwrap_or_default();
+            if !runs.wait_idle(left).await {
+                warn!(grace_secs = grace.as_secs(), runs = runs.active(),
+                    "grace period over: killing running executions");
+                runs.kill_all();
+            }
+            r.context("serve")
+        }
         () = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
-            warn!(grace_secs = grace.as_secs(), "grace period over: killing running executions");
-            executor.kill_all();
+            warn!(grace_secs = grace.as_secs(), runs = runs.active(),
+                "grace period over: killing running executions");
+            runs.kill_all();
             // handlers now finish quickly with their runs killed
             match tokio::time::timeout(Duration::from_secs(10), &mut server).await {
                 Ok(r) => r.context("serve"),
@@ -282,12 +246,12 @@ pub async fn serve(
         }
     };
     gc.abort();
-    executor.wait_idle(Duration::from_secs(10)).await;
-    if let Some(pool) = executor.warm_pool() {
+    runs.wait_idle(Duration::from_secs(10)).await;
+    if let Some(pool) = kiln.jails.warm_pool() {
         pool.shutdown().await;
     }
     // unmount the slots' workspace filesystems now, in order, not at exit
-    executor.sandbox().shutdown();
+    kiln.jails.sandbox().shutdown();
     info!("stopped");
     result
 }
@@ -306,7 +270,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             }
         }
     }
-    info!(report = %kiln.executor.sandbox().report(), "sandbox ready");
+    info!(report = %kiln.jails.sandbox().report(), "sandbox ready");
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("bind {addr}"))?;
@@ -474,21 +438,19 @@ pub async fn exec_file(
     // one run: a warm pool or fork-server would only add start-up work
     config.warm_jails = 0;
     let kiln = build(config).await?;
-    let principal = Principal {
-        tenant: "local".into(),
-        user_id: "cli".into(),
-    };
+    let caller = Caller::identified("local", "cli");
     let req = ExecRequest {
         lang,
         code,
         args,
         files: Vec::new(),
         timeout_ms: None,
+        outputs: Outputs::NewSession,
     };
-    let result = kiln
-        .executor
-        .run(&principal, req, CancellationToken::new())
-        .await;
+    let result = match kiln.runs.start(caller, req, StartOptions::default()) {
+        Ok(watch) => (*watch.outcome().await).clone(),
+        Err(e) => Err(e),
+    };
     drop(kiln);
     let _ = std::fs::remove_dir_all(&tmp);
     let r = result.map_err(|e| anyhow::anyhow!("execution failed: {e}"))?;

@@ -45,7 +45,7 @@ impl TestServer {
         let slots = cfg.max_concurrency + cfg.warm_jails;
         let uid_range = cfg.uid_base..cfg.uid_base + slots * 65_536;
         let kiln = crate::build(cfg).await?;
-        let warm = kiln.executor.warm_pool().cloned();
+        let warm = kiln.jails.warm_pool().cloned();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let base_url = format!("http://{}", listener.local_addr()?);
         let shutdown = CancellationToken::new();

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use kiln_api::{ApiConfig, AppState, HealthInfo, LanguageHealth};
 use kiln_core::outcome::ExitStatus;
 use kiln_core::{Language, Nanoid, Principal, RelPath, SessionKey};
-use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute, OutputFile};
+use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute, OutputFile, RunContext};
 use kiln_store::{NewObject, Store, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -115,20 +115,25 @@ pub fn canned_result() -> ExecResult {
         status: None,
         message: None,
         wall_time: Duration::from_millis(42),
+        usage: Default::default(),
+        cancelled: false,
     }
 }
 
 impl Execute for RecordingExec {
     fn execute<'a>(
         &'a self,
-        principal: &'a Principal,
+        run: &'a RunContext,
         req: ExecRequest,
-        cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
         async move {
-            self.calls.lock().unwrap().push((principal.clone(), req));
+            self.calls
+                .lock()
+                .unwrap()
+                .push((run.principal().clone(), req));
             self.started.notify_one();
             let reply = *self.reply.lock().unwrap();
+            let cancel: CancellationToken = run.token().clone();
             match reply {
                 Reply::Canned => Ok(canned_result()),
                 Reply::Fail(make) => Err(make()),
@@ -255,15 +260,11 @@ pub async fn start_with(
     .await
     .unwrap();
     let exec = Arc::new(RecordingExec::new());
-    let shutdown = CancellationToken::new();
     let state = AppState {
-        store: store.clone(),
-        exec: exec.clone(),
-        config: Arc::new(config),
-        health: Arc::new(health_info()),
         metrics,
-        shutdown: shutdown.clone(),
+        ..AppState::new(store.clone(), exec.clone(), config, health_info())
     };
+    let shutdown = state.shutdown.clone();
     let app = kiln_api::router(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

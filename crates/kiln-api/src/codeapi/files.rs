@@ -69,6 +69,27 @@ async fn authorized(
     authorize_session(&state.config, &caller, q, session, &info.key)
 }
 
+#[utoipa::path(
+    get,
+    path = "/download/{session_id}/{file_id}",
+    tag = "LibreChat",
+    summary = "Download a stored file",
+    description = "Waits up to 7 s for an object that is not visible yet (read-after-write after /exec).",
+    params(
+        ("session_id" = String, Path, description = "Storage session (21-char nanoid)"),
+        ("file_id" = String, Path, description = "File id (21-char nanoid)"),
+        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
+        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
+        ("version" = Option<String>, Query, description = "Skill version"),
+        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+    ),
+    responses(
+        (status = 200, description = "The bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
 pub async fn download(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -174,6 +195,26 @@ impl Detail {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/files/{session_id}",
+    tag = "LibreChat",
+    summary = "List a storage session",
+    params(
+        ("session_id" = String, Path, description = "Storage session"),
+        ("detail" = Option<String>, Query, description = "simple (keys), summary, full or normalized"),
+        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
+        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
+        ("version" = Option<String>, Query, description = "Skill version"),
+        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+    ),
+    responses(
+        (status = 200, description = "One item per object; its shape follows `detail`", body = Vec<Object>),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -239,6 +280,26 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/sessions/{session_id}/objects/{file_id}",
+    tag = "LibreChat",
+    summary = "A stored object's metadata",
+    params(
+        ("session_id" = String, Path, description = "Storage session"),
+        ("file_id" = String, Path, description = "File id"),
+        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
+        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
+        ("version" = Option<String>, Query, description = "Skill version"),
+        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+    ),
+    responses(
+        (status = 200, body = ObjectInfo),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
 pub async fn object(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -261,19 +322,39 @@ pub async fn object(
             session: sid.clone(),
             file: Some(fid.clone()),
         })?;
-    Ok(Json(json!({
-        "name": object_key(&meta),
-        "version": meta.version,
-        "originalFilename": meta.name,
-        "size": meta.size,
-        "lastModified": iso8601(meta.created_at_ms),
-        "etag": meta.sha256,
-        "contentType": meta.content_type,
-        "readOnly": meta.read_only,
-    }))
+    Ok(Json(ObjectInfo {
+        name: object_key(&meta),
+        version: meta.version.clone(),
+        original_filename: meta.name.clone(),
+        size: meta.size,
+        last_modified: iso8601(meta.created_at_ms),
+        etag: meta.sha256.clone(),
+        content_type: meta.content_type.clone(),
+        read_only: meta.read_only,
+    })
     .into_response())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/files/{session_id}/{file_id}",
+    tag = "LibreChat",
+    summary = "Delete a stored file",
+    params(
+        ("session_id" = String, Path, description = "Storage session"),
+        ("file_id" = String, Path, description = "File id"),
+        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
+        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
+        ("version" = Option<String>, Query, description = "Skill version"),
+        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+    ),
+    responses(
+        (status = 200, body = DeleteResponse),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
 pub async fn delete(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -302,13 +383,69 @@ pub async fn delete(
     tracing::info!(session = %sid, file = %fid, "object deleted");
     Ok((
         StatusCode::OK,
-        Json(json!({
-            "message": "File deleted successfully",
-            "session_id": sid.as_str(),
-            "fileId": fid.as_str(),
-        })),
+        Json(DeleteResponse {
+            message: "File deleted successfully".to_owned(),
+            session_id: sid.as_str().to_owned(),
+            file_id: fid.as_str().to_owned(),
+        }),
     )
         .into_response())
+}
+
+/// `DELETE /sessions/{session_id}/objects/{file_id}`: the same as
+/// `DELETE /files/{session_id}/{file_id}`.
+#[utoipa::path(
+    delete,
+    path = "/sessions/{session_id}/objects/{file_id}",
+    tag = "LibreChat",
+    summary = "Delete a stored file (object route)",
+    params(
+        ("session_id" = String, Path, description = "Storage session"),
+        ("file_id" = String, Path, description = "File id"),
+        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
+        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
+        ("version" = Option<String>, Query, description = "Skill version"),
+        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+    ),
+    responses(
+        (status = 200, body = DeleteResponse),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
+pub async fn delete_object(
+    state: State<AppState>,
+    headers: HeaderMap,
+    path: PathIds,
+    q: ScopeParams,
+) -> Result<Response, ApiError> {
+    delete(state, headers, path, q).await
+}
+
+/// A stored object's metadata (`GET /sessions/{session_id}/objects/{file_id}`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectInfo {
+    /// `<session_id>/<file_id><ext>`.
+    pub name: String,
+    pub version: String,
+    pub original_filename: String,
+    pub size: u64,
+    pub last_modified: String,
+    pub etag: String,
+    pub content_type: String,
+    pub read_only: bool,
+}
+
+/// A deletion's answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct DeleteResponse {
+    /// `File deleted successfully`.
+    pub message: String,
+    pub session_id: String,
+    #[serde(rename = "fileId")]
+    pub file_id: String,
 }
 
 /// The object key clients parse: `<sid>/<fid><ext>`, where `ext` is the

@@ -1,31 +1,106 @@
-//! `POST /exec`: LibreChat's request JSON → [`ExecRequest`], the executor
-//! call (cancelled when the client disconnects), and [`ExecResult`] → the
-//! response JSON (spec §5).
+//! `POST /exec`: LibreChat's request JSON → [`ExecRequest`], a run started
+//! in the registry, and its [`ExecResult`] → the response JSON (spec §5).
 //!
 //! The body is parsed by hand from a `serde_json::Value` so that every
 //! validation failure carries the message clients expect and unknown fields
 //! are ignored. Bodies are never logged: old clients put the API key in them.
+//!
+//! Kiln's additions, invisible to LibreChat: with `Accept:
+//! text/event-stream` the run streams as Server-Sent Events ([`crate::sse`]);
+//! a body with `"detach": true` starts a run that keeps going when the
+//! client disconnects (with `Prefer: respond-async` the answer is a 202 at
+//! once, pointing at `/v1/runs/{run_id}`); every answer names its run in
+//! `X-Kiln-Run-Id`. Without these, the request is LibreChat's: it waits for
+//! the run, and a client that goes away cancels it.
+
+use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use futures::future::BoxFuture;
 use kiln_core::id::is_resource_id;
 use kiln_core::outcome::{ExitStatus, signal_name};
 use kiln_core::scope::parse_version;
 use kiln_core::{Kind, Language, Nanoid, RelPath};
-use kiln_exec::{ExecRequest, ExecResult, InputFile, InputRef};
-use serde_json::{Map, Value, json};
-use tokio_util::sync::CancellationToken;
+use kiln_exec::{
+    ExecError, ExecRequest, ExecResult, InputFile, InputRef, OutputFile, Outputs, RunHandle,
+    StartOptions,
+};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use crate::body::{read_limited, require_json};
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
-use crate::identity::{Caller, header_user_id};
+use crate::identity::{Caller, header_user_id, resolve_caller};
+use crate::sse::{self, Early, Face};
+
+/// What a client may send to `/exec` (documentation of the hand-written
+/// parser below; unknown fields are ignored).
+#[derive(Debug, ToSchema)]
+#[schema(as = ExecRequestBody)]
+#[allow(dead_code)] // a schema: the parser reads the fields by name
+pub struct ExecBody {
+    /// Language name or alias (`py`, `python`, `js`, `node`, `ts`, `c`, `cpp`, `java`, `php`, `rs`, `go`, `d`, `f90`, `r`, `bash`, ...).
+    lang: String,
+    /// The program, written as the runtime's entry file.
+    code: String,
+    /// Appended to the run command.
+    args: Option<Vec<String>>,
+    /// Inputs to place in `/mnt/data`.
+    files: Option<Vec<FileRefBody>>,
+    /// Wall-time limit in milliseconds; lowers the configured one.
+    timeout: Option<f64>,
+    /// Identity hint (after the `User-Id` header).
+    user_id: Option<String>,
+    /// Kiln: keep running when the client disconnects.
+    detach: Option<bool>,
+}
+
+/// An input file: a stored object by reference (G2/G3 shape; G1 sends
+/// `session_id` for `storage_session_id` and may add `entity_id`), or inline
+/// content (`name`, `content`, `encoding`).
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct FileRefBody {
+    /// Path below `/mnt/data` (may contain `/`).
+    name: String,
+    id: Option<String>,
+    storage_session_id: Option<String>,
+    session_id: Option<String>,
+    /// `user`, `agent` or `skill`.
+    kind: Option<String>,
+    resource_id: Option<String>,
+    version: Option<f64>,
+    entity_id: Option<String>,
+    content: Option<String>,
+    /// `utf8` (default), `base64` or `hex`.
+    encoding: Option<String>,
+}
 
 /// The handler.
+#[utoipa::path(
+    post,
+    path = "/exec",
+    tag = "LibreChat",
+    summary = "Run code (LibreChat's contract)",
+    description = "Runs `code` in a fresh jail and answers when it is done. With `Accept: text/event-stream` the run streams as Server-Sent Events (`queued`, `started`, `stdout`, `stderr`, `file`, then `result` with exactly the JSON of the non-streaming answer, or `error`). With `\"detach\": true` the run outlives a client that disconnects; add `Prefer: respond-async` to get a 202 at once.",
+    request_body = ExecBody,
+    responses(
+        (status = 200, description = "The run completed (whatever its exit)", body = ExecResponse,
+            headers(("x-kiln-run-id" = String, description = "The run's id (see /runs/{run_id})"))),
+        (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::runs::RunStarted),
+        (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
+        (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited", body = crate::error::CodedError),
+        (status = 503, description = "Sandbox unavailable or shutting down", body = crate::error::CodedError),
+    )
+)]
 pub async fn exec(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -36,32 +111,79 @@ pub async fn exec(
     }
     require_json(&headers)?;
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let (caller, req) = parse_exec_body(&state.config, &headers, &bytes)?;
+    let parsed = parse_exec(&state.config, &headers, &bytes)?;
     tracing::info!(
-        lang = req.lang.name(),
-        files = req.files.len(),
-        user = %caller.principal.user_id,
-        identified = caller.identified,
+        lang = parsed.req.lang.name(),
+        files = parsed.req.files.len(),
+        user = %parsed.caller.principal.user_id,
+        identified = parsed.caller.identified,
+        detach = parsed.detach,
         "exec"
     );
-
-    // Dropping this future (client disconnect) cancels the run.
-    let cancel = CancellationToken::new();
-    let guard = cancel.clone().drop_guard();
-    let result = state.exec.execute(&caller.principal, req, cancel).await;
-    guard.disarm();
-    let result = result?;
-    Ok(Json(exec_response(&result)).into_response())
+    let detach = parsed.detach;
+    let watch = state
+        .runs
+        .start(parsed.caller, parsed.req, StartOptions { detach })?;
+    if sse::wants_events(&headers) {
+        let run = watch.handle().clone();
+        return Ok(sse::respond(run, Arc::new(CodeApi), Early::HttpError, watch).await);
+    }
+    if detach && prefers_async(&headers) {
+        return Ok(crate::runs::started_response(watch.handle()));
+    }
+    // Dropping this future (client disconnect) drops the watch, which
+    // cancels the run unless it is detached.
+    let outcome = watch.outcome().await;
+    let mut resp = match &*outcome {
+        Ok(r) => Json(exec_response(r)).into_response(),
+        Err(e) => ApiError::Exec(e.clone()).into_response(),
+    };
+    sse::insert_run_id(resp.headers_mut(), watch.handle());
+    Ok(resp)
 }
 
-/// Fuzz entry point (and the handler's parser): an `/exec` body's bytes →
-/// the caller and the request the executor receives. `headers` supply the
-/// `User-Id` identity source; never panics, whatever the bytes.
-pub fn parse_exec_body(
+/// `Prefer: respond-async` (RFC 7240).
+fn prefers_async(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(HeaderName::from_static("prefer"))
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+}
+
+/// How LibreChat's face shows a run.
+pub struct CodeApi;
+
+impl Face for CodeApi {
+    fn result<'a>(&'a self, _run: &'a RunHandle, r: &'a ExecResult) -> BoxFuture<'a, Value> {
+        Box::pin(async move { exec_response(r) })
+    }
+
+    fn error(&self, e: &ExecError) -> (StatusCode, Value) {
+        ApiError::Exec(e.clone()).status_and_body()
+    }
+
+    fn file<'a>(&'a self, _run: &'a RunHandle, f: &'a OutputFile) -> BoxFuture<'a, Value> {
+        Box::pin(async move { serde_json::to_value(FileOut::from(f)).unwrap_or_default() })
+    }
+}
+
+/// A parsed `/exec` body.
+pub struct ParsedExec {
+    pub caller: Caller,
+    pub req: ExecRequest,
+    /// Kiln's `detach`.
+    pub detach: bool,
+}
+
+/// The handler's parser: an `/exec` body's bytes → the caller, the request
+/// and Kiln's options.
+pub fn parse_exec(
     config: &ApiConfig,
     headers: &HeaderMap,
     bytes: &[u8],
-) -> Result<(Caller, ExecRequest), ApiError> {
+) -> Result<ParsedExec, ApiError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|_| ApiError::BadRequest("Invalid JSON body".to_owned()))?;
     let Value::Object(obj) = value else {
@@ -70,16 +192,37 @@ pub fn parse_exec_body(
         ));
     };
     let top = parse_top(&obj)?;
-    let caller = Caller::resolve(config, &[header_user_id(headers)?, top.user_id.as_deref()])?;
+    let caller = resolve_caller(config, &[header_user_id(headers)?, top.user_id.as_deref()])?;
     let files = parse_files(obj.get("files"), &caller)?;
+    let detach = match field(&obj, "detach") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("detach must be a boolean")),
+    };
     let req = ExecRequest {
         lang: top.lang,
         code: top.code,
         args: top.args,
         files,
         timeout_ms: top.timeout_ms,
+        outputs: Outputs::NewSession,
     };
-    Ok((caller, req))
+    Ok(ParsedExec {
+        caller,
+        req,
+        detach,
+    })
+}
+
+/// Fuzz entry point: an `/exec` body's bytes → the caller and the request
+/// the executor receives. `headers` supply the `User-Id` identity source;
+/// never panics, whatever the bytes.
+pub fn parse_exec_body(
+    config: &ApiConfig,
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Result<(Caller, ExecRequest), ApiError> {
+    parse_exec(config, headers, bytes).map(|p| (p.caller, p.req))
 }
 
 /// The fields of the body other than `files`.
@@ -324,98 +467,148 @@ fn parse_inline(
     Ok(InputFile::Inline { name, content })
 }
 
-/// The response JSON for a completed run (spec §5.2). `code`, `signal`,
+/// The response of a completed run (spec §5.2). `code`, `signal`,
 /// `status`, `message` and `wall_time` are always present (null allowed);
 /// optional objects are omitted when absent.
-pub fn exec_response(r: &ExecResult) -> Value {
-    let files: Vec<Value> = r
-        .files
-        .iter()
-        .map(|f| {
-            let mut o = Map::new();
-            o.insert("id".into(), json!(f.id.as_str()));
-            o.insert("name".into(), json!(f.name));
-            o.insert(
-                "storage_session_id".into(),
-                json!(f.storage_session_id.as_str()),
-            );
-            if f.inherited {
-                o.insert("inherited".into(), json!(true));
-            }
-            if let Some((id, sid)) = &f.modified_from {
-                o.insert(
-                    "modified_from".into(),
-                    json!({ "id": id.as_str(), "storage_session_id": sid.as_str() }),
-                );
-            }
-            if let Some(e) = &f.entity_id {
-                o.insert("entity_id".into(), json!(e));
-            }
-            Value::Object(o)
-        })
-        .collect();
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecResponse {
+    /// The execution's storage session (where its new outputs live).
+    pub session_id: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub files: Vec<FileOut>,
+    /// By-reference inputs the program deleted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deleted_files: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact_truncation: Option<ArtifactTruncation>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact_delivery: Option<ArtifactDelivery>,
+    /// Exit code; null when killed by a signal.
+    pub code: Option<i32>,
+    /// Terminating signal (`SIGKILL`, ...).
+    pub signal: Option<String>,
+    /// `RE` runtime error, `SG` signal, `TO` timeout, `OL`/`EL` output overflow; null on success.
+    pub status: Option<String>,
+    /// Why Kiln stopped the program (`Time limit exceeded`, ...).
+    pub message: Option<String>,
+    /// Milliseconds.
+    pub wall_time: u64,
+}
 
-    let mut out = Map::new();
-    out.insert("session_id".into(), json!(r.session_id.as_str()));
-    out.insert("stdout".into(), json!(r.stdout));
-    out.insert("stderr".into(), json!(r.stderr));
-    out.insert("files".into(), Value::Array(files));
-    if !r.deleted_files.is_empty() {
-        out.insert("deleted_files".into(), json!(r.deleted_files));
-    }
-    if let Some(t) = &r.truncation {
-        let mut reasons = Map::new();
-        for (key, n) in [
-            ("max_files", t.max_files),
-            ("depth", t.depth),
-            ("size", t.size),
-            ("path", t.path),
-            ("unreadable", t.unreadable),
-        ] {
-            if n > 0 {
-                reasons.insert(key.into(), json!(n));
-            }
+/// One entry of `files`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileOut {
+    pub id: String,
+    /// Path relative to `/mnt/data`.
+    pub name: String,
+    pub storage_session_id: String,
+    /// An unchanged (or read-only) input echoed with its original ids.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub inherited: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified_from: Option<ModifiedFrom>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entity_id: Option<String>,
+}
+
+/// The input an output replaced.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModifiedFrom {
+    pub id: String,
+    pub storage_session_id: String,
+}
+
+/// Why some outputs were not reported.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArtifactTruncation {
+    /// Always `artifact_truncated`.
+    pub code: &'static str,
+    /// Counts per reason (`max_files`, `depth`, `size`, `path`, `unreadable`), non-zero ones only.
+    pub reasons: std::collections::BTreeMap<&'static str, u32>,
+    /// Up to 20 skipped paths.
+    pub skipped: Vec<String>,
+    pub skipped_count: u32,
+}
+
+/// Outputs that could not be stored.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArtifactDelivery {
+    /// Always `artifact_delivery_failed`.
+    pub code: &'static str,
+    /// `partial` or `failed`.
+    pub status: &'static str,
+    pub attempted: u32,
+    pub delivered: u32,
+    pub failed: u32,
+}
+
+impl From<&OutputFile> for FileOut {
+    fn from(f: &OutputFile) -> FileOut {
+        FileOut {
+            id: f.id.as_str().to_owned(),
+            name: f.name.clone(),
+            storage_session_id: f.storage_session_id.as_str().to_owned(),
+            inherited: f.inherited,
+            modified_from: f.modified_from.as_ref().map(|(id, sid)| ModifiedFrom {
+                id: id.as_str().to_owned(),
+                storage_session_id: sid.as_str().to_owned(),
+            }),
+            entity_id: f.entity_id.clone(),
         }
-        out.insert(
-            "artifact_truncation".into(),
-            json!({
-                "code": "artifact_truncated",
-                "reasons": reasons,
-                "skipped": t.skipped,
-                "skipped_count": t.skipped_count,
-            }),
-        );
     }
-    if let Some(d) = &r.delivery {
-        let status = if d.delivered == 0 {
-            "failed"
-        } else {
-            "partial"
+}
+
+impl From<&ExecResult> for ExecResponse {
+    fn from(r: &ExecResult) -> ExecResponse {
+        let (code, signal) = match r.exit {
+            ExitStatus::Code(c) => (Some(c), None),
+            ExitStatus::Signal(s) => (None, Some(signal_name(s))),
         };
-        out.insert(
-            "artifact_delivery".into(),
-            json!({
-                "code": "artifact_delivery_failed",
-                "status": status,
-                "attempted": d.attempted,
-                "delivered": d.delivered,
-                "failed": d.failed,
+        ExecResponse {
+            session_id: r.session_id.as_str().to_owned(),
+            stdout: r.stdout.clone(),
+            stderr: r.stderr.clone(),
+            files: r.files.iter().map(FileOut::from).collect(),
+            deleted_files: r.deleted_files.clone(),
+            artifact_truncation: r.truncation.as_ref().map(|t| ArtifactTruncation {
+                code: "artifact_truncated",
+                reasons: [
+                    ("max_files", t.max_files),
+                    ("depth", t.depth),
+                    ("size", t.size),
+                    ("path", t.path),
+                    ("unreadable", t.unreadable),
+                ]
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+                skipped: t.skipped.clone(),
+                skipped_count: t.skipped_count,
             }),
-        );
+            artifact_delivery: r.delivery.as_ref().map(|d| ArtifactDelivery {
+                code: "artifact_delivery_failed",
+                status: if d.delivered == 0 {
+                    "failed"
+                } else {
+                    "partial"
+                },
+                attempted: d.attempted,
+                delivered: d.delivered,
+                failed: d.failed,
+            }),
+            code,
+            signal,
+            status: r.status.map(|s| s.code().to_owned()),
+            message: r.message.clone(),
+            wall_time: u64::try_from(r.wall_time.as_millis()).unwrap_or(u64::MAX),
+        }
     }
-    let (code, signal) = match r.exit {
-        ExitStatus::Code(c) => (json!(c), Value::Null),
-        ExitStatus::Signal(s) => (Value::Null, json!(signal_name(s))),
-    };
-    out.insert("code".into(), code);
-    out.insert("signal".into(), signal);
-    out.insert("status".into(), json!(r.status.map(|s| s.code())));
-    out.insert("message".into(), json!(r.message));
-    out.insert(
-        "wall_time".into(),
-        json!(u64::try_from(r.wall_time.as_millis()).unwrap_or(u64::MAX)),
-    );
-    Value::Object(out)
+}
+
+/// The response JSON for a completed run.
+pub fn exec_response(r: &ExecResult) -> Value {
+    serde_json::to_value(ExecResponse::from(r)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -424,6 +617,7 @@ mod tests {
 
     use kiln_core::RunStatus;
     use kiln_exec::{DeliveryFailure, OutputFile, Truncation};
+    use serde_json::json;
 
     use super::*;
 
@@ -517,6 +711,8 @@ mod tests {
             status: Some(RunStatus::Timeout),
             message: None,
             wall_time: Duration::from_millis(1234),
+            usage: Default::default(),
+            cancelled: false,
         };
         let v = exec_response(&r);
         assert_eq!(v["code"], Value::Null);

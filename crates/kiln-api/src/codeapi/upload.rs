@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
-use crate::identity::{Caller, derive_key, entity_keys, header_user_id};
+use crate::identity::{Caller, derive_key, entity_keys, header_user_id, resolve_caller};
 
 /// Longest accepted value of a non-file form field.
 const MAX_FIELD_BYTES: usize = 4096;
@@ -40,6 +40,58 @@ pub fn upload_body_limit(config: &ApiConfig) -> usize {
     usize::try_from(total).unwrap_or(usize::MAX)
 }
 
+/// The multipart form of `/upload` and `/upload/batch`: scope fields first,
+/// then the file parts (`file`, or `files` for a batch).
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // a schema: the form is parsed part by part
+pub struct UploadForm {
+    /// `user`, `agent` or `skill`.
+    kind: Option<String>,
+    /// The scope's id (for `user`: the caller, an identity hint).
+    id: Option<String>,
+    /// Skill version (required for `skill`).
+    version: Option<String>,
+    /// `true`: inputs made from it are read-only in the jail.
+    read_only: Option<bool>,
+    /// G1: the agent (or user) the files belong to.
+    entity_id: Option<String>,
+    /// The file(s); each part's filename is the stored name.
+    #[schema(format = Binary, content_media_type = "application/octet-stream")]
+    file: Vec<String>,
+}
+
+/// One stored file.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct UploadedFile {
+    #[serde(rename = "fileId")]
+    pub file_id: String,
+    pub filename: String,
+}
+
+/// `/upload`'s answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct UploadResponse {
+    /// `success`.
+    pub message: String,
+    pub storage_session_id: String,
+    /// The same as `storage_session_id` (older clients read this).
+    pub session_id: String,
+    pub files: Vec<UploadedFile>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/upload",
+    tag = "LibreChat",
+    summary = "Upload a file",
+    params(("User-Id" = Option<String>, Header, description = "The caller (identity hint)")),
+    request_body(content = UploadForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, body = UploadResponse),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 413, body = crate::error::ErrorBody),
+    )
+)]
 pub async fn upload(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -47,25 +99,39 @@ pub async fn upload(
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
     let outcome = receive(&state, &headers, multipart, Mode::Single).await?;
-    let files: Vec<Value> = outcome
+    let files: Vec<UploadedFile> = outcome
         .results
         .iter()
         .filter_map(|r| match r {
-            FileResult::Stored { file_id, filename } => {
-                Some(json!({ "fileId": file_id.as_str(), "filename": filename }))
-            }
+            FileResult::Stored { file_id, filename } => Some(UploadedFile {
+                file_id: file_id.as_str().to_owned(),
+                filename: filename.clone(),
+            }),
             FileResult::Failed { .. } => None,
         })
         .collect();
-    Ok(Json(json!({
-        "message": "success",
-        "storage_session_id": outcome.session.as_str(),
-        "session_id": outcome.session.as_str(),
-        "files": files,
-    }))
+    Ok(Json(UploadResponse {
+        message: "success".to_owned(),
+        storage_session_id: outcome.session.as_str().to_owned(),
+        session_id: outcome.session.as_str().to_owned(),
+        files,
+    })
     .into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/upload/batch",
+    tag = "LibreChat",
+    summary = "Upload several files",
+    description = "Per-file results: `{message: success|partial_success|error, storage_session_id, session_id, files: [{status, fileId?, filename, error?}], succeeded, failed, filesLimitReached?, maxFiles?}`.",
+    request_body(content = UploadForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "Some or all files stored", body = Object),
+        (status = 400, description = "No file stored", body = Object),
+        (status = 413, body = crate::error::ErrorBody),
+    )
+)]
 pub async fn upload_batch(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -293,8 +359,7 @@ async fn receive_parts(
         let scope = match scope {
             Some(ref mut s) => s,
             None => {
-                let caller =
-                    Caller::resolve(config, &[header_user_id(headers)?, form.user_hint()])?;
+                let caller = resolve_caller(config, &[header_user_id(headers)?, form.user_hint()])?;
                 scope.insert(Scope {
                     key: form.session_key(&caller)?,
                     read_only: form.read_only()?,
@@ -434,7 +499,7 @@ fn body_read_error(io: std::io::Error, config: &ApiConfig) -> ApiError {
 
 /// The part's declared type, unless absent or generic; then a guess from
 /// the name; then `application/octet-stream`.
-fn content_type(declared: Option<&str>, name: &RelPath) -> String {
+pub fn content_type(declared: Option<&str>, name: &RelPath) -> String {
     match declared.map(str::trim) {
         Some(ct) if !ct.is_empty() && !ct.eq_ignore_ascii_case("application/octet-stream") => {
             ct.to_owned()

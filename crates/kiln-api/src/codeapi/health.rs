@@ -1,0 +1,62 @@
+//! `GET /health` (no auth, no IO: answers from what the binary probed at
+//! startup) and `GET /metrics` (Prometheus text; open like health — it only
+//! carries route/status counters and latencies, no ids or identities).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderValue;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+
+use crate::config::AppState;
+use crate::error::{ApiError, PROFILE};
+
+/// `GET /health`'s answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: &'static str,
+    /// The execution profile this deployment serves (`default`).
+    pub profile: &'static str,
+    pub version: String,
+    pub languages: Vec<crate::config::LanguageHealth>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "LibreChat",
+    summary = "Health and languages (no auth)",
+    responses((status = 200, body = Health))
+)]
+pub async fn health(State(state): State<AppState>) -> Response {
+    Json(Health {
+        status: "ok",
+        profile: PROFILE,
+        version: state.health.version.clone(),
+        languages: state.health.languages.clone(),
+    })
+    .into_response()
+}
+
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "Operations",
+    summary = "Prometheus metrics (root only, no auth)",
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
+        (status = 404, description = "No metrics recorder", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let Some(handle) = &state.metrics else {
+        return Err(ApiError::RouteNotFound("/metrics".to_owned()));
+    };
+    let mut resp = handle.render().into_response();
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(resp)
+}

@@ -1,0 +1,8 @@
+//! LibreChat's face: the Code Interpreter API contract (`/exec`, `/upload`,
+//! `/download`, `/files`, `/sessions/.../objects`, `/health`) with its JSON
+//! shapes and error envelopes (spec `librechat-api.md`).
+
+pub mod exec;
+pub mod files;
+pub mod health;
+pub mod upload;

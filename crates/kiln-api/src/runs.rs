@@ -1,0 +1,297 @@
+//! Kiln's own runs API: `GET /runs/{run_id}` (status and, when done, the
+//! result and what it used), `GET /runs/{run_id}/events` (Server-Sent
+//! Events from the run's first event on: a late watcher gets everything so
+//! far), `POST /runs/{run_id}/cancel`. Any run a face started is here, for
+//! as long as the registry keeps it.
+//!
+//! A run is readable by whoever may read its owner's files (the one access
+//! rule, with no claim): its owner, and — ids being 126-bit capabilities —
+//! identity-less callers unless the deployment requires identity.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::header::LOCATION;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kiln_core::access::Claim;
+use kiln_core::{StepUsage, Usage};
+use kiln_exec::{Phase, RunHandle};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::codeapi::exec::{CodeApi, ExecResponse};
+use crate::config::AppState;
+use crate::error::ApiError;
+use crate::identity::{authorize, header_user_id, parse_id, resolve_caller};
+use crate::sse::{self, Early};
+
+/// Where to find a run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunLinks {
+    #[serde(rename = "self")]
+    pub this: String,
+    pub events: String,
+    pub cancel: String,
+}
+
+impl RunLinks {
+    fn of(run: &RunHandle) -> RunLinks {
+        let base = format!("/v1/runs/{}", run.id());
+        RunLinks {
+            events: format!("{base}/events"),
+            cancel: format!("{base}/cancel"),
+            this: base,
+        }
+    }
+}
+
+/// The answer to a detached run started with `Prefer: respond-async`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunStarted {
+    pub run_id: String,
+    /// `queued` (or already further).
+    pub status: String,
+    pub links: RunLinks,
+}
+
+/// 202 with the new run's id and where to watch it.
+pub fn started_response(run: &RunHandle) -> Response {
+    let body = RunStarted {
+        run_id: run.id().as_str().to_owned(),
+        status: run.info().phase.as_str().to_owned(),
+        links: RunLinks::of(run),
+    };
+    let mut resp = (StatusCode::ACCEPTED, Json(body)).into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{}", run.id())) {
+        h.insert(LOCATION, v);
+    }
+    h.insert(
+        HeaderName::from_static("preference-applied"),
+        HeaderValue::from_static("respond-async"),
+    );
+    sse::insert_run_id(h, run);
+    resp
+}
+
+/// What one step used.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepUsageView {
+    /// Wall time, milliseconds.
+    pub wall_time_ms: u64,
+    /// User + system CPU time of every process of the step, milliseconds
+    /// (null where the host cannot account it).
+    pub cpu_time_ms: Option<u64>,
+    /// Peak memory of the step's cgroup, bytes.
+    pub memory_peak_bytes: Option<u64>,
+}
+
+impl From<&StepUsage> for StepUsageView {
+    fn from(s: &StepUsage) -> Self {
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        StepUsageView {
+            wall_time_ms: ms(s.wall),
+            cpu_time_ms: s.cpu.map(ms),
+            memory_peak_bytes: s.memory_peak,
+        }
+    }
+}
+
+/// What each step of a run used.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageView {
+    /// The compile step (compiled languages).
+    pub compile: Option<StepUsageView>,
+    /// The run step (absent when compilation failed).
+    pub run: Option<StepUsageView>,
+}
+
+impl From<&Usage> for UsageView {
+    fn from(u: &Usage) -> Self {
+        UsageView {
+            compile: u.compile.as_ref().map(StepUsageView::from),
+            run: u.run.as_ref().map(StepUsageView::from),
+        }
+    }
+}
+
+/// Why a run ended without a result: the status and body its starting
+/// request answered (or would have).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunFailure {
+    pub status: u16,
+    #[schema(value_type = Object)]
+    pub body: serde_json::Value,
+}
+
+/// A run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunView {
+    pub run_id: String,
+    /// `queued`, `running`, `finished`, `failed` or `cancelled`.
+    pub status: String,
+    /// The language's canonical name.
+    pub lang: String,
+    /// Started with `detach`: it outlives its client.
+    pub detached: bool,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    /// When it ended with a result: `/exec`'s response for it.
+    pub result: Option<ExecResponse>,
+    pub usage: Option<UsageView>,
+    pub error: Option<RunFailure>,
+    pub links: RunLinks,
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let ms = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    crate::codeapi::files::iso8601(ms)
+}
+
+impl RunView {
+    pub fn of(run: &RunHandle) -> RunView {
+        let info = run.info();
+        let (result, usage, error) = match info.outcome.as_deref() {
+            Some(Ok(r)) => (
+                Some(ExecResponse::from(r)),
+                Some(UsageView::from(&r.usage)),
+                None,
+            ),
+            Some(Err(e)) => {
+                let (status, body) = ApiError::Exec(e.clone()).status_and_body();
+                (
+                    None,
+                    None,
+                    Some(RunFailure {
+                        status: status.as_u16(),
+                        body,
+                    }),
+                )
+            }
+            None => (None, None, None),
+        };
+        RunView {
+            run_id: info.id.as_str().to_owned(),
+            status: info.phase.as_str().to_owned(),
+            lang: info.lang.to_owned(),
+            detached: info.detached,
+            created_at: rfc3339(info.created_at),
+            started_at: info.started_at.map(rfc3339),
+            finished_at: info.finished_at.map(rfc3339),
+            result,
+            usage,
+            error,
+            links: RunLinks::of(run),
+        }
+    }
+}
+
+type RunPath = Result<Path<String>, PathRejection>;
+
+/// The run named in the path, if the caller may see it.
+fn find(state: &AppState, headers: &HeaderMap, path: RunPath) -> Result<RunHandle, ApiError> {
+    let Path(id) = path.map_err(|_| ApiError::MalformedId)?;
+    let id = parse_id(&id)?;
+    let caller = resolve_caller(&state.config, &[header_user_id(headers)?])?;
+    let run = state
+        .runs
+        .get(&id)
+        .ok_or_else(|| ApiError::RunNotFound(id.clone()))?;
+    let owner = run.caller().principal.user_key();
+    authorize(&state.config, &caller, &Claim::none(), &id, &owner)?;
+    Ok(run)
+}
+
+/// `GET /runs/{run_id}`.
+#[utoipa::path(
+    get,
+    path = "/runs/{run_id}",
+    tag = "Runs",
+    summary = "A run's status, and its result once done",
+    params(("run_id" = String, Path, description = "The run's id (`X-Kiln-Run-Id`)")),
+    responses(
+        (status = 200, body = RunView),
+        (status = 400, description = "Not a run id", body = crate::error::ErrorBody),
+        (status = 403, description = "Someone else's run", body = crate::error::ErrorBody),
+        (status = 404, description = "No such run (or no longer kept)", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn get_run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: RunPath,
+) -> Result<Response, ApiError> {
+    let run = find(&state, &headers, path)?;
+    Ok(Json(RunView::of(&run)).into_response())
+}
+
+/// `GET /runs/{run_id}/events`.
+#[utoipa::path(
+    get,
+    path = "/runs/{run_id}/events",
+    tag = "Runs",
+    summary = "A run's events as Server-Sent Events, from its first on",
+    description = "`queued`, `started`, `stdout`, `stderr`, `file`, then `result` (the `/exec` response JSON) or `error` (`{status, error}`). A watcher that arrives late gets everything from the start; keep-alive comments at least every 2 s. Watching never cancels the run.",
+    params(("run_id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The event stream", content_type = "text/event-stream", body = String),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
+pub async fn run_events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: RunPath,
+) -> Result<Response, ApiError> {
+    let run = find(&state, &headers, path)?;
+    Ok(sse::respond(run.clone(), Arc::new(CodeApi), Early::Event, ()).await)
+}
+
+/// `POST /runs/{run_id}/cancel`.
+#[utoipa::path(
+    post,
+    path = "/runs/{run_id}/cancel",
+    tag = "Runs",
+    summary = "Cancel a run",
+    description = "Kills every process of the run. The run ends with a result (`status` `SG`, `message` `Cancelled`, the output so far) that its watchers and its starting request receive. Cancelling a run that has ended changes nothing.",
+    params(("run_id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 202, description = "Cancelling; watch the run for its end", body = RunView),
+        (status = 200, description = "The run had already ended", body = RunView),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    )
+)]
+pub async fn cancel_run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: RunPath,
+) -> Result<Response, ApiError> {
+    let run = find(&state, &headers, path)?;
+    let over = run.info().phase.is_over();
+    if !over {
+        tracing::info!(run = %run.id(), "run cancelled on request");
+        run.cancel();
+    }
+    let status = if over {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(RunView::of(&run))).into_response())
+}
+
+/// Whether `phase` is final (for callers outside this module).
+pub fn is_over(phase: Phase) -> bool {
+    phase.is_over()
+}

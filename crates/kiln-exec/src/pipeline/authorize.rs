@@ -1,0 +1,103 @@
+//! Step 1, authorize: plan the inputs (de-duplication, collisions), check
+//! every by-reference input against its storage session's owner with the
+//! one access rule, and resolve it to stored metadata; check the session
+//! outputs go to. Nothing is taken before this passes.
+
+use std::collections::HashMap;
+
+use kiln_core::access::{Caller, Claim, Policy, may_read};
+use kiln_core::{Nanoid, SessionKey};
+use kiln_store::{ObjectMeta, Store};
+
+use crate::plan::plan_inputs;
+use crate::types::{ExecError, InputFile, InputRef, Outputs};
+
+/// An input ready to stage.
+#[derive(Debug)]
+pub(crate) enum Resolved {
+    Ref {
+        r: InputRef,
+        meta: Box<ObjectMeta>,
+    },
+    Inline {
+        name: kiln_core::RelPath,
+        content: Vec<u8>,
+    },
+}
+
+/// The claim a by-reference input makes: its scope, and its G1 entity.
+fn claim_of(r: &InputRef) -> Claim {
+    Claim {
+        scope: Some((r.kind, r.resource_id.clone(), r.version.clone())),
+        entity_id: r.entity_id.clone(),
+    }
+}
+
+/// Plans `files` and resolves every reference the caller may read;
+/// `Unauthorized` for any it may not (or that does not exist).
+pub(crate) async fn inputs(
+    store: &Store,
+    caller: &Caller,
+    files: Vec<InputFile>,
+) -> Result<Vec<Resolved>, ExecError> {
+    let planned = plan_inputs(files)?;
+    let mut out = Vec::with_capacity(planned.len());
+    let mut keys: HashMap<Nanoid, Option<SessionKey>> = HashMap::new();
+    for f in planned {
+        match f {
+            InputFile::Inline { name, content } => out.push(Resolved::Inline { name, content }),
+            InputFile::Ref(r) => {
+                let stored = match keys.get(&r.storage_session_id) {
+                    Some(k) => k.clone(),
+                    None => {
+                        let k = store
+                            .session(&r.storage_session_id)
+                            .await
+                            .map_err(|e| ExecError::Storage(e.to_string()))?
+                            .map(|s| s.key);
+                        keys.insert(r.storage_session_id.clone(), k.clone());
+                        k
+                    }
+                };
+                let Some(stored) = stored else {
+                    return Err(ExecError::Unauthorized);
+                };
+                // a reference always claims a scope, so identity policy
+                // does not enter into it
+                if may_read(Policy::default(), caller, &claim_of(&r), &stored).is_err() {
+                    return Err(ExecError::Unauthorized);
+                }
+                let meta = store
+                    .object(&r.storage_session_id, &r.id)
+                    .await
+                    .map_err(|e| ExecError::Storage(e.to_string()))?
+                    .ok_or(ExecError::Unauthorized)?;
+                out.push(Resolved::Ref {
+                    r,
+                    meta: Box::new(meta),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The outputs may go into a workspace session only when it is the
+/// caller's own (its user key).
+pub(crate) async fn outputs(
+    store: &Store,
+    caller: &Caller,
+    outputs: &Outputs,
+) -> Result<(), ExecError> {
+    let Outputs::Workspace(id) = outputs else {
+        return Ok(());
+    };
+    match store
+        .session(id)
+        .await
+        .map_err(|e| ExecError::Storage(e.to_string()))?
+    {
+        Some(s) if s.key == caller.principal.user_key() => Ok(()),
+        _ => Err(ExecError::Unauthorized),
+    }
+}

@@ -1,0 +1,191 @@
+//! One execution as a short pipeline of named steps, each in its own
+//! module:
+//!
+//! ```text
+//! authorize ─► (queue) ─► workspace: acquire a jail, open the output session, stage
+//!           ─► run: compile? then run ─► harvest ─► outcome
+//! ```
+//!
+//! The [`Executor`] runs it for the run registry ([`crate::Runs`]),
+//! reporting progress through the run's [`RunContext`]. Jails come through
+//! the [`Jails`] trait, so the pipeline is tested against a fake sandbox.
+
+mod authorize;
+mod harvest;
+mod outcome;
+mod stage;
+mod step;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use kiln_core::{Limits, Nanoid};
+use kiln_sandbox::Jails;
+use kiln_store::Store;
+
+pub use outcome::{CANCELLED, classify, content_type};
+
+use crate::runs::RunContext;
+use crate::types::{ExecError, ExecRequest, ExecResult, Execute, Outputs};
+use crate::walker::{WalkLimits, hash_bytes};
+use crate::workspace::Workspace;
+
+/// Executor settings.
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// Limits of one run; a request's `timeout` may lower the wall time.
+    pub limits: Limits,
+    /// Walker caps.
+    pub walk: WalkLimits,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            limits: Limits::default(),
+            walk: WalkLimits {
+                max_output_files: 50,
+                max_file_bytes: 10 * 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// Runs executions. Cheap to clone.
+#[derive(Clone)]
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    jails: Arc<dyn Jails>,
+    cfg: ExecConfig,
+}
+
+/// Records how long a phase took (`kiln_exec_phase_seconds{phase}`).
+async fn phase<T>(name: &'static str, f: impl Future<Output = T>) -> T {
+    let t = Instant::now();
+    let out = f.await;
+    metrics::histogram!("kiln_exec_phase_seconds", "phase" => name)
+        .record(t.elapsed().as_secs_f64());
+    out
+}
+
+impl Executor {
+    pub fn new(store: Store, jails: Arc<dyn Jails>, cfg: ExecConfig) -> Self {
+        Executor {
+            inner: Arc::new(Inner { store, jails, cfg }),
+        }
+    }
+
+    pub fn config(&self) -> &ExecConfig {
+        &self.inner.cfg
+    }
+
+    /// The whole pipeline.
+    async fn run(&self, run: &RunContext, req: ExecRequest) -> Result<ExecResult, ExecError> {
+        let inner = &*self.inner;
+        let started = Instant::now();
+        let lang = req.lang;
+        let limits = inner
+            .cfg
+            .limits
+            .clone()
+            .with_requested_timeout(req.timeout_ms);
+        let cancelled = run.token();
+
+        // authorize: inputs are checked before any resource is taken
+        let inputs = authorize::inputs(&inner.store, run.caller(), req.files).await?;
+        authorize::outputs(&inner.store, run.caller(), &req.outputs).await?;
+        let _turn = phase("queue", run.queue_turn()).await?;
+
+        // workspace: a jail (parked, or built per step), the output
+        // session, the staged files
+        let mut jail = phase("acquire", async {
+            tokio::select! {
+                j = inner.jails.acquire(lang.warm_profile()) => j.map_err(step::sandbox_error),
+                () = cancelled.cancelled() => Err(ExecError::Cancelled),
+            }
+        })
+        .await?;
+        let session = phase("store", open_session(&inner.store, run, &req.outputs)).await?;
+        let ws = Arc::new(
+            Workspace::open(jail.workspace(), jail.owner())
+                .map_err(|e| ExecError::SandboxSetup(format!("open workspace: {e}")))?,
+        );
+        let staged = phase(
+            "stage",
+            stage::stage(&inner.store, &ws, inputs, lang, &req.code),
+        )
+        .await?;
+
+        // run
+        let steps = phase(
+            "run",
+            step::run_steps(jail.as_mut(), run, lang, &req.args, &limits),
+        )
+        .await?;
+
+        // harvest: the jail is gone (unless compilation failed: nothing ran)
+        let harvest = if steps.run.is_some() {
+            let entry = (lang.spec().entry_file, hash_bytes(req.code.as_bytes()));
+            phase(
+                "harvest",
+                harvest::harvest(
+                    &inner.store,
+                    run,
+                    &ws,
+                    staged,
+                    entry,
+                    &inner.cfg.walk,
+                    &session,
+                    &req.outputs,
+                ),
+            )
+            .await?
+        } else {
+            harvest::Harvest::default()
+        };
+        // releasing the slot empties the workspace
+        drop(ws);
+        drop(jail);
+
+        Ok(outcome::finish(run, session, lang, steps, harvest, started))
+    }
+}
+
+/// The storage session the outputs go to: a new one of the caller's, or
+/// the workspace session the request names (checked when authorizing).
+async fn open_session(
+    store: &Store,
+    run: &RunContext,
+    outputs: &Outputs,
+) -> Result<Nanoid, ExecError> {
+    match outputs {
+        Outputs::Workspace(id) => Ok(id.clone()),
+        Outputs::NewSession => {
+            let id = Nanoid::random();
+            store
+                .create_session(&id, &run.principal().user_key())
+                .await
+                .map_err(|e| ExecError::Storage(e.to_string()))?;
+            Ok(id)
+        }
+    }
+}
+
+impl Execute for Executor {
+    fn execute<'a>(
+        &'a self,
+        run: &'a RunContext,
+        req: ExecRequest,
+    ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
+        Box::pin(self.run(run, req))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+//! Step 3, run: the compile step (compiled languages) and the run step, in
+//! the execution's jail. The run step's output streams to the run's log as
+//! it is read; a compile step's output is kept for the result (it becomes
+//! the result only when compilation fails).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kiln_core::outcome::ExitStatus;
+use kiln_core::{Language, Limits, StepUsage};
+use kiln_sandbox::{Jail, OutputSink, OutputStream, RunRequest, RunResult, SandboxError};
+use tracing::warn;
+
+use crate::runs::{CancelReason, RunContext, Step, Stream};
+use crate::types::ExecError;
+
+/// One step's result.
+#[derive(Debug)]
+pub(crate) struct StepRun {
+    pub result: RunResult,
+    /// Cancelled on request: `result` holds what it wrote until then.
+    pub cancelled: bool,
+}
+
+impl StepRun {
+    pub fn usage(&self) -> StepUsage {
+        StepUsage {
+            wall: self.result.wall_time,
+            cpu: self.result.cpu_time,
+            memory_peak: self.result.memory_peak,
+        }
+    }
+
+    /// Whether the next step may run after this one.
+    fn succeeded(&self) -> bool {
+        !self.cancelled
+            && matches!(self.result.exit, ExitStatus::Code(0))
+            && !self.result.timed_out
+            && !self.result.oom_killed
+    }
+}
+
+/// The steps an execution ran.
+#[derive(Debug, Default)]
+pub(crate) struct Steps {
+    pub compile: Option<StepRun>,
+    /// `None` when the compile step failed (or was cancelled).
+    pub run: Option<StepRun>,
+}
+
+/// Compiles (if the language does) and runs `args` in `jail`.
+pub(crate) async fn run_steps(
+    jail: &mut dyn Jail,
+    run: &RunContext,
+    lang: Language,
+    args: &[String],
+    limits: &Limits,
+) -> Result<Steps, ExecError> {
+    // env and argv may depend on the limits (e.g. the JVM heap)
+    let env = lang.environment(limits);
+    let mut steps = Steps::default();
+    if let Some(argv) = lang.compile_argv(limits) {
+        let mut cl = limits.clone();
+        cl.wall_time = lang.spec().compile_timeout;
+        let c = one_step(jail, run, Step::Compile, argv, &env, cl).await?;
+        let ok = c.succeeded();
+        steps.compile = Some(c);
+        if !ok {
+            return Ok(steps);
+        }
+    }
+    let argv = lang.run_argv(args, limits);
+    steps.run = Some(one_step(jail, run, Step::Run, argv, &env, limits.clone()).await?);
+    Ok(steps)
+}
+
+/// What a step wrote, kept in case it is cancelled (the sandbox returns no
+/// result then).
+#[derive(Debug, Default)]
+struct Written {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+async fn one_step(
+    jail: &mut dyn Jail,
+    run: &RunContext,
+    step: Step,
+    argv: Vec<String>,
+    env: &[(String, String)],
+    limits: Limits,
+) -> Result<StepRun, ExecError> {
+    run.started(step);
+    let written = Arc::new(Mutex::new(Written::default()));
+    let sink = {
+        let written = Arc::clone(&written);
+        let live = (step == Step::Run).then(|| run.clone());
+        OutputSink::new(move |stream, bytes| {
+            if let Some(run) = &live {
+                let s = match stream {
+                    OutputStream::Stdout => Stream::Stdout,
+                    OutputStream::Stderr => Stream::Stderr,
+                };
+                run.output(s, bytes);
+            }
+            let mut w = written.lock().unwrap_or_else(|p| p.into_inner());
+            match stream {
+                OutputStream::Stdout => w.stdout.extend_from_slice(bytes),
+                OutputStream::Stderr => w.stderr.extend_from_slice(bytes),
+            }
+        })
+    };
+    let req = RunRequest {
+        argv,
+        env: env.to_vec(),
+        limits,
+        output: Some(sink),
+        ..RunRequest::default()
+    };
+    let t0 = Instant::now();
+    match jail.run(req, run.token().clone()).await {
+        Ok(result) => Ok(StepRun {
+            result,
+            cancelled: false,
+        }),
+        Err(SandboxError::Cancelled) if run.cancel_reason() == Some(CancelReason::Requested) => {
+            let mut w = written.lock().unwrap_or_else(|p| p.into_inner());
+            Ok(StepRun {
+                result: killed(std::mem::take(&mut *w), t0.elapsed()),
+                cancelled: true,
+            })
+        }
+        Err(e) => Err(sandbox_error(e)),
+    }
+}
+
+/// The result of a step killed on request.
+fn killed(w: Written, wall: Duration) -> RunResult {
+    RunResult {
+        exit: ExitStatus::Signal(libc::SIGKILL),
+        stdout: w.stdout,
+        stderr: w.stderr,
+        stdout_overflow: false,
+        stderr_overflow: false,
+        timed_out: false,
+        oom_killed: false,
+        wall_time: wall,
+        cpu_time: None,
+        memory_peak: None,
+    }
+}
+
+pub(crate) fn sandbox_error(e: SandboxError) -> ExecError {
+    match e {
+        SandboxError::Cancelled => ExecError::Cancelled,
+        e @ SandboxError::Setup(_) => {
+            warn!(error = %e, "sandbox setup failed");
+            ExecError::SandboxSetup(e.to_string())
+        }
+        e => {
+            warn!(error = %e, "sandbox run failed");
+            ExecError::SandboxFailed(e.to_string())
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! Runs as objects: the registry every face starts executions through.
+//!
+//! [`Runs::start`] takes a caller and a request and returns at once with a
+//! [`Watch`] on the new run: an id, an event log ([`RunEvent`]s: queued,
+//! started, output, file stored, done) any number of watchers can read
+//! from the start, and a control side (cancel). The run itself executes on
+//! a task of its own; an HTTP request only watches it, so a run can stream,
+//! outlive its request, and be looked up, watched and cancelled from
+//! elsewhere ([`Runs::get`]).
+//!
+//! Disconnect policy: dropping the `Watch` a run was started with (the
+//! client went away) cancels the run — unless it was started detached, or
+//! already ended. Finished runs are kept for a while (and within a byte
+//! budget) so they can be collected later.
+//!
+//! Room for what comes next, without redesign: a run that pauses for tool
+//! calls adds a `ToolCall` event and a `resume` next to `cancel` on the
+//! control side (its wall clock stops while paused: the sandbox enforces
+//! time per step); a live kernel's evaluations are runs whose `Execute`
+//! talks to a long-lived jail; an egress grant is minted when a run starts
+//! and revoked when it ends (the run's id names its owner); and a run id
+//! stays node-local (several nodes forward to the owner, the node that
+//! holds the run's record).
+
+pub mod log;
+mod queue;
+mod rate;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::FutureExt as _;
+use kiln_core::access::Caller;
+use kiln_core::{Nanoid, Principal};
+use kiln_sandbox::{OutputSink, OutputStream};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+pub use log::{CHUNK, EventLog, RunEvent, Step, Stream, Subscriber};
+pub use queue::{QueueClosed, QueuePermit, RunQueue};
+pub use rate::RateLimit;
+
+use crate::types::{ExecError, ExecRequest, ExecResult, Execute, OutputFile};
+
+/// Why a run was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// Someone asked (`POST /v1/runs/{id}/cancel`): the run ends with a
+    /// result that says so.
+    Requested,
+    /// The client that started it went away: nobody waits for a result.
+    Disconnected,
+    /// The server is shutting down and the grace period is over.
+    Shutdown,
+}
+
+/// The cancel side of a run: a token, and why it fired (the first reason
+/// given wins; a token fired by its parent — the registry's kill switch —
+/// means shutdown).
+#[derive(Debug, Clone, Default)]
+pub struct Cancel {
+    token: CancellationToken,
+    reason: Arc<OnceLock<CancelReason>>,
+}
+
+impl Cancel {
+    /// A cancel side that also fires with `parent`.
+    fn child_of(parent: &CancellationToken) -> Cancel {
+        Cancel {
+            token: parent.child_token(),
+            reason: Arc::default(),
+        }
+    }
+
+    pub fn cancel(&self, reason: CancelReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    pub fn reason(&self) -> Option<CancelReason> {
+        match self.reason.get() {
+            Some(r) => Some(*r),
+            None if self.token.is_cancelled() => Some(CancelReason::Shutdown),
+            None => None,
+        }
+    }
+}
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Queued,
+    Running,
+    /// Ended with a result (whatever the program's exit).
+    Finished,
+    /// Ended without a result (refused, or failed before one).
+    Failed,
+    /// Ended by a cancel.
+    Cancelled,
+}
+
+impl Phase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Queued => "queued",
+            Phase::Running => "running",
+            Phase::Finished => "finished",
+            Phase::Failed => "failed",
+            Phase::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_over(&self) -> bool {
+        matches!(self, Phase::Finished | Phase::Failed | Phase::Cancelled)
+    }
+}
+
+#[derive(Debug)]
+struct Times {
+    started: Option<SystemTime>,
+    finished: Option<SystemTime>,
+    /// When it ended (for retention).
+    ended_at: Option<Instant>,
+}
+
+/// One run's record, shared by the registry, its task and its watchers.
+#[derive(Debug)]
+struct Record {
+    id: Nanoid,
+    caller: Caller,
+    lang: &'static str,
+    detached: bool,
+    created: SystemTime,
+    cancel: Cancel,
+    log: Arc<EventLog>,
+    times: Mutex<Times>,
+}
+
+impl Record {
+    fn new(caller: Caller, lang: &'static str, detached: bool, cancel: Cancel) -> Arc<Record> {
+        Arc::new(Record {
+            id: Nanoid::random(),
+            caller,
+            lang,
+            detached,
+            created: SystemTime::now(),
+            cancel,
+            log: EventLog::new(),
+            times: Mutex::new(Times {
+                started: None,
+                finished: None,
+                ended_at: None,
+            }),
+        })
+    }
+
+    fn times(&self) -> MutexGuard<'_, Times> {
+        self.times.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn phase(&self) -> Phase {
+        match self.log.outcome() {
+            Some(o) => match &*o {
+                Ok(r) if r.cancelled => Phase::Cancelled,
+                Ok(_) => Phase::Finished,
+                Err(ExecError::Cancelled) => Phase::Cancelled,
+                Err(_) => Phase::Failed,
+            },
+            None if self.times().started.is_some() => Phase::Running,
+            None => Phase::Queued,
+        }
+    }
+}
+
+/// What an execution sees of its run: who started it, its cancel token, its
+/// event log and the queue. The [`Execute`] implementation reports
+/// progress through it.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    record: Arc<Record>,
+    queue: Arc<RunQueue>,
+}
+
+impl RunContext {
+    /// A context outside any registry, with a queue of its own (tests, the
+    /// CLI).
+    pub fn standalone(caller: Caller, lang: &'static str) -> RunContext {
+        RunContext {
+            record: Record::new(caller, lang, false, Cancel::default()),
+            queue: Arc::new(RunQueue::new(1)),
+        }
+    }
+
+    pub fn id(&self) -> &Nanoid {
+        &self.record.id
+    }
+
+    pub fn caller(&self) -> &Caller {
+        &self.record.caller
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.record.caller.principal
+    }
+
+    /// Fires when the run is cancelled (see [`RunContext::cancel_reason`]).
+    pub fn token(&self) -> &CancellationToken {
+        self.record.cancel.token()
+    }
+
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.record.cancel.reason()
+    }
+
+    /// Cancels the run (the first reason given wins).
+    pub fn cancel(&self, reason: CancelReason) {
+        self.record.cancel.cancel(reason);
+    }
+
+    /// The run's event log.
+    pub fn log(&self) -> &Arc<EventLog> {
+        &self.record.log
+    }
+
+    /// Waits for the run's turn to execute (reporting its position);
+    /// `Cancelled` if the run is cancelled while it waits.
+    pub async fn queue_turn(&self) -> Result<QueuePermit<'_>, ExecError> {
+        let (ahead, turn) = self.queue.enter();
+        self.record.log.push(RunEvent::Queued { position: ahead });
+        let permit = tokio::select! {
+            p = turn => p.map_err(|QueueClosed| ExecError::ShuttingDown)?,
+            () = self.token().cancelled() => return Err(ExecError::Cancelled),
+        };
+        self.record.times().started = Some(SystemTime::now());
+        Ok(permit)
+    }
+
+    /// A step begins.
+    pub fn started(&self, step: Step) {
+        self.record.log.push(RunEvent::Started { step });
+    }
+
+    /// Program output, as it is read.
+    pub fn output(&self, stream: Stream, bytes: &[u8]) {
+        self.record.log.output(stream, bytes);
+    }
+
+    /// A sink that appends the program's output to the log as it is read.
+    pub fn output_sink(&self) -> OutputSink {
+        let log = Arc::clone(&self.record.log);
+        OutputSink::new(move |stream, bytes| {
+            let s = match stream {
+                OutputStream::Stdout => Stream::Stdout,
+                OutputStream::Stderr => Stream::Stderr,
+            };
+            log.output(s, bytes);
+        })
+    }
+
+    /// An output file was stored.
+    pub fn file_stored(&self, f: &OutputFile) {
+        self.record.log.push(RunEvent::File(f.clone()));
+    }
+}
+
+/// Registry settings.
+#[derive(Debug, Clone)]
+pub struct RunsConfig {
+    /// Executions running at once; more wait in the queue.
+    pub concurrency: usize,
+    /// How long a finished run stays retrievable.
+    pub keep_finished: Duration,
+    /// Most memory (roughly: output and results) finished runs may hold;
+    /// the oldest go first beyond it.
+    pub keep_finished_bytes: usize,
+    /// At most this many starts per caller in this window; `None`: no limit.
+    pub rate_limit: Option<(u32, Duration)>,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        RunsConfig {
+            concurrency: 8,
+            keep_finished: Duration::from_secs(600),
+            keep_finished_bytes: 64 * 1024 * 1024,
+            rate_limit: None,
+        }
+    }
+}
+
+/// How a run is started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// Keep running when the client that started it goes away.
+    pub detach: bool,
+}
+
+/// A snapshot of a run.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    pub id: Nanoid,
+    pub owner: Principal,
+    pub lang: &'static str,
+    pub detached: bool,
+    pub phase: Phase,
+    pub created_at: SystemTime,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: Option<SystemTime>,
+    /// How it ended, once it has.
+    pub outcome: Option<Arc<Result<ExecResult, ExecError>>>,
+}
+
+/// A handle on a run in the registry. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RunHandle(Arc<Record>);
+
+impl RunHandle {
+    pub fn id(&self) -> &Nanoid {
+        &self.0.id
+    }
+
+    /// Who started it.
+    pub fn caller(&self) -> &Caller {
+        &self.0.caller
+    }
+
+    pub fn info(&self) -> RunInfo {
+        let t = self.0.times();
+        let (started_at, finished_at) = (t.started, t.finished);
+        drop(t);
+        RunInfo {
+            id: self.0.id.clone(),
+            owner: self.0.caller.principal.clone(),
+            lang: self.0.lang,
+            detached: self.0.detached,
+            phase: self.0.phase(),
+            created_at: self.0.created,
+            started_at,
+            finished_at,
+            outcome: self.0.log.outcome(),
+        }
+    }
+
+    /// Its events from the first on.
+    pub fn subscribe(&self) -> Subscriber {
+        self.0.log.subscribe()
+    }
+
+    /// Asks the run to stop: its processes are killed and it ends with a
+    /// result saying it was cancelled. Nothing happens to an ended run.
+    pub fn cancel(&self) {
+        if self.0.log.outcome().is_none() {
+            self.0.cancel.cancel(CancelReason::Requested);
+        }
+    }
+
+    /// Waits for the run to end.
+    pub async fn outcome(&self) -> Arc<Result<ExecResult, ExecError>> {
+        let mut sub = self.0.log.subscribe();
+        if let Some(o) = self.0.log.outcome() {
+            return o;
+        }
+        while let Some(ev) = sub.next().await {
+            if let RunEvent::Done(o) = ev {
+                return o;
+            }
+        }
+        // a log always ends with Done
+        Arc::new(Err(ExecError::Internal(
+            "run ended without an outcome".into(),
+        )))
+    }
+}
+
+/// The handle a run was started with. Dropping it — the client went away —
+/// cancels the run unless it was started detached or is over.
+#[derive(Debug)]
+pub struct Watch {
+    handle: RunHandle,
+}
+
+impl Watch {
+    pub fn handle(&self) -> &RunHandle {
+        &self.handle
+    }
+
+    pub fn id(&self) -> &Nanoid {
+        self.handle.id()
+    }
+}
+
+impl std::ops::Deref for Watch {
+    type Target = RunHandle;
+    fn deref(&self) -> &RunHandle {
+        &self.handle
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let r = &self.handle.0;
+        if !r.detached && r.log.outcome().is_none() {
+            tracing::info!(run = %r.id, "client went away: cancelling its run");
+            r.cancel.cancel(CancelReason::Disconnected);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    runs: HashMap<Nanoid, Arc<Record>>,
+    /// Ended runs, oldest first, with the bytes each holds.
+    ended: VecDeque<(Nanoid, usize)>,
+    ended_bytes: usize,
+}
+
+#[derive(Debug)]
+struct Inner {
+    exec: Arc<dyn Execute>,
+    queue: Arc<RunQueue>,
+    cfg: RunsConfig,
+    table: Mutex<Table>,
+    rate: Option<RateLimit>,
+    /// Cancelled by [`Runs::kill_all`].
+    kill_all: CancellationToken,
+    closed: AtomicBool,
+    /// Runs not ended yet, for [`Runs::wait_idle`].
+    active: AtomicUsize,
+    idle: Notify,
+}
+
+impl std::fmt::Debug for dyn Execute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Execute")
+    }
+}
+
+/// The run registry. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Runs {
+    inner: Arc<Inner>,
+}
+
+impl Runs {
+    pub fn new(exec: Arc<dyn Execute>, cfg: RunsConfig) -> Runs {
+        Runs {
+            inner: Arc::new(Inner {
+                exec,
+                queue: Arc::new(RunQueue::new(cfg.concurrency)),
+                rate: cfg
+                    .rate_limit
+                    .map(|(max, window)| RateLimit::new(max, window)),
+                cfg,
+                table: Mutex::new(Table::default()),
+                kill_all: CancellationToken::new(),
+                closed: AtomicBool::new(false),
+                active: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a run and returns at once. Refused when the registry is
+    /// closed (`ShuttingDown`) or the caller is over its rate limit
+    /// (`RateLimited`); everything else (bad inputs included) ends the run
+    /// with an error its watchers see.
+    pub fn start(
+        &self,
+        caller: Caller,
+        req: ExecRequest,
+        opts: StartOptions,
+    ) -> Result<Watch, ExecError> {
+        let inner = &self.inner;
+        if inner.closed.load(Ordering::SeqCst) || inner.kill_all.is_cancelled() {
+            return Err(ExecError::ShuttingDown);
+        }
+        if let Some(rate) = &inner.rate {
+            rate.check(caller.principal.user_key().as_str(), Instant::now())
+                .map_err(|retry_after| ExecError::RateLimited { retry_after })?;
+        }
+        // the run's token also fires when everything is killed (shutdown)
+        let cancel = Cancel::child_of(&inner.kill_all);
+        let record = Record::new(caller, req.lang.name(), opts.detach, cancel);
+        self.expire();
+        self.table()
+            .runs
+            .insert(record.id.clone(), Arc::clone(&record));
+        inner.active.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!("kiln_runs_active").increment(1.0);
+
+        let ctx = RunContext {
+            record: Arc::clone(&record),
+            queue: Arc::clone(&inner.queue),
+        };
+        let runs = self.clone();
+        let span = tracing::info_span!("run", run_id = %record.id, lang = record.lang);
+        tokio::spawn(
+            async move {
+                let execution = std::panic::AssertUnwindSafe(runs.inner.exec.execute(&ctx, req));
+                let outcome = match execution.catch_unwind().await {
+                    Ok(r) => r,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        tracing::error!(panic = %what, "execution panicked");
+                        Err(ExecError::Internal(format!("execution panicked: {what}")))
+                    }
+                };
+                let outcome = match outcome {
+                    Err(ExecError::Cancelled)
+                        if ctx.cancel_reason() == Some(CancelReason::Shutdown) =>
+                    {
+                        Err(ExecError::ShuttingDown)
+                    }
+                    other => other,
+                };
+                runs.end(&ctx.record, outcome);
+            }
+            .instrument(span),
+        );
+        Ok(Watch {
+            handle: RunHandle(record),
+        })
+    }
+
+    /// Records the end of a run.
+    fn end(&self, record: &Arc<Record>, outcome: Result<ExecResult, ExecError>) {
+        {
+            let mut t = record.times();
+            t.finished = Some(SystemTime::now());
+            t.ended_at = Some(Instant::now());
+        }
+        record.log.finish(outcome);
+        {
+            let size = record.log.size() + 512;
+            let mut table = self.table();
+            table.ended.push_back((record.id.clone(), size));
+            table.ended_bytes += size;
+        }
+        self.expire();
+        let inner = &self.inner;
+        metrics::gauge!("kiln_runs_active").decrement(1.0);
+        if inner.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            inner.idle.notify_waiters();
+        }
+    }
+
+    /// Forgets ended runs past their time or beyond the byte budget.
+    fn expire(&self) {
+        let cfg = &self.inner.cfg;
+        let mut table = self.table();
+        while let Some((id, size)) = table.ended.front().cloned() {
+            let too_old = table.runs.get(&id).is_none_or(|r| {
+                r.times()
+                    .ended_at
+                    .is_some_and(|t| t.elapsed() >= cfg.keep_finished)
+            });
+            if !too_old && table.ended_bytes <= cfg.keep_finished_bytes {
+                break;
+            }
+            table.ended.pop_front();
+            table.ended_bytes -= size;
+            table.runs.remove(&id);
+        }
+    }
+
+    /// The run `id`, while it runs or is kept.
+    pub fn get(&self, id: &Nanoid) -> Option<RunHandle> {
+        self.expire();
+        self.table().runs.get(id).cloned().map(RunHandle)
+    }
+
+    /// The execution queue.
+    pub fn queue(&self) -> &RunQueue {
+        &self.inner.queue
+    }
+
+    /// Refuses new runs from now on (shutdown begins); running ones go on.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Kills every run (shutdown after the grace period).
+    pub fn kill_all(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.kill_all.cancel();
+    }
+
+    /// Runs not ended yet.
+    pub fn active(&self) -> usize {
+        self.inner.active.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no run is left, at most `limit`; `true` when none is.
+    pub async fn wait_idle(&self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, async {
+            loop {
+                let notified = self.inner.idle.notified();
+                if self.active() == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests;

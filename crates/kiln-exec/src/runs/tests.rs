@@ -1,0 +1,290 @@
+//! The registry with executions played by a double.
+
+use std::sync::atomic::AtomicU32;
+
+use futures::future::BoxFuture;
+use kiln_core::outcome::ExitStatus;
+use kiln_core::{Language, Usage};
+
+use super::*;
+use crate::types::Outputs;
+
+/// What the double does with a run.
+#[derive(Clone, Copy)]
+enum Act {
+    /// Queue, print "hi", finish.
+    Quick,
+    /// Queue, print, then wait until cancelled.
+    Hang,
+    Panic,
+}
+
+struct Double {
+    act: Act,
+    runs: AtomicU32,
+}
+
+fn result(stdout: &str, cancelled: bool) -> ExecResult {
+    ExecResult {
+        session_id: Nanoid::random(),
+        stdout: stdout.into(),
+        stderr: String::new(),
+        files: vec![],
+        deleted_files: vec![],
+        truncation: None,
+        delivery: None,
+        exit: ExitStatus::Code(0),
+        status: None,
+        message: None,
+        wall_time: Duration::from_millis(1),
+        usage: Usage::default(),
+        cancelled,
+    }
+}
+
+impl Execute for Double {
+    fn execute<'a>(
+        &'a self,
+        run: &'a RunContext,
+        _req: ExecRequest,
+    ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
+        Box::pin(async move {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let _turn = run.queue_turn().await?;
+            run.started(Step::Run);
+            run.output(Stream::Stdout, b"hi\n");
+            match self.act {
+                Act::Quick => Ok(result("hi\n", false)),
+                Act::Hang => {
+                    run.token().cancelled().await;
+                    match run.cancel_reason() {
+                        Some(CancelReason::Requested) => Ok(result("hi\n", true)),
+                        _ => Err(ExecError::Cancelled),
+                    }
+                }
+                Act::Panic => panic!("double told to panic"),
+            }
+        })
+    }
+}
+
+fn runs_with(act: Act, cfg: RunsConfig) -> Runs {
+    Runs::new(
+        Arc::new(Double {
+            act,
+            runs: AtomicU32::new(0),
+        }),
+        cfg,
+    )
+}
+
+fn caller(user: &str) -> Caller {
+    Caller {
+        principal: Principal {
+            tenant: "local".into(),
+            user_id: user.into(),
+        },
+        identified: true,
+    }
+}
+
+fn req() -> ExecRequest {
+    ExecRequest {
+        lang: Language::resolve("py").unwrap(),
+        code: "print('hi')".into(),
+        args: vec![],
+        files: vec![],
+        timeout_ms: None,
+        outputs: Outputs::NewSession,
+    }
+}
+
+async fn started(h: &RunHandle) {
+    let mut sub = h.subscribe();
+    while let Some(ev) = sub.next().await {
+        if matches!(ev, RunEvent::Started { .. }) {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_is_found_by_id_watched_from_the_start_and_kept_when_done() {
+    let runs = runs_with(Act::Quick, RunsConfig::default());
+    let w = runs
+        .start(caller("alice"), req(), StartOptions::default())
+        .unwrap();
+    let id = w.id().clone();
+    let outcome = w.outcome().await;
+    assert_eq!(outcome.as_ref().as_ref().unwrap().stdout, "hi\n");
+    drop(w);
+    let h = runs.get(&id).expect("kept after it ended");
+    let info = h.info();
+    assert_eq!(info.phase, Phase::Finished);
+    assert_eq!(info.owner, caller("alice").principal);
+    assert!(info.started_at.is_some() && info.finished_at.is_some());
+    // a late watcher replays everything
+    let mut sub = h.subscribe();
+    let mut kinds = Vec::new();
+    while let Some(ev) = sub.next().await {
+        kinds.push(match ev {
+            RunEvent::Queued { .. } => "queued",
+            RunEvent::Started { .. } => "started",
+            RunEvent::Output { .. } => "output",
+            RunEvent::File(_) => "file",
+            RunEvent::Done(_) => "done",
+        });
+    }
+    assert_eq!(kinds, ["queued", "started", "output", "done"]);
+    assert!(runs.wait_idle(Duration::from_secs(1)).await);
+}
+
+#[tokio::test]
+async fn dropping_the_watch_cancels_an_attached_run_but_not_a_detached_one() {
+    let runs = runs_with(Act::Hang, RunsConfig::default());
+    let w = runs
+        .start(caller("alice"), req(), StartOptions::default())
+        .unwrap();
+    let h = w.handle().clone();
+    started(&h).await;
+    drop(w);
+    assert!(matches!(*h.outcome().await, Err(ExecError::Cancelled)));
+    assert_eq!(h.info().phase, Phase::Cancelled);
+
+    let w = runs
+        .start(caller("alice"), req(), StartOptions { detach: true })
+        .unwrap();
+    let h = w.handle().clone();
+    started(&h).await;
+    drop(w);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        h.info().phase,
+        Phase::Running,
+        "a detached run keeps running"
+    );
+    // collected later: cancelled on request, it ends with a result
+    h.cancel();
+    let o = h.outcome().await;
+    assert!(o.as_ref().as_ref().unwrap().cancelled);
+    assert_eq!(h.info().phase, Phase::Cancelled);
+}
+
+#[tokio::test]
+async fn the_queue_admits_runs_in_order_and_reports_positions() {
+    let runs = runs_with(
+        Act::Hang,
+        RunsConfig {
+            concurrency: 1,
+            ..RunsConfig::default()
+        },
+    );
+    let first = runs
+        .start(caller("a"), req(), StartOptions::default())
+        .unwrap();
+    started(&first).await;
+    let second = runs
+        .start(caller("b"), req(), StartOptions::default())
+        .unwrap();
+    let mut sub = second.subscribe();
+    assert!(matches!(
+        sub.next().await,
+        Some(RunEvent::Queued { position: 0 })
+    ));
+    assert_eq!(runs.queue().len(), 1);
+    assert_eq!(second.info().phase, Phase::Queued);
+    first.cancel();
+    first.outcome().await;
+    assert!(matches!(sub.next().await, Some(RunEvent::Started { .. })));
+    assert_eq!(runs.queue().len(), 0);
+}
+
+#[tokio::test]
+async fn finished_runs_go_after_their_time_or_beyond_the_byte_budget() {
+    let runs = runs_with(
+        Act::Quick,
+        RunsConfig {
+            keep_finished: Duration::from_millis(100),
+            ..RunsConfig::default()
+        },
+    );
+    let w = runs
+        .start(caller("a"), req(), StartOptions::default())
+        .unwrap();
+    let id = w.id().clone();
+    w.outcome().await;
+    assert!(runs.get(&id).is_some());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(runs.get(&id).is_none());
+
+    let runs = runs_with(
+        Act::Quick,
+        RunsConfig {
+            keep_finished_bytes: 1,
+            ..RunsConfig::default()
+        },
+    );
+    let w = runs
+        .start(caller("a"), req(), StartOptions::default())
+        .unwrap();
+    let id = w.id().clone();
+    w.outcome().await;
+    assert!(runs.get(&id).is_none(), "over the budget: gone at once");
+}
+
+#[tokio::test]
+async fn callers_over_the_rate_limit_are_refused_others_are_not() {
+    let runs = runs_with(
+        Act::Quick,
+        RunsConfig {
+            rate_limit: Some((2, Duration::from_secs(60))),
+            ..RunsConfig::default()
+        },
+    );
+    for _ in 0..2 {
+        runs.start(caller("a"), req(), StartOptions::default())
+            .unwrap()
+            .outcome()
+            .await;
+    }
+    let e = runs
+        .start(caller("a"), req(), StartOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(e, ExecError::RateLimited { retry_after } if retry_after > Duration::from_secs(50))
+    );
+    assert!(
+        runs.start(caller("b"), req(), StartOptions::default())
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn shutdown_refuses_new_runs_and_kill_all_ends_the_rest() {
+    let runs = runs_with(Act::Hang, RunsConfig::default());
+    let w = runs
+        .start(caller("a"), req(), StartOptions { detach: true })
+        .unwrap();
+    started(&w).await;
+    runs.close();
+    assert_eq!(
+        runs.start(caller("a"), req(), StartOptions::default())
+            .unwrap_err(),
+        ExecError::ShuttingDown
+    );
+    assert!(!runs.wait_idle(Duration::from_millis(50)).await);
+    runs.kill_all();
+    assert!(matches!(*w.outcome().await, Err(ExecError::ShuttingDown)));
+    assert!(runs.wait_idle(Duration::from_secs(1)).await);
+}
+
+#[tokio::test]
+async fn a_panicking_execution_ends_its_run_with_an_internal_error() {
+    let runs = runs_with(Act::Panic, RunsConfig::default());
+    let w = runs
+        .start(caller("a"), req(), StartOptions::default())
+        .unwrap();
+    assert!(matches!(*w.outcome().await, Err(ExecError::Internal(_))));
+    assert_eq!(w.info().phase, Phase::Failed);
+    assert_eq!(runs.active(), 0);
+}

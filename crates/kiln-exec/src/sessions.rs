@@ -1,0 +1,238 @@
+//! Named file workspaces (seed 000's sessions): a caller's session name
+//! (`"sess_abc"`, one per chat) names a set of files that persists between
+//! calls. Files uploaded to the session and the outputs of its runs are
+//! there for its later runs; a session left idle longer than the TTL is
+//! emptied, files included.
+//!
+//! A session is one storage session of the caller's, with an id derived
+//! from (tenant, user, name): any node finds it without a lookup table, and
+//! two callers' sessions of the same name never meet. Runs use it with
+//! [`crate::Outputs::Workspace`], so an output replaces the file it
+//! modified. When a session was last used is kept in memory: after a
+//! restart, a session not used again expires with the store's retention
+//! instead of the TTL.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kiln_core::Nanoid;
+use kiln_core::access::Caller;
+use kiln_core::id::is_resource_id;
+use kiln_store::{Store, StoreError};
+use sha2::{Digest, Sha256};
+
+/// Why a session name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("session_id must match ^[A-Za-z0-9_.:-]{{1,128}}$")]
+pub struct BadSessionName;
+
+/// The sessions of this node.
+#[derive(Debug)]
+pub struct FileSessions {
+    store: Store,
+    ttl: Duration,
+    last_used: Mutex<HashMap<Nanoid, Instant>>,
+}
+
+/// The URL-safe nanoid alphabet, indexed by 6-bit values.
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+impl FileSessions {
+    pub fn new(store: Store, ttl: Duration) -> FileSessions {
+        FileSessions {
+            store,
+            ttl,
+            last_used: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The storage session that holds `caller`'s session `name`.
+    pub fn storage_id(caller: &Caller, name: &str) -> Result<Nanoid, BadSessionName> {
+        if !is_resource_id(name) {
+            return Err(BadSessionName);
+        }
+        let p = &caller.principal;
+        let digest = Sha256::new()
+            .chain_update(b"kiln file session\0")
+            .chain_update(p.tenant.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(p.user_id.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(name.as_bytes())
+            .finalize();
+        let id: String = digest
+            .iter()
+            .take(kiln_core::id::NANOID_LEN)
+            .map(|b| ALPHABET[usize::from(b & 63)] as char)
+            .collect();
+        Nanoid::parse(&id).map_err(|_| BadSessionName)
+    }
+
+    /// The session's storage id, creating the storage session on first use,
+    /// and marks it used.
+    pub async fn open(&self, caller: &Caller, name: &str) -> Result<Nanoid, OpenError> {
+        let id = Self::storage_id(caller, name)?;
+        let key = caller.principal.user_key();
+        match self.store.session(&id).await? {
+            Some(s) if s.key == key => {}
+            // derived from the caller: another key means a collision
+            Some(_) => return Err(OpenError::Conflict),
+            None => match self.store.create_session(&id, &key).await {
+                Ok(()) | Err(StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e.into()),
+            },
+        }
+        self.touch(&id);
+        Ok(id)
+    }
+
+    /// The session's storage id if it exists (without creating it); marks
+    /// it used.
+    pub async fn find(&self, caller: &Caller, name: &str) -> Result<Option<Nanoid>, OpenError> {
+        let id = Self::storage_id(caller, name)?;
+        match self.store.session(&id).await? {
+            Some(s) if s.key == caller.principal.user_key() => {
+                self.touch(&id);
+                Ok(Some(id))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Marks a session used now.
+    pub fn touch(&self, id: &Nanoid) {
+        self.lock().insert(id.clone(), Instant::now());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Nanoid, Instant>> {
+        self.last_used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Empties every session idle longer than the TTL as of `now`; returns
+    /// how many files it deleted.
+    pub async fn sweep_at(&self, now: Instant) -> Result<u64, StoreError> {
+        let idle: Vec<Nanoid> = self
+            .lock()
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) >= self.ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut deleted = 0;
+        for id in idle {
+            for o in self.store.list(&id).await? {
+                if self.store.delete(&id, &o.file_id).await? {
+                    deleted += 1;
+                }
+            }
+            // used again meanwhile: keep its mark
+            let mut map = self.lock();
+            if map
+                .get(&id)
+                .is_some_and(|t| now.saturating_duration_since(*t) >= self.ttl)
+            {
+                map.remove(&id);
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Empties idle sessions now.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        self.sweep_at(Instant::now()).await
+    }
+}
+
+/// Why a session could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    BadName(#[from] BadSessionName),
+    #[error("the session's storage belongs to someone else")]
+    Conflict,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_core::Principal;
+
+    use super::*;
+
+    fn caller(user: &str) -> Caller {
+        Caller {
+            principal: Principal {
+                tenant: "local".into(),
+                user_id: user.into(),
+            },
+            identified: true,
+        }
+    }
+
+    #[test]
+    fn storage_ids_are_stable_per_caller_and_name() {
+        let a = FileSessions::storage_id(&caller("alice"), "sess_abc").unwrap();
+        assert_eq!(
+            a,
+            FileSessions::storage_id(&caller("alice"), "sess_abc").unwrap()
+        );
+        assert_ne!(
+            a,
+            FileSessions::storage_id(&caller("bob"), "sess_abc").unwrap()
+        );
+        assert_ne!(
+            a,
+            FileSessions::storage_id(&caller("alice"), "sess_abd").unwrap()
+        );
+        assert!(FileSessions::storage_id(&caller("alice"), "").is_err());
+        assert!(FileSessions::storage_id(&caller("alice"), "a/b").is_err());
+    }
+
+    #[tokio::test]
+    async fn idle_sessions_are_emptied_and_used_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(kiln_store::StoreConfig {
+            dir: dir.path().to_path_buf(),
+            retention: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+        let sessions = FileSessions::new(store.clone(), Duration::from_secs(60));
+        let alice = caller("alice");
+        let old = sessions.open(&alice, "old").await.unwrap();
+        let fresh = sessions.open(&alice, "fresh").await.unwrap();
+        for sid in [&old, &fresh] {
+            let obj = kiln_store::NewObject {
+                session_id: sid.clone(),
+                file_id: Nanoid::random(),
+                name: kiln_core::RelPath::parse("a.txt").unwrap(),
+                content_type: "text/plain".into(),
+                read_only: false,
+            };
+            let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from("x"))]);
+            store.put_stream(obj, body, 10).await.unwrap();
+        }
+        // "old" was last used 61 s before the sweep, "fresh" just now
+        let now = Instant::now() + Duration::from_secs(61);
+        sessions.touch(&fresh);
+        sessions.lock().insert(fresh.clone(), now);
+        assert_eq!(sessions.sweep_at(now).await.unwrap(), 1);
+        assert!(store.list(&old).await.unwrap().is_empty());
+        assert_eq!(store.list(&fresh).await.unwrap().len(), 1);
+        // the emptied session can be used again
+        assert_eq!(sessions.open(&alice, "old").await.unwrap(), old);
+        // another caller cannot find it
+        assert!(
+            sessions
+                .find(&caller("bob"), "old")
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
