@@ -70,6 +70,7 @@ fn tag(name: &str, description: &str) -> Tag {
 #[utoipa::path(
     get,
     path = "/openapi.json",
+    operation_id = "openapi",
     tag = "Operations",
     summary = "This document (OpenAPI 3.1, no auth)",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object))

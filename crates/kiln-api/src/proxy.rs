@@ -14,7 +14,6 @@
 //! in the same store, and reads are checked with the same access rule.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -29,7 +28,7 @@ use futures::future::BoxFuture;
 use kiln_core::access::Claim;
 use kiln_core::outcome::{ExitStatus, RunStatus, signal_name};
 use kiln_core::{Kind, Language, Nanoid, RelPath};
-use kiln_exec::sessions::{FileSessions, OpenError};
+use kiln_exec::sessions::OpenError;
 use kiln_exec::{
     ExecError, ExecRequest, ExecResult, InputFile, InputRef, OutputFile, Outputs, RunHandle,
     StartOptions,
@@ -408,6 +407,7 @@ impl Face for Proxy {
 #[utoipa::path(
     post,
     path = "/librechat/runs",
+    operation_id = "seedRun",
     tag = "Seed 000",
     summary = "Run code in a session",
     description = "Runs `code` with the session's files in `/mnt/data`; new and changed files are stored in the session. With `Accept: text/event-stream` the run streams (see /exec); the `result` event carries this answer's JSON.",
@@ -430,8 +430,10 @@ pub async fn run(
         return Err(ExecError::ShuttingDown.into());
     }
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let body: RunBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ProxyError::bad(format!("invalid body: {e}")))?;
+    // the error names the field: `code: invalid type: integer 5, expected a string`
+    let body: RunBody =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
+            .map_err(|e| ProxyError::bad(format!("invalid body: {e}")))?;
     let caller = caller(&state, &headers)?;
     let lang = Language::resolve(&body.language).ok_or_else(|| {
         ProxyError::bad(format!(
@@ -550,6 +552,7 @@ async fn inputs(
 
 /// The session a file request is about.
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct SessionParam {
     /// The session (required for listing; for uploads, here or as a form
     /// field before the file).
@@ -588,14 +591,15 @@ pub struct UploadedFile {
 #[utoipa::path(
     post,
     path = "/librechat/files",
+    operation_id = "seedUpload",
     tag = "Seed 000",
     summary = "Upload a file into a session",
     params(SessionParam),
     request_body(content = UploadForm, content_type = "multipart/form-data"),
     responses(
-        (status = 200, body = UploadResponse),
-        (status = 400, body = ProxyErrorBody),
-        (status = 401, body = ProxyErrorBody),
+        (status = 200, description = "OK", body = UploadResponse),
+        (status = 400, description = "Bad request", body = ProxyErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ProxyErrorBody),
         (status = 413, description = "The file is over the upload limit", body = ProxyErrorBody),
     )
 )]
@@ -703,13 +707,14 @@ pub struct FileList {
 #[utoipa::path(
     get,
     path = "/librechat/files",
+    operation_id = "seedListFiles",
     tag = "Seed 000",
     summary = "List a session's files",
     params(SessionParam),
     responses(
-        (status = 200, body = FileList),
+        (status = 200, description = "OK", body = FileList),
         (status = 400, description = "session_id missing or malformed", body = ProxyErrorBody),
-        (status = 401, body = ProxyErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ProxyErrorBody),
     )
 )]
 pub async fn list(
@@ -752,13 +757,14 @@ fn path_id(p: FilePath) -> Result<String, ProxyError> {
 #[utoipa::path(
     get,
     path = "/librechat/files/{file_id}",
+    operation_id = "seedDownload",
     tag = "Seed 000",
     summary = "Download a file",
     params(("file_id" = String, Path, description = "The file's id")),
     responses(
         (status = 200, description = "The bytes, with Content-Type and Content-Disposition", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 401, body = ProxyErrorBody),
-        (status = 404, body = ProxyErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ProxyErrorBody),
+        (status = 404, description = "Not found", body = ProxyErrorBody),
     )
 )]
 pub async fn download(
@@ -803,13 +809,14 @@ pub struct Deleted {
 #[utoipa::path(
     delete,
     path = "/librechat/files/{file_id}",
+    operation_id = "seedDeleteFile",
     tag = "Seed 000",
     summary = "Delete a file from its session",
     params(("file_id" = String, Path, description = "The file's id")),
     responses(
-        (status = 200, body = Deleted),
-        (status = 401, body = ProxyErrorBody),
-        (status = 404, body = ProxyErrorBody),
+        (status = 200, description = "OK", body = Deleted),
+        (status = 401, description = "Missing or wrong credentials", body = ProxyErrorBody),
+        (status = 404, description = "Not found", body = ProxyErrorBody),
     )
 )]
 pub async fn delete(
@@ -848,9 +855,10 @@ pub struct ProxyHealth {
 #[utoipa::path(
     get,
     path = "/librechat/health",
+    operation_id = "seedHealth",
     tag = "Seed 000",
     summary = "Health and languages",
-    responses((status = 200, body = ProxyHealth))
+    responses((status = 200, description = "OK", body = ProxyHealth))
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
     Json(ProxyHealth {
@@ -866,11 +874,6 @@ pub async fn health(State(state): State<AppState>) -> Response {
         version: state.health.version.clone(),
     })
     .into_response()
-}
-
-/// How long idle sessions live (for the docs).
-pub fn session_ttl(sessions: &FileSessions) -> Duration {
-    sessions.ttl()
 }
 
 #[cfg(test)]

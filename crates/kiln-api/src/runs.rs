@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{StepUsage, Usage};
-use kiln_exec::{Phase, RunHandle};
+use kiln_exec::RunHandle;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -215,11 +215,12 @@ fn find(state: &AppState, headers: &HeaderMap, path: RunPath) -> Result<RunHandl
 #[utoipa::path(
     get,
     path = "/runs/{run_id}",
+    operation_id = "getRun",
     tag = "Runs",
     summary = "A run's status, and its result once done",
     params(("run_id" = String, Path, description = "The run's id (`X-Kiln-Run-Id`)")),
     responses(
-        (status = 200, body = RunView),
+        (status = 200, description = "OK", body = RunView),
         (status = 400, description = "Not a run id", body = crate::error::ErrorBody),
         (status = 403, description = "Someone else's run", body = crate::error::ErrorBody),
         (status = 404, description = "No such run (or no longer kept)", body = crate::error::ErrorBody),
@@ -238,14 +239,15 @@ pub async fn get_run(
 #[utoipa::path(
     get,
     path = "/runs/{run_id}/events",
+    operation_id = "runEvents",
     tag = "Runs",
     summary = "A run's events as Server-Sent Events, from its first on",
     description = "`queued`, `started`, `stdout`, `stderr`, `file`, then `result` (the `/exec` response JSON) or `error` (`{status, error}`). A watcher that arrives late gets everything from the start; keep-alive comments at least every 2 s. Watching never cancels the run.",
     params(("run_id" = String, Path, description = "The run's id")),
     responses(
         (status = 200, description = "The event stream", content_type = "text/event-stream", body = String),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn run_events(
@@ -261,6 +263,7 @@ pub async fn run_events(
 #[utoipa::path(
     post,
     path = "/runs/{run_id}/cancel",
+    operation_id = "cancelRun",
     tag = "Runs",
     summary = "Cancel a run",
     description = "Kills every process of the run. The run ends with a result (`status` `SG`, `message` `Cancelled`, the output so far) that its watchers and its starting request receive. Cancelling a run that has ended changes nothing.",
@@ -268,8 +271,8 @@ pub async fn run_events(
     responses(
         (status = 202, description = "Cancelling; watch the run for its end", body = RunView),
         (status = 200, description = "The run had already ended", body = RunView),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn cancel_run(
@@ -289,9 +292,4 @@ pub async fn cancel_run(
         StatusCode::ACCEPTED
     };
     Ok((status, Json(RunView::of(&run))).into_response())
-}
-
-/// Whether `phase` is final (for callers outside this module).
-pub fn is_over(phase: Phase) -> bool {
-    phase.is_over()
 }

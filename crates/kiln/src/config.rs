@@ -93,8 +93,9 @@ pub struct Config {
     pub rate_limit_runs: u32,
     /// The window of `rate_limit_runs`, seconds.
     pub rate_limit_window_secs: u64,
-    /// Seed 000's API: a session idle this long is emptied, files included, minutes.
-    pub session_ttl_minutes: u64,
+    /// Seed 000's API: a session idle this long is emptied, files included,
+    /// seconds (the seed's `session_ttl_minutes = 60`).
+    pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
 }
@@ -140,7 +141,7 @@ impl Default for Config {
             run_retention_mb: 64,
             rate_limit_runs: 0,
             rate_limit_window_secs: 60,
-            session_ttl_minutes: 60,
+            session_ttl_secs: 3600,
             max_run_files: 10,
         }
     }
@@ -207,8 +208,8 @@ impl Config {
         if self.rate_limit_runs > 0 && self.rate_limit_window_secs == 0 {
             bail!("rate_limit_window_secs must be at least 1 when rate_limit_runs is set");
         }
-        if self.session_ttl_minutes == 0 {
-            bail!("session_ttl_minutes must be at least 1");
+        if self.session_ttl_secs == 0 {
+            bail!("session_ttl_secs must be at least 1");
         }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");

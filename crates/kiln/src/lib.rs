@@ -106,7 +106,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let runs = Runs::new(Arc::new(executor), config.runs());
     let sessions = Arc::new(FileSessions::new(
         store.clone(),
-        Duration::from_secs(config.session_ttl_minutes * 60),
+        Duration::from_secs(config.session_ttl_secs),
     ));
     let languages = probe_languages().await;
     Ok(Kiln {

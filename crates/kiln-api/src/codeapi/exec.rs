@@ -87,6 +87,7 @@ pub struct FileRefBody {
 #[utoipa::path(
     post,
     path = "/exec",
+    operation_id = "exec",
     tag = "LibreChat",
     summary = "Run code (LibreChat's contract)",
     description = "Runs `code` in a fresh jail and answers when it is done. With `Accept: text/event-stream` the run streams as Server-Sent Events (`queued`, `started`, `stdout`, `stderr`, `file`, then `result` with exactly the JSON of the non-streaming answer, or `error`). With `\"detach\": true` the run outlives a client that disconnects; add `Prefer: respond-async` to get a 202 at once.",

@@ -72,6 +72,7 @@ async fn authorized(
 #[utoipa::path(
     get,
     path = "/download/{session_id}/{file_id}",
+    operation_id = "download",
     tag = "LibreChat",
     summary = "Download a stored file",
     description = "Waits up to 7 s for an object that is not visible yet (read-after-write after /exec).",
@@ -85,9 +86,9 @@ async fn authorized(
     ),
     responses(
         (status = 200, description = "The bytes", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn download(
@@ -198,6 +199,7 @@ impl Detail {
 #[utoipa::path(
     get,
     path = "/files/{session_id}",
+    operation_id = "listSession",
     tag = "LibreChat",
     summary = "List a storage session",
     params(
@@ -210,9 +212,9 @@ impl Detail {
     ),
     responses(
         (status = 200, description = "One item per object; its shape follows `detail`", body = Vec<Object>),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn list(
@@ -283,6 +285,7 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
 #[utoipa::path(
     get,
     path = "/sessions/{session_id}/objects/{file_id}",
+    operation_id = "getObject",
     tag = "LibreChat",
     summary = "A stored object's metadata",
     params(
@@ -294,10 +297,10 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
         ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
     ),
     responses(
-        (status = 200, body = ObjectInfo),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 200, description = "OK", body = ObjectInfo),
+        (status = 400, description = "Bad request", body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn object(
@@ -338,6 +341,7 @@ pub async fn object(
 #[utoipa::path(
     delete,
     path = "/files/{session_id}/{file_id}",
+    operation_id = "deleteFile",
     tag = "LibreChat",
     summary = "Delete a stored file",
     params(
@@ -349,10 +353,10 @@ pub async fn object(
         ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
     ),
     responses(
-        (status = 200, body = DeleteResponse),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 200, description = "OK", body = DeleteResponse),
+        (status = 400, description = "Bad request", body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn delete(
@@ -397,6 +401,7 @@ pub async fn delete(
 #[utoipa::path(
     delete,
     path = "/sessions/{session_id}/objects/{file_id}",
+    operation_id = "deleteObject",
     tag = "LibreChat",
     summary = "Delete a stored file (object route)",
     params(
@@ -408,10 +413,10 @@ pub async fn delete(
         ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
     ),
     responses(
-        (status = 200, body = DeleteResponse),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 200, description = "OK", body = DeleteResponse),
+        (status = 400, description = "Bad request", body = crate::error::ErrorBody),
+        (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
+        (status = 404, description = "Not found", body = crate::error::ErrorBody),
     )
 )]
 pub async fn delete_object(

@@ -25,9 +25,10 @@ pub struct Health {
 #[utoipa::path(
     get,
     path = "/health",
+    operation_id = "health",
     tag = "LibreChat",
     summary = "Health and languages (no auth)",
-    responses((status = 200, body = Health))
+    responses((status = 200, description = "OK", body = Health))
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
     Json(Health {
@@ -42,6 +43,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/metrics",
+    operation_id = "metrics",
     tag = "Operations",
     summary = "Prometheus metrics (root only, no auth)",
     responses(

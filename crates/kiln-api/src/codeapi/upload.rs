@@ -82,14 +82,15 @@ pub struct UploadResponse {
 #[utoipa::path(
     post,
     path = "/upload",
+    operation_id = "upload",
     tag = "LibreChat",
     summary = "Upload a file",
     params(("User-Id" = Option<String>, Header, description = "The caller (identity hint)")),
     request_body(content = UploadForm, content_type = "multipart/form-data"),
     responses(
-        (status = 200, body = UploadResponse),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 413, body = crate::error::ErrorBody),
+        (status = 200, description = "OK", body = UploadResponse),
+        (status = 400, description = "Bad request", body = crate::error::ErrorBody),
+        (status = 413, description = "Too large", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload(
@@ -122,6 +123,7 @@ pub async fn upload(
 #[utoipa::path(
     post,
     path = "/upload/batch",
+    operation_id = "uploadBatch",
     tag = "LibreChat",
     summary = "Upload several files",
     description = "Per-file results: `{message: success|partial_success|error, storage_session_id, session_id, files: [{status, fileId?, filename, error?}], succeeded, failed, filesLimitReached?, maxFiles?}`.",
@@ -129,7 +131,7 @@ pub async fn upload(
     responses(
         (status = 200, description = "Some or all files stored", body = Object),
         (status = 400, description = "No file stored", body = Object),
-        (status = 413, body = crate::error::ErrorBody),
+        (status = 413, description = "Too large", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload_batch(

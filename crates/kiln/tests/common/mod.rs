@@ -174,3 +174,87 @@ pub fn processes_in(range: std::ops::Range<u32>) -> Vec<String> {
     }
     out
 }
+
+/// One Server-Sent Event as received, with when it arrived.
+#[derive(Debug, Clone)]
+pub struct Sse {
+    pub at: std::time::Instant,
+    /// The `event:` name; `None` for a comment (keep-alive).
+    pub event: Option<String>,
+    pub data: Value,
+}
+
+/// Reads a `text/event-stream` response to its end (or `limit`), parsing
+/// frames as they arrive.
+pub async fn sse_events(resp: reqwest::Response, limit: std::time::Duration) -> Vec<Sse> {
+    use futures::StreamExt as _;
+    assert_eq!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("text/event-stream"),
+        "not an event stream"
+    );
+    let mut body = resp.bytes_stream();
+    // bytes, not text: a network chunk may end inside a character
+    let mut buf: Vec<u8> = Vec::new();
+    let mut out = Vec::new();
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        let chunk = match tokio::time::timeout_at(until, body.next()).await {
+            Ok(Some(Ok(c))) => c,
+            Ok(Some(Err(e))) => panic!("event stream broke: {e}"),
+            Ok(None) | Err(_) => break,
+        };
+        let at = std::time::Instant::now();
+        buf.extend_from_slice(&chunk);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let frame: Vec<u8> = buf.drain(..end + 2).collect();
+            let frame = String::from_utf8(frame).expect("an event is UTF-8");
+            out.push(parse_frame(&frame, at));
+        }
+        if out
+            .last()
+            .is_some_and(|e| matches!(e.event.as_deref(), Some("result" | "error")))
+        {
+            break;
+        }
+    }
+    out
+}
+
+fn parse_frame(frame: &str, at: std::time::Instant) -> Sse {
+    let mut event = None;
+    let mut data = String::new();
+    for line in frame.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            event = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+    Sse {
+        at,
+        event,
+        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+    }
+}
+
+/// The concatenated `text` of the events named `name`.
+pub fn sse_text(events: &[Sse], name: &str) -> String {
+    events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some(name))
+        .map(|e| e.data["text"].as_str().unwrap_or_default())
+        .collect()
+}
+
+/// The last event, which must be `result`; its data.
+pub fn sse_result(events: &[Sse]) -> &Value {
+    let last = events.last().expect("events");
+    assert_eq!(last.event.as_deref(), Some("result"), "{events:?}");
+    &last.data
+}

@@ -88,3 +88,69 @@ async fn hard_links_to_system_files_are_impossible() {
     .await;
     assert_eq!(out(&r), "denied\n", "{r}");
 }
+
+/// Upload `bytes` as `user`; (storage session, file id).
+async fn upload_as(user: &str, name: &str, bytes: &[u8]) -> (String, String) {
+    let form = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(bytes.to_vec()).file_name(name.to_owned()),
+    );
+    let r: serde_json::Value = client()
+        .post(format!("{}/upload", shared().v1))
+        .header("User-Id", user)
+        .multipart(form)
+        .send()
+        .await
+        .expect("upload")
+        .json()
+        .await
+        .expect("upload answer");
+    (
+        r["storage_session_id"].as_str().unwrap().to_owned(),
+        r["files"][0]["fileId"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Issue 11 item 9: `deleted_files` was an existence oracle for host paths.
+/// The walker looked the inputs up by path as root, following a directory
+/// link the program planted in place of an input's directory: an input
+/// `a/passwd` with `a -> /etc` looked present (so not deleted) because the
+/// host has /etc/passwd. Now every input is looked up below the workspace
+/// without following any link: a host file and a missing path read alike.
+#[tokio::test]
+async fn deleted_files_reveals_nothing_about_host_paths() {
+    let s = shared();
+    let (sid, fid) = upload_as("attacker", "x.txt", b"input\n").await;
+    let probes = [
+        "a/passwd",               // exists on the host (/etc/passwd)
+        "b/kiln-no-such-file.txt", // does not
+        "c/hostname",             // exists on the host
+    ];
+    let files: Vec<serde_json::Value> = probes
+        .iter()
+        .map(|name| json!({"id": fid, "storage_session_id": sid, "name": name}))
+        .collect();
+    let code = "for d in a b c; do rm -rf \"$d\" && ln -s /etc \"$d\"; done; echo planted";
+    let r = client()
+        .post(format!("{}/exec", s.v1))
+        .json(&json!({"lang": "bash", "code": code, "user_id": "attacker", "files": files}))
+        .send()
+        .await
+        .expect("exec");
+    assert_eq!(r.status(), 200);
+    let r: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(out(&r), "planted\n", "{r}");
+    let mut deleted: Vec<&str> = r["deleted_files"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        ["a/passwd", "b/kiln-no-such-file.txt", "c/hostname"],
+        "host paths that exist must read like ones that do not: {r}"
+    );
+    // and nothing of the host comes back as a file
+    assert!(names(&r).is_empty(), "{r}");
+    assert_healthy().await;
+}
