@@ -2,11 +2,12 @@
 # scripts/test.sh — the project's one test command (CI runs it through .ci/run).
 #
 # Owns: getting a fresh Debian 12 machine with Rust from nothing to a full test run:
-#   1. the jail runtimes (scripts/install-runtimes.sh, plus npm for step 2);
-#   2. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
+#   1. the jail runtimes (scripts/install-runtimes.sh, plus npm for step 3);
+#   2. test tools: openapi-spec-validator (PyPI) for the OpenAPI check, unless python3 has it;
+#   3. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
 #      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
 #      since the last install;
-#   3. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
+#   4. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line.
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
@@ -24,6 +25,20 @@ section() { printf '\n==> %s (+%ss)\n' "$1" "$((SECONDS - started))"; }
 
 section "runtimes"
 scripts/install-runtimes.sh --with-npm
+
+section "test tools"
+# crates/kiln/tests/openapi.rs has openapi-spec-validator (PyPI) check the OpenAPI document.
+# Installed into a directory of its own when python3 lacks it, so that nothing reaches the
+# jails' /usr/bin/python3 (which sees /usr/local).
+if python3 -c 'import openapi_spec_validator' 2>/dev/null; then
+  echo "openapi-spec-validator: $(python3 -m pip --disable-pip-version-check show openapi-spec-validator 2>/dev/null | sed -n 's/^Version: //p')"
+else
+  oas_tools=$(mktemp -d)
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$oas_tools" "openapi-spec-validator>=0.7,<1"
+  export KILN_OPENAPI_PYTHONPATH="$oas_tools"
+  echo "openapi-spec-validator installed in $oas_tools"
+fi
 
 section "e2e Node project (tests/e2e)"
 e2e=tests/e2e
