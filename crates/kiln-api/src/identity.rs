@@ -59,13 +59,18 @@ pub fn header_user_id(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 }
 
 /// Scope parameters of a session route's query string.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ScopeQuery {
+    /// Claimed scope: `user`, `agent` or `skill`.
     pub kind: Option<String>,
+    /// The scope's id (agent or skill id; with `kind=user` an identity hint).
     pub id: Option<String>,
+    /// Skill version.
     pub version: Option<String>,
+    /// G1: the agent (or user) the files belong to.
     pub entity_id: Option<String>,
-    /// `/files/{sid}` only: the listing shape.
+    /// `GET /files/{session_id}` only: `simple` (keys), `summary`, `full` or `normalized`.
     pub detail: Option<String>,
 }
 

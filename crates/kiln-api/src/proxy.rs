@@ -20,7 +20,7 @@ use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
-use axum::http::header::{CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt as _;
@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::body::read_limited;
-use crate::codeapi::files::{content_disposition, iso8601};
+use crate::codeapi::files::{file_response, iso8601};
 use crate::config::AppState;
 use crate::error::{ApiError, retry_seconds};
 use crate::identity::{Caller, authorize, header_user_id, resolve_caller};
@@ -782,20 +782,7 @@ pub async fn download(
         }
         Err(e) => return Err(ProxyError::internal(e)),
     };
-    let mut resp = Response::new(Body::from_stream(stream));
-    let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_str(&meta.content_type)
-            .unwrap_or(HeaderValue::from_static("application/octet-stream")),
-    );
-    h.insert(CONTENT_LENGTH, HeaderValue::from(meta.size));
-    h.insert(
-        CONTENT_DISPOSITION,
-        HeaderValue::from_str(&content_disposition(&meta.name))
-            .unwrap_or(HeaderValue::from_static("attachment")),
-    );
-    Ok(resp)
+    Ok(file_response(&meta, Body::from_stream(stream)))
 }
 
 /// A deletion's answer.

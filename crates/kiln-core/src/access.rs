@@ -167,23 +167,11 @@ mod tests {
     use super::*;
 
     fn caller(user: &str) -> Caller {
-        Caller {
-            principal: Principal {
-                tenant: "local".into(),
-                user_id: user.into(),
-            },
-            identified: true,
-        }
+        Caller::identified("local", user)
     }
 
     fn anonymous() -> Caller {
-        Caller {
-            principal: Principal {
-                tenant: "local".into(),
-                user_id: "anonymous".into(),
-            },
-            identified: false,
-        }
+        Caller::anonymous("local")
     }
 
     fn key(s: &str) -> SessionKey {

@@ -160,18 +160,10 @@ pub enum OpenError {
 
 #[cfg(test)]
 mod tests {
-    use kiln_core::Principal;
-
     use super::*;
 
     fn caller(user: &str) -> Caller {
-        Caller {
-            principal: Principal {
-                tenant: "local".into(),
-                user_id: user.into(),
-            },
-            identified: true,
-        }
+        Caller::identified("local", user)
     }
 
     #[test]

@@ -67,7 +67,11 @@ async fn the_document_matches_the_routes_the_server_has() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/json");
     let doc: Value = r.json().await.unwrap();
-    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
     assert_eq!(doc["info"]["title"], "Kiln");
     // also under /v1
     let again: Value = client()

@@ -121,12 +121,21 @@ async fn output_streams_while_the_program_runs() {
     );
     // the result event is exactly the non-streaming answer
     let result = sse_result(&events);
+    assert_eq!(result["stdout"], "line 0\nline 1\nline 2\nline 3\nline 4\n");
     assert_eq!(
-        result["stdout"],
-        "line 0\nline 1\nline 2\nline 3\nline 4\n"
+        sse_text(&events, "stdout"),
+        result["stdout"].as_str().unwrap()
     );
-    assert_eq!(sse_text(&events, "stdout"), result["stdout"].as_str().unwrap());
-    for key in ["session_id", "stderr", "files", "code", "signal", "status", "message", "wall_time"] {
+    for key in [
+        "session_id",
+        "stderr",
+        "files",
+        "code",
+        "signal",
+        "status",
+        "message",
+        "wall_time",
+    ] {
         assert!(result.get(key).is_some(), "{key} missing: {result}");
     }
     assert_eq!(result["code"], 0);
@@ -187,12 +196,18 @@ async fn streamed_output_obeys_the_caps_in_small_utf8_chunks() {
         result["stdout"].as_str().unwrap().len()
     );
     assert!(streamed.len() <= 100_000 + 3, "{}", streamed.len());
-    for e in events.iter().filter(|e| e.event.as_deref() == Some("stdout")) {
+    for e in events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("stdout"))
+    {
         let t = e.data["text"].as_str().unwrap();
         assert!(t.len() <= 4096, "a chunk of {} bytes", t.len());
     }
     // the cap's note reaches watchers too
-    assert_eq!(sse_text(&events, "stderr"), result["stderr"].as_str().unwrap());
+    assert_eq!(
+        sse_text(&events, "stderr"),
+        result["stderr"].as_str().unwrap()
+    );
 }
 
 #[tokio::test]
@@ -223,7 +238,10 @@ async fn cancel_kills_the_whole_process_tree_promptly_and_says_so() {
     let resp = stream_exec(&s, json!({"lang": "bash", "code": code})).await;
     let run_id = resp.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
     let watcher = tokio::spawn(sse_events(resp, Duration::from_secs(60)));
-    wait_run(&s, &run_id, Duration::from_secs(30), |r| r["status"] == "running").await;
+    wait_run(&s, &run_id, Duration::from_secs(30), |r| {
+        r["status"] == "running"
+    })
+    .await;
     // wait for the tree to exist
     let until = Instant::now() + Duration::from_secs(20);
     while jail_processes_of(&s).len() < 6 {
@@ -276,7 +294,10 @@ async fn a_client_that_goes_away_cancels_its_run_unless_it_was_detached() {
     // attached: reading the first output, then hanging up
     let resp = stream_exec(&s, json!({"lang": "py", "code": code})).await;
     let attached = resp.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
-    wait_run(&s, &attached, Duration::from_secs(30), |r| r["status"] == "running").await;
+    wait_run(&s, &attached, Duration::from_secs(30), |r| {
+        r["status"] == "running"
+    })
+    .await;
     drop(resp);
     let run = wait_run(&s, &attached, Duration::from_secs(10), |r| {
         r["status"] != "running" && r["status"] != "queued"
@@ -286,7 +307,10 @@ async fn a_client_that_goes_away_cancels_its_run_unless_it_was_detached() {
     // detached: it goes on and finishes
     let resp = stream_exec(&s, json!({"lang": "py", "code": code, "detach": true})).await;
     let detached = resp.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
-    wait_run(&s, &detached, Duration::from_secs(30), |r| r["status"] == "running").await;
+    wait_run(&s, &detached, Duration::from_secs(30), |r| {
+        r["status"] == "running"
+    })
+    .await;
     drop(resp);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(get_run(&s, &detached).await.1["status"], "running");
@@ -323,7 +347,10 @@ async fn a_late_watcher_gets_everything_from_the_start() {
         }
     };
     let during = watch(id.clone()).await;
-    wait_run(&s, &id, Duration::from_secs(20), |r| r["status"] == "finished").await;
+    wait_run(&s, &id, Duration::from_secs(20), |r| {
+        r["status"] == "finished"
+    })
+    .await;
     let after = watch(id.clone()).await;
     for events in [&during, &after] {
         assert_eq!(sse_text(events, "stdout"), "a\nb\n");
@@ -359,21 +386,45 @@ async fn runs_are_visible_to_their_owner_only() {
                 .as_u16()
         }
     };
-    assert_eq!(as_user("alice", reqwest::Method::GET, format!("/runs/{id}")).await, 200);
-    assert_eq!(as_user("mallory", reqwest::Method::GET, format!("/runs/{id}")).await, 403);
     assert_eq!(
-        as_user("mallory", reqwest::Method::GET, format!("/runs/{id}/events")).await,
+        as_user("alice", reqwest::Method::GET, format!("/runs/{id}")).await,
+        200
+    );
+    assert_eq!(
+        as_user("mallory", reqwest::Method::GET, format!("/runs/{id}")).await,
         403
     );
     assert_eq!(
-        as_user("mallory", reqwest::Method::POST, format!("/runs/{id}/cancel")).await,
+        as_user(
+            "mallory",
+            reqwest::Method::GET,
+            format!("/runs/{id}/events")
+        )
+        .await,
         403
     );
     assert_eq!(
-        as_user("alice", reqwest::Method::GET, "/runs/aaaaaaaaaaaaaaaaaaaaa".into()).await,
+        as_user(
+            "mallory",
+            reqwest::Method::POST,
+            format!("/runs/{id}/cancel")
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        as_user(
+            "alice",
+            reqwest::Method::GET,
+            "/runs/aaaaaaaaaaaaaaaaaaaaa".into()
+        )
+        .await,
         404
     );
-    assert_eq!(as_user("alice", reqwest::Method::GET, "/runs/nope".into()).await, 400);
+    assert_eq!(
+        as_user("alice", reqwest::Method::GET, "/runs/nope".into()).await,
+        400
+    );
 }
 
 #[tokio::test]
@@ -393,7 +444,10 @@ async fn usage_covers_the_compile_and_the_run_step() {
     let id = r.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["stdout"], "ok\n", "{body}");
-    assert!(body.get("usage").is_none(), "LibreChat's answer is unchanged");
+    assert!(
+        body.get("usage").is_none(),
+        "LibreChat's answer is unchanged"
+    );
     let run = get_run(&s, &id).await.1;
     let compile = &run["usage"]["compile"];
     let step = &run["usage"]["run"];
@@ -401,7 +455,10 @@ async fn usage_covers_the_compile_and_the_run_step() {
     // both processes' CPU: at least 0.7 s of the 0.75 s they burned
     let cpu = step["cpu_time_ms"].as_u64().unwrap();
     assert!(cpu >= 700, "run step CPU {cpu} ms: {run}");
-    assert!(step["memory_peak_bytes"].as_u64().unwrap() > 100_000, "{run}");
+    assert!(
+        step["memory_peak_bytes"].as_u64().unwrap() > 100_000,
+        "{run}"
+    );
     assert!(step["wall_time_ms"].as_u64().unwrap() >= 3000, "{run}");
 }
 
@@ -421,7 +478,9 @@ async fn slow_readers_neither_stall_a_run_nor_make_the_server_buffer() {
     let _alone = EXCLUSIVE.write().await;
     const OUT: usize = 4 * 1024 * 1024;
     let s = server_with(|c| c.stdout_bytes = OUT).await;
-    let code = format!("import sys\nsys.stdout.write('x' * {OUT})\nsys.stdout.flush()\nimport time\ntime.sleep(1)");
+    let code = format!(
+        "import sys\nsys.stdout.write('x' * {OUT})\nsys.stdout.flush()\nimport time\ntime.sleep(1)"
+    );
     let id = start_detached(&s, "py", &code).await;
     // 20 watchers that never read a byte
     let mut stalled = Vec::new();
@@ -435,7 +494,10 @@ async fn slow_readers_neither_stall_a_run_nor_make_the_server_buffer() {
         stalled.push(r);
     }
     // the run does not wait for them
-    let run = wait_run(&s, &id, Duration::from_secs(60), |r| r["status"] == "finished").await;
+    let run = wait_run(&s, &id, Duration::from_secs(60), |r| {
+        r["status"] == "finished"
+    })
+    .await;
     assert_eq!(run["result"]["stdout"].as_str().unwrap().len(), OUT);
     let before = rss();
     // 20 more, after the output is all there; give the server time to write

@@ -284,7 +284,10 @@ async fn a_wrong_or_missing_key_is_401() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"], "unauthorized");
         assert!(v["detail"].as_str().unwrap().contains("API key"), "{v}");
-        for path in ["/files?session_id=x", "/files/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"] {
+        for path in [
+            "/files?session_id=x",
+            "/files/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        ] {
             let mut g = client().get(url(&s, path));
             if let Some(k) = key {
                 g = g.header("x-api-key", k);
@@ -294,7 +297,12 @@ async fn a_wrong_or_missing_key_is_401() {
     }
     // health is open
     assert_eq!(
-        client().get(url(&s, "/health")).send().await.unwrap().status(),
+        client()
+            .get(url(&s, "/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
         200
     );
 }
@@ -306,13 +314,34 @@ async fn an_invalid_body_is_400_naming_the_field() {
         (json!({"language": "py", "code": "1"}), "session_id"),
         (json!({"session_id": "x", "code": "1"}), "language"),
         (json!({"session_id": "x", "language": "py"}), "code"),
-        (json!({"session_id": "x", "language": "cobol", "code": "1"}), "language"),
-        (json!({"session_id": "x", "language": "py", "code": 5}), "code"),
-        (json!({"session_id": "x", "language": "py", "code": "1", "timeout_seconds": 0}), "timeout_seconds"),
-        (json!({"session_id": "x", "language": "py", "code": "1", "timeout_seconds": "10"}), "timeout_seconds"),
-        (json!({"session_id": "x", "language": "py", "code": "1", "args": "--flag"}), "args"),
-        (json!({"session_id": "a/b", "language": "py", "code": "1"}), "session_id"),
-        (json!({"session_id": "x", "language": "py", "code": "1", "files": ["file_123"]}), "files[0]"),
+        (
+            json!({"session_id": "x", "language": "cobol", "code": "1"}),
+            "language",
+        ),
+        (
+            json!({"session_id": "x", "language": "py", "code": 5}),
+            "code",
+        ),
+        (
+            json!({"session_id": "x", "language": "py", "code": "1", "timeout_seconds": 0}),
+            "timeout_seconds",
+        ),
+        (
+            json!({"session_id": "x", "language": "py", "code": "1", "timeout_seconds": "10"}),
+            "timeout_seconds",
+        ),
+        (
+            json!({"session_id": "x", "language": "py", "code": "1", "args": "--flag"}),
+            "args",
+        ),
+        (
+            json!({"session_id": "a/b", "language": "py", "code": "1"}),
+            "session_id",
+        ),
+        (
+            json!({"session_id": "x", "language": "py", "code": "1", "files": ["file_123"]}),
+            "files[0]",
+        ),
         (
             json!({"session_id": "x", "language": "py", "code": "1",
                    "files": (0..11).map(|i| format!("f{i}")).collect::<Vec<_>>()}),
@@ -390,7 +419,11 @@ async fn too_many_runs_are_429_with_a_retry_hint() {
         .await
         .unwrap();
     assert_eq!(r.status(), 429);
-    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry));
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"], "rate_limited");
@@ -463,6 +496,9 @@ async fn an_idle_session_is_emptied_after_its_ttl() {
         list(&s, "busy").await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(names(&list(&s, "short").await).is_empty(), "idle 4 s with a 2 s TTL");
+    assert!(
+        names(&list(&s, "short").await).is_empty(),
+        "idle 4 s with a 2 s TTL"
+    );
     assert_eq!(names(&list(&s, "busy").await), ["b.txt"]);
 }

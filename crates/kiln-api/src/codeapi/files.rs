@@ -79,10 +79,7 @@ async fn authorized(
     params(
         ("session_id" = String, Path, description = "Storage session (21-char nanoid)"),
         ("file_id" = String, Path, description = "File id (21-char nanoid)"),
-        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
-        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
-        ("version" = Option<String>, Query, description = "Skill version"),
-        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+        ScopeQuery,
     ),
     responses(
         (status = 200, description = "The bytes", content_type = "application/octet-stream", body = Vec<u8>),
@@ -122,7 +119,21 @@ pub async fn download(
         tracing::error!(session = %s2, file = %f2, error = %e, "download stream failed");
     });
 
-    let mut resp = Response::new(Body::from_stream(stream));
+    let mut resp = file_response(&meta, Body::from_stream(stream));
+    let h = resp.headers_mut();
+    if let Ok(etag) = HeaderValue::from_str(&meta.etag()) {
+        h.insert(ETAG, etag);
+    }
+    if let Some(lm) = http_date(meta.created_at_ms).and_then(|d| HeaderValue::from_str(&d).ok()) {
+        h.insert(LAST_MODIFIED, lm);
+    }
+    Ok(resp)
+}
+
+/// A stored file's bytes with its `Content-Type`, `Content-Length` and an
+/// attachment `Content-Disposition` (every face's download).
+pub fn file_response(meta: &ObjectMeta, body: Body) -> Response {
+    let mut resp = Response::new(body);
     let h = resp.headers_mut();
     h.insert(
         CONTENT_TYPE,
@@ -135,13 +146,7 @@ pub async fn download(
         HeaderValue::from_str(&content_disposition(&meta.name))
             .unwrap_or(HeaderValue::from_static("attachment")),
     );
-    if let Ok(etag) = HeaderValue::from_str(&meta.etag()) {
-        h.insert(ETAG, etag);
-    }
-    if let Some(lm) = http_date(meta.created_at_ms).and_then(|d| HeaderValue::from_str(&d).ok()) {
-        h.insert(LAST_MODIFIED, lm);
-    }
-    Ok(resp)
+    resp
 }
 
 /// The object, waiting up to 14 × 500 ms for it to appear.
@@ -204,11 +209,7 @@ impl Detail {
     summary = "List a storage session",
     params(
         ("session_id" = String, Path, description = "Storage session"),
-        ("detail" = Option<String>, Query, description = "simple (keys), summary, full or normalized"),
-        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
-        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
-        ("version" = Option<String>, Query, description = "Skill version"),
-        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+        ScopeQuery,
     ),
     responses(
         (status = 200, description = "One item per object; its shape follows `detail`", body = Vec<Object>),
@@ -291,10 +292,7 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
     params(
         ("session_id" = String, Path, description = "Storage session"),
         ("file_id" = String, Path, description = "File id"),
-        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
-        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
-        ("version" = Option<String>, Query, description = "Skill version"),
-        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+        ScopeQuery,
     ),
     responses(
         (status = 200, description = "OK", body = ObjectInfo),
@@ -347,10 +345,7 @@ pub async fn object(
     params(
         ("session_id" = String, Path, description = "Storage session"),
         ("file_id" = String, Path, description = "File id"),
-        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
-        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
-        ("version" = Option<String>, Query, description = "Skill version"),
-        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+        ScopeQuery,
     ),
     responses(
         (status = 200, description = "OK", body = DeleteResponse),
@@ -407,10 +402,7 @@ pub async fn delete(
     params(
         ("session_id" = String, Path, description = "Storage session"),
         ("file_id" = String, Path, description = "File id"),
-        ("kind" = Option<String>, Query, description = "Claimed scope: user, agent or skill"),
-        ("id" = Option<String>, Query, description = "The scope's id (agent/skill id; for kind=user an identity hint)"),
-        ("version" = Option<String>, Query, description = "Skill version"),
-        ("entity_id" = Option<String>, Query, description = "G1: the agent (or user) the files belong to"),
+        ScopeQuery,
     ),
     responses(
         (status = 200, description = "OK", body = DeleteResponse),

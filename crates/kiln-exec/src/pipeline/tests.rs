@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kiln_core::access::Caller;
 use kiln_core::outcome::{ExitStatus, RunStatus};
-use kiln_core::{Kind, Language, Nanoid, Principal, RelPath};
+use kiln_core::{Kind, Language, Nanoid, RelPath};
 use kiln_sandbox::{BoxFuture, Jail, OutputStream, RunRequest, RunResult, SandboxError};
 use kiln_store::{NewObject, Store, StoreConfig};
 use tokio_util::sync::CancellationToken;
@@ -167,13 +167,7 @@ async fn fixture(programs: Vec<Program>) -> Fixture {
 }
 
 fn alice() -> Caller {
-    Caller {
-        principal: Principal {
-            tenant: "local".into(),
-            user_id: "alice".into(),
-        },
-        identified: true,
-    }
+    Caller::identified("local", "alice")
 }
 
 fn request(lang: &str, code: &str) -> ExecRequest {
@@ -424,13 +418,7 @@ async fn inputs_are_inherited_modified_or_deleted() {
 #[tokio::test]
 async fn a_reference_the_caller_may_not_read_takes_no_jail() {
     let f = fixture(vec![]).await;
-    let bob = Caller {
-        principal: Principal {
-            tenant: "local".into(),
-            user_id: "bob".into(),
-        },
-        identified: true,
-    };
+    let bob = Caller::identified("local", "bob");
     let (sid, fid) = upload(&f.store, &bob, "secret.csv", b"s").await;
     let mut req = request("py", "pass");
     req.files = vec![user_ref(&sid, &fid, "secret.csv")];
@@ -569,13 +557,7 @@ async fn into_a_workspace_session_outputs_replace_and_deletions_delete() {
     // someone else's session cannot be a workspace
     let mut req = request("py", "pass");
     req.outputs = Outputs::Workspace(sid.clone());
-    let bob = Caller {
-        principal: Principal {
-            tenant: "local".into(),
-            user_id: "bob".into(),
-        },
-        identified: true,
-    };
+    let bob = Caller::identified("local", "bob");
     let run = RunContext::standalone(bob, "py");
     assert_eq!(
         f.exec.execute(&run, req).await.unwrap_err(),

@@ -79,13 +79,7 @@ fn runs_with(act: Act, cfg: RunsConfig) -> Runs {
 }
 
 fn caller(user: &str) -> Caller {
-    Caller {
-        principal: Principal {
-            tenant: "local".into(),
-            user_id: user.into(),
-        },
-        identified: true,
-    }
+    Caller::identified("local", user)
 }
 
 fn req() -> ExecRequest {

@@ -122,9 +122,9 @@ async fn deleted_files_reveals_nothing_about_host_paths() {
     let s = shared();
     let (sid, fid) = upload_as("attacker", "x.txt", b"input\n").await;
     let probes = [
-        "a/passwd",               // exists on the host (/etc/passwd)
+        "a/passwd",                // exists on the host (/etc/passwd)
         "b/kiln-no-such-file.txt", // does not
-        "c/hostname",             // exists on the host
+        "c/hostname",              // exists on the host
     ];
     let files: Vec<serde_json::Value> = probes
         .iter()
