@@ -185,14 +185,17 @@ impl Execute for Executor {
     }
 }
 
-/// Removes a workspace when dropped, whatever happened.
+/// Removes a workspace when dropped, whatever happened. The jail built
+/// the tree: `remove_tree` copes with any depth (no recursion, a few fds);
+/// should it fail, the sandbox empties the slot's area (or re-creates it)
+/// before the slot is used again.
 struct WorkspaceGuard(PathBuf);
 
 impl Drop for WorkspaceGuard {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.0);
         let remove = move || {
-            if let Err(e) = fs::remove_dir_all(&path)
+            if let Err(e) = kiln_sandbox::remove_tree(&path)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 warn!(path = %path.display(), error = %e, "could not remove workspace");

@@ -43,6 +43,7 @@ mod seqpacket;
 mod slots;
 mod spec;
 mod sys;
+mod tree;
 mod warm;
 mod zygote;
 
@@ -58,5 +59,6 @@ pub use sandbox::{ParkSpec, ParkedJail, Sandbox};
 pub use seccomp::{DEFAULT_PROFILE as DEFAULT_SECCOMP_PROFILE, PolicyError};
 pub use slots::Slot;
 pub use spec::{JAIL_UID, ParkMode};
+pub use tree::remove_tree;
 pub use warm::{WarmConfig, WarmPool, WarmStats};
 pub use zygote::{ZygoteConfig, ZygoteInfo, find_libpython, zygote_main};

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cleanup;
 mod exhaustion;
 mod files;
 mod hardening;
