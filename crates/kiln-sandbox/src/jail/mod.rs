@@ -279,8 +279,13 @@ fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
 /// already in the jail's pid namespace: joins the jail's cgroups and its
 /// other namespaces through its init's pidfd, then goes on exactly like a
 /// program process its init forked. Never returns.
+///
+/// Its memory is a copy of the fork-server's and will be the user
+/// program's: the request line (`spec_line`, in the fork-server's receive
+/// buffer) and every host path parsed from it are zeroed before the
+/// program could read them.
 pub(crate) fn forked_program_main(
-    spec_line: &[u8],
+    spec_line: &mut [u8],
     exec_w: OwnedFd,
     go_r: OwnedFd,
     init_pidfd: OwnedFd,
@@ -290,11 +295,14 @@ pub(crate) fn forked_program_main(
         let _ = nix::unistd::write(&exec_w, &e.into_status().to_line());
         sys::exit_now(127)
     };
-    let spec: JailSpec = match serde_json::from_slice(spec_line) {
+    let parsed = serde_json::from_slice::<JailSpec>(spec_line);
+    sys::scrub(spec_line);
+    let mut spec = match parsed {
         Ok(s) => s,
         Err(e) => fail(JailError::setup("parse spec", e)),
     };
-    let (_, confinement) = prepare(&spec);
+    let (plan, confinement) = prepare(&spec);
+    plan.into_iter().for_each(plan::Op::scrub);
     // "0" is the writer itself (our pid here is the jail's, not the host's).
     let procs: Vec<std::path::PathBuf> = match &spec.cgroup {
         None => Vec::new(),
@@ -303,12 +311,11 @@ pub(crate) fn forked_program_main(
     };
     for p in procs {
         if let Err(e) = std::fs::write(&p, "0") {
-            fail(JailError::setup(
-                format_args!("attach to {}", p.display()),
-                e,
-            ));
+            fail(JailError::setup("attach to the run's cgroups", e));
         }
+        sys::scrub_path(p);
     }
+    spec.scrub_host_paths();
     let others = nix::sched::CloneFlags::from_bits_truncate(JAIL_NAMESPACES & !libc::CLONE_NEWPID);
     if let Err(e) = nix::sched::setns(&init_pidfd, others) {
         fail(JailError::setup("join the jail's namespaces", e));
