@@ -478,6 +478,24 @@ pub fn drop_bounding_and_ambient_caps() -> Result<(), Errno> {
     Ok(())
 }
 
+/// `PR_SET_SECUREBITS` with `SECBIT_NO_SETUID_FIXUP`: changing the
+/// effective uid away from 0 keeps the capability sets. Needs
+/// `CAP_SETPCAP`. The bit is not inherited into a new user namespace.
+pub fn keep_caps_across_uid_changes() -> Result<(), Errno> {
+    // SAFETY: PR_SET_SECUREBITS takes its value by value and no pointers;
+    // the unused arguments are zero.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECUREBITS,
+            libc::SECBIT_NO_SETUID_FIXUP as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if r != 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
 /// `LOOP_CTL_GET_FREE` from `<linux/loop.h>`.
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 /// `LOOP_CONFIGURE` (Linux 5.8).

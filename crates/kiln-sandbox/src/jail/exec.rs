@@ -25,6 +25,12 @@ use nix::unistd::{
     Gid, Uid, chdir, execve, getgroups, getppid, setresgid, setresuid, setsid, write,
 };
 
+/// RLIMIT_SIGPENDING of the jail's user: signals queued at once.
+pub const SIGPENDING: u64 = 1024;
+/// RLIMIT_MSGQUEUE: bytes of POSIX message queues (three default-sized
+/// queues).
+pub const MSGQUEUE_BYTES: u64 = 256 * 1024;
+
 /// Runs G; only returns through `execve`, the embedded runner or `_exit(127)`.
 pub(super) fn exec_main(
     spec: &JailSpec,
@@ -125,6 +131,11 @@ fn exec(
         l.cpu_secs.saturating_add(1),
     )?;
     limit(Resource::RLIMIT_NPROC, l.nproc, l.nproc)?;
+    // Queued signals and POSIX message queue bytes are per-user budgets:
+    // bounded here for the jail's user (and charged to the slot's uid on
+    // the host, never to root's; see `clone_owned_by`).
+    limit(Resource::RLIMIT_SIGPENDING, SIGPENDING, SIGPENDING)?;
+    limit(Resource::RLIMIT_MSGQUEUE, MSGQUEUE_BYTES, MSGQUEUE_BYTES)?;
 
     // The helper dropped host root's groups and the jail may not call
     // setgroups (denied in its user namespace): check instead of setting.

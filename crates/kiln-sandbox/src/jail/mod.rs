@@ -129,6 +129,35 @@ fn write_id_maps(pid: Pid, base: u32) -> Result<(), JailError> {
     write("gid_map", &map)
 }
 
+/// Clones the jail's init into its new namespaces with the user namespace
+/// owned by `owner` (the host uid of the jail's root), not by host root.
+///
+/// The kernel charges per-user budgets of everything in a user namespace
+/// (inotify instances and watches, pending signals, POSIX message queue
+/// bytes, namespaces, ...) up the chain of namespace owners. Owned by root,
+/// every jail's usage counted against host root's own limits: one jail
+/// holding 128 inotify instances made `inotify_init` fail for every root
+/// process and every other jail. Owned by the slot's uid, what a jail takes
+/// comes out of that slot's budget alone.
+///
+/// The euid changes only around the clone; the capabilities stay
+/// (`SECBIT_NO_SETUID_FIXUP`), so creating the namespaces is still a
+/// privileged operation (hosts that restrict unprivileged user namespaces
+/// still allow it) and the maps can be written afterwards.
+fn clone_owned_by(owner: nix::unistd::Uid, cgroup: Option<i32>) -> Result<Forked, JailError> {
+    use nix::unistd::{Uid, setresuid};
+    sys::keep_caps_across_uid_changes().map_err(|e| JailError::setup("set securebits", e))?;
+    let keep = Uid::from_raw(u32::MAX); // -1: unchanged
+    setresuid(keep, owner, keep).map_err(|e| JailError::setup("become the jail's owner", e))?;
+    let forked = sys::clone3_fork(JAIL_NAMESPACES as u64, cgroup);
+    if let Ok(Forked::Child) = forked {
+        return Ok(Forked::Child);
+    }
+    setresuid(keep, Uid::from_raw(0), keep)
+        .map_err(|e| JailError::setup("back to host root", e))?;
+    forked.map_err(|e| JailError::setup("clone3", e))
+}
+
 /// Waits for C. Kills it (and still reaps it, so the whole pid namespace is
 /// gone when this returns) once `deadline` passes or when the server closes
 /// the control pipe — the server's way of stopping a run, and what happens
@@ -426,11 +455,10 @@ fn helper(status: &File) -> Result<(), JailError> {
         None => (None, None),
     };
     let mut started = Instant::now();
-    let forked = sys::clone3_fork(
-        JAIL_NAMESPACES as u64,
+    let forked = clone_owned_by(
+        nix::unistd::Uid::from_raw(spec.id_base),
         cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
-    )
-    .map_err(|e| JailError::setup("clone3", e))?;
+    )?;
     let (pid, pidfd) = match forked {
         Forked::Child => {
             drop(cgroup_fd);
