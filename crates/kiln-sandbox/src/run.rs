@@ -76,6 +76,33 @@ pub struct RunResult {
     pub cpu_time: Option<Duration>,
     /// Peak memory of the run's cgroup.
     pub memory_peak: Option<u64>,
+    /// CPU time of the run's cgroup, every process of the jail included
+    /// (cgroup v2 only: v1's `cpu` hierarchy does not count it).
+    pub cgroup_cpu_time: Option<Duration>,
+    /// How long the run waited because it had used its CPU quota
+    /// (`SandboxConfig::cpu_per_run_millis`); `None` without a cpu
+    /// controller.
+    pub cpu_throttled: Option<Duration>,
+}
+
+impl Default for RunResult {
+    /// An empty successful run (for tests and fakes of the sandbox).
+    fn default() -> Self {
+        RunResult {
+            exit: ExitStatus::Code(0),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_overflow: false,
+            stderr_overflow: false,
+            timed_out: false,
+            oom_killed: false,
+            wall_time: Duration::ZERO,
+            cpu_time: None,
+            memory_peak: None,
+            cgroup_cpu_time: None,
+            cpu_throttled: None,
+        }
+    }
 }
 
 /// Why the server killed a jail.

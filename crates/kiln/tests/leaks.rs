@@ -166,7 +166,11 @@ fn new_mounts(before: &BTreeSet<(String, String)>, own_dir: &Path) -> Vec<String
 /// (the same detection the sandbox does).
 fn cgroup_parents() -> Vec<PathBuf> {
     match kiln_sandbox::probe_host().cgroup {
-        CgroupSupport::V1 { memory, pids } => vec![memory.join("kiln"), pids.join("kiln")],
+        CgroupSupport::V1 { memory, pids, cpu } => [Some(memory), Some(pids), cpu]
+            .into_iter()
+            .flatten()
+            .map(|p| p.join("kiln"))
+            .collect(),
         CgroupSupport::V2 { group, .. } => vec![group.join("kiln")],
         CgroupSupport::None => panic!("no usable cgroups: the server could not have started"),
     }

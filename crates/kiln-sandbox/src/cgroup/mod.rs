@@ -29,8 +29,13 @@ pub const KILN_GROUP: &str = "kiln";
 /// What the host offers for memory and pids limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CgroupSupport {
-    /// cgroup v1 memory and pids hierarchies; our own group in each.
-    V1 { memory: PathBuf, pids: PathBuf },
+    /// cgroup v1 memory and pids hierarchies (and `cpu` when mounted); our
+    /// own group in each.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: Option<PathBuf>,
+    },
     /// cgroup v2 with the memory and pids controllers; our own group.
     V2 {
         group: PathBuf,
@@ -81,7 +86,14 @@ pub fn support_from(
         detect::v1_group(&mounts, &members, "memory"),
         detect::v1_group(&mounts, &members, "pids"),
     ) {
-        (Some(memory), Some(pids)) => (CgroupSupport::V1 { memory, pids }, problems),
+        (Some(memory), Some(pids)) => (
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpu: detect::v1_group(&mounts, &members, "cpu"),
+            },
+            problems,
+        ),
         (memory, pids) => {
             if memory.is_none() {
                 problems.push("cgroup: no memory controller in cgroup v1 or v2".to_owned());
@@ -106,19 +118,70 @@ pub enum CgroupDriver {
 pub struct CgroupStats {
     pub memory_peak: Option<u64>,
     pub oom_kills: u64,
+    /// CPU time of the run's group (cgroup v2 `cpu.stat usage_usec`; v1's
+    /// `cpu` hierarchy does not count it).
+    pub cpu_usage: Option<Duration>,
+    /// How long the run's group waited because it had used its CPU quota.
+    pub cpu_throttled: Option<Duration>,
+}
+
+/// How much CPU runs get, in thousandths of a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuLimits {
+    /// One run's quota.
+    pub per_run_millis: u32,
+    /// The quota of the `kiln/` parent: every run together.
+    pub all_runs_millis: u32,
+}
+
+/// The CFS period every quota is expressed in (100 ms, the kernel's
+/// default).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+impl CpuLimits {
+    /// Quota per period for `millis` thousandths of a core.
+    pub fn quota_us(millis: u32) -> u64 {
+        (u64::from(millis) * CPU_PERIOD_US / 1000).max(1000)
+    }
 }
 
 impl CgroupDriver {
-    /// Prepares the `kiln/` parent group(s) for the detected layout.
-    pub fn setup(support: &CgroupSupport) -> Result<CgroupDriver, SandboxError> {
+    /// Prepares the `kiln/` parent group(s) for the detected layout. The
+    /// CPU quotas apply where the host has a `cpu` controller.
+    pub fn setup(support: &CgroupSupport, cpu: CpuLimits) -> Result<CgroupDriver, SandboxError> {
         match support {
-            CgroupSupport::V1 { memory, pids } => {
-                Ok(CgroupDriver::V1(v1::V1::setup(memory, pids)?))
-            }
-            CgroupSupport::V2 { group, .. } => Ok(CgroupDriver::V2(v2::V2::setup(group)?)),
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpu: cpu_dir,
+            } => Ok(CgroupDriver::V1(v1::V1::setup(
+                memory,
+                pids,
+                cpu_dir.as_deref(),
+                cpu,
+            )?)),
+            CgroupSupport::V2 { group, .. } => Ok(CgroupDriver::V2(v2::V2::setup(group, cpu)?)),
             CgroupSupport::None => Err(SandboxError::Unsupported(vec![
                 "no usable cgroup memory and pids controllers".to_owned(),
             ])),
+        }
+    }
+
+    /// Whether runs get a CPU quota (the host has a `cpu` controller).
+    pub fn limits_cpu(&self) -> bool {
+        match self {
+            CgroupDriver::V1(d) => d.limits_cpu(),
+            CgroupDriver::V2(d) => d.limits_cpu(),
+        }
+    }
+
+    /// Sets the `kiln/` parent's CPU quota (every run together). Done once
+    /// stale run groups are gone: a parent's quota may not be below a
+    /// child's.
+    pub fn apply_parent_cpu(&self) -> Result<(), SandboxError> {
+        match self {
+            CgroupDriver::V1(d) => d.apply_parent_cpu(),
+            CgroupDriver::V2(d) => d.apply_parent_cpu(),
         }
     }
 
@@ -141,15 +204,16 @@ impl CgroupDriver {
         let mut run = RunCgroups {
             v2: matches!(self, CgroupDriver::V2(_)),
             dirs: Vec::new(),
+            cpu: None,
             done: false,
             lease: Some(lease),
         };
         // Every directory is pushed as soon as it exists, so an error below
         // still removes it (Drop).
-        match self {
+        run.cpu = match self {
             CgroupDriver::V1(d) => d.create(name, limits, &mut run.dirs)?,
             CgroupDriver::V2(d) => d.create(name, limits, &mut run.dirs)?,
-        }
+        };
         Ok(run)
     }
 
@@ -215,6 +279,8 @@ pub struct RunCgroups {
     v2: bool,
     /// Groups not removed yet; the first is where memory statistics live.
     dirs: Vec<PathBuf>,
+    /// The group with the run's CPU quota, if any.
+    cpu: Option<PathBuf>,
     done: bool,
     lease: Option<SlotLease>,
 }
@@ -253,11 +319,28 @@ impl RunCgroups {
         let Some(dir) = self.dirs.first() else {
             return CgroupStats::default();
         };
-        if self.v2 {
+        let mut stats = if self.v2 {
             v2::stats(dir)
         } else {
             v1::stats(dir)
+        };
+        if let Some(cpu) = &self.cpu {
+            let text = fs::read_to_string(cpu.join("cpu.stat")).unwrap_or_default();
+            let (usage, throttled) = if self.v2 {
+                (
+                    detect::keyed_value(&text, "usage_usec").map(Duration::from_micros),
+                    detect::keyed_value(&text, "throttled_usec").map(Duration::from_micros),
+                )
+            } else {
+                (
+                    None,
+                    detect::keyed_value(&text, "throttled_time").map(Duration::from_nanos),
+                )
+            };
+            stats.cpu_usage = stats.cpu_usage.or(usage);
+            stats.cpu_throttled = throttled;
         }
+        stats
     }
 
     /// Removes the groups that are empty; `true` once all are gone.
@@ -347,6 +430,7 @@ impl Drop for RunCgroups {
         let mut rest = RunCgroups {
             v2: self.v2,
             dirs: std::mem::take(&mut self.dirs),
+            cpu: self.cpu.take(),
             done: false,
             lease: self.lease.take(),
         };
@@ -385,7 +469,8 @@ mod tests {
             support,
             CgroupSupport::V1 {
                 memory: "/sys/fs/cgroup/memory/process_api/x".into(),
-                pids: "/sys/fs/cgroup/pids".into()
+                pids: "/sys/fs/cgroup/pids".into(),
+                cpu: None,
             }
         );
     }

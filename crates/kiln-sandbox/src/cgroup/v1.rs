@@ -1,13 +1,14 @@
-//! cgroup v1 driver: separate `memory` and `pids` hierarchies. The helper
-//! attaches itself by writing its pid to both `cgroup.procs` files before it
-//! clones the jail (v1 has no `CLONE_INTO_CGROUP`).
+//! cgroup v1 driver: separate `memory`, `pids` and (where mounted) `cpu`
+//! hierarchies. The helper attaches itself by writing its pid to every
+//! `cgroup.procs` file before it clones the jail (v1 has no
+//! `CLONE_INTO_CGROUP`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use kiln_core::Limits;
 
-use super::{CgroupStats, KILN_GROUP, detect, make_group, write_file};
+use super::{CPU_PERIOD_US, CgroupStats, CpuLimits, KILN_GROUP, detect, make_group, write_file};
 use crate::error::SandboxError;
 
 #[derive(Debug)]
@@ -16,32 +17,68 @@ pub struct V1 {
     memory: PathBuf,
     /// `<own pids group>/kiln`
     pids: PathBuf,
+    /// `<own cpu group>/kiln`, where the host mounts the `cpu` controller.
+    cpu: Option<PathBuf>,
+    limits: CpuLimits,
+}
+
+/// Sets a v1 group's CFS quota to `millis` thousandths of a core.
+fn set_quota(group: &Path, millis: u32) -> Result<(), SandboxError> {
+    write_file(&group.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+    write_file(
+        &group.join("cpu.cfs_quota_us"),
+        &CpuLimits::quota_us(millis).to_string(),
+    )
 }
 
 impl V1 {
-    pub fn setup(memory: &Path, pids: &Path) -> Result<V1, SandboxError> {
+    pub fn setup(
+        memory: &Path,
+        pids: &Path,
+        cpu: Option<&Path>,
+        limits: CpuLimits,
+    ) -> Result<V1, SandboxError> {
         let d = V1 {
             memory: memory.join(KILN_GROUP),
             pids: pids.join(KILN_GROUP),
+            cpu: cpu.map(|c| c.join(KILN_GROUP)),
+            limits,
         };
-        for p in [&d.memory, &d.pids] {
+        for p in [Some(&d.memory), Some(&d.pids), d.cpu.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             fs::create_dir_all(p).map_err(|e| SandboxError::io("create cgroup", p, e))?;
         }
         Ok(d)
     }
 
-    pub fn parents(&self) -> Vec<PathBuf> {
-        vec![self.memory.clone(), self.pids.clone()]
+    pub fn limits_cpu(&self) -> bool {
+        self.cpu.is_some()
     }
 
-    /// Creates `<memory>/kiln/<name>` (first in `dirs`: stats live there) and
-    /// `<pids>/kiln/<name>` with their limits.
+    pub fn apply_parent_cpu(&self) -> Result<(), SandboxError> {
+        match &self.cpu {
+            Some(cpu) => set_quota(cpu, self.limits.all_runs_millis),
+            None => Ok(()),
+        }
+    }
+
+    pub fn parents(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.memory.clone(), self.pids.clone()];
+        v.extend(self.cpu.clone());
+        v
+    }
+
+    /// Creates `<memory>/kiln/<name>` (first in `dirs`: stats live there),
+    /// `<pids>/kiln/<name>` and `<cpu>/kiln/<name>` with their limits;
+    /// returns the CPU group.
     pub fn create(
         &self,
         name: &str,
         limits: &Limits,
         dirs: &mut Vec<PathBuf>,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<Option<PathBuf>, SandboxError> {
         let mem = self.memory.join(name);
         make_group(mem.clone(), dirs)?;
         let bytes = limits.memory_bytes.to_string();
@@ -59,7 +96,13 @@ impl V1 {
             &pids.join("pids.max"),
             &(u64::from(limits.pids) + 2).to_string(),
         )?;
-        Ok(())
+        let Some(cpu) = &self.cpu else {
+            return Ok(None);
+        };
+        let cpu = cpu.join(name);
+        make_group(cpu.clone(), dirs)?;
+        set_quota(&cpu, self.limits.per_run_millis)?;
+        Ok(Some(cpu))
     }
 }
 
@@ -72,5 +115,6 @@ pub fn stats(memory_dir: &Path) -> CgroupStats {
         oom_kills: read("memory.oom_control")
             .and_then(|t| detect::keyed_value(&t, "oom_kill"))
             .unwrap_or(0),
+        ..CgroupStats::default()
     }
 }

@@ -10,6 +10,7 @@ mod common;
 
 mod budgets;
 mod cleanup;
+mod cpu;
 mod exhaustion;
 mod files;
 mod hardening;
