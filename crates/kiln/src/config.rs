@@ -91,6 +91,10 @@ pub struct Config {
     /// Start the Python fork-server: warm `py` jails are forks of an
     /// interpreter that imported numpy, pandas and matplotlib once.
     pub python_zygote: bool,
+    /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
+    /// as a minimal init that reaps orphans and forwards signals, and run
+    /// the server as its child.
+    pub pid1_init: bool,
 }
 
 impl Default for Config {
@@ -132,6 +136,7 @@ impl Default for Config {
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,
+            pid1_init: true,
         }
     }
 }
