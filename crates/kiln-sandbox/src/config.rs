@@ -60,6 +60,13 @@ pub struct SandboxConfig {
     pub workspace_inodes: u64,
     /// How the workspace quota is enforced.
     pub workspace_quota: QuotaMode,
+    /// CPU quota of one run, in thousandths of a core (cgroup `cpu`
+    /// controller; default one core).
+    pub cpu_per_run_millis: u32,
+    /// CPU quota of every run together, in thousandths of a core; `None`:
+    /// all cores but half a core, which the server keeps (at least half a
+    /// core). A run never gets more than this.
+    pub cpu_all_runs_millis: Option<u32>,
     /// Development only: start even when a protection is missing (cgroup
     /// limits, seccomp, workspace quota), logging an ERROR per missing
     /// protection at start and a WARN per run. Namespaces and root remain
@@ -80,6 +87,8 @@ impl Default for SandboxConfig {
             workspace_bytes: 1 << 30,
             workspace_inodes: 65_536,
             workspace_quota: QuotaMode::Auto,
+            cpu_per_run_millis: 1000,
+            cpu_all_runs_millis: None,
             allow_degraded: false,
         }
     }
@@ -91,7 +100,26 @@ fn is_clean_absolute(p: &Path) -> bool {
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
+/// Smallest CPU quota accepted, in thousandths of a core (the kernel's
+/// minimum is 1 ms per 100 ms period).
+pub const MIN_CPU_MILLIS: u32 = 10;
+
 impl SandboxConfig {
+    /// The CPU quotas runs get: `cpu_all_runs_millis` or all cores of this
+    /// machine but half a core; one run gets at most that.
+    pub fn cpu_limits(&self) -> crate::cgroup::CpuLimits {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = u32::try_from(cores * 1000)
+            .unwrap_or(u32::MAX)
+            .saturating_sub(500)
+            .max(500);
+        let all = self.cpu_all_runs_millis.unwrap_or(auto);
+        crate::cgroup::CpuLimits {
+            per_run_millis: self.cpu_per_run_millis.min(all),
+            all_runs_millis: all,
+        }
+    }
+
     /// Where the slots' workspace filesystems live.
     pub fn slots_dir(&self) -> PathBuf {
         self.slots_dir.clone().unwrap_or_else(|| {
@@ -162,6 +190,13 @@ impl SandboxConfig {
                 self.workspace_bytes
             ));
         }
+        if self.cpu_per_run_millis < MIN_CPU_MILLIS
+            || self.cpu_all_runs_millis.is_some_and(|m| m < MIN_CPU_MILLIS)
+        {
+            return bad(format!(
+                "CPU quotas must be at least {MIN_CPU_MILLIS} thousandths of a core"
+            ));
+        }
         if self.workspace_inodes < MIN_WORKSPACE_INODES {
             return bad(format!(
                 "workspace_inodes {} is below the minimum of {MIN_WORKSPACE_INODES}",
@@ -187,6 +222,23 @@ mod tests {
         assert_eq!(c.workspace_inodes, 65_536);
         assert!(!c.allow_degraded);
         assert_eq!(c.slots_dir(), PathBuf::from("/run/kiln/slots"));
+        assert_eq!(c.cpu_per_run_millis, 1000);
+    }
+
+    #[test]
+    fn a_run_gets_at_most_one_core_by_default_and_never_more_than_all_runs() {
+        let c = SandboxConfig::default();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let l = c.cpu_limits();
+        assert_eq!(l.all_runs_millis, (cores * 1000 - 500).max(500));
+        assert_eq!(l.per_run_millis, 1000.min(l.all_runs_millis));
+        let c = SandboxConfig {
+            cpu_per_run_millis: 4000,
+            cpu_all_runs_millis: Some(1500),
+            ..SandboxConfig::default()
+        };
+        let l = c.cpu_limits();
+        assert_eq!((l.per_run_millis, l.all_runs_millis), (1500, 1500));
     }
 
     #[test]
@@ -255,6 +307,14 @@ mod tests {
             },
             SandboxConfig {
                 workspace_inodes: 10,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                cpu_per_run_millis: 0,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                cpu_all_runs_millis: Some(5),
                 ..ok.clone()
             },
         ];

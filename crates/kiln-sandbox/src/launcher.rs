@@ -20,7 +20,8 @@
 //!    helper's pid (4 bytes, little-endian) with its pidfd attached, or an
 //!    error text.
 //!
-//! The launcher ignores `SIGCHLD`, so the kernel reaps the helpers; the
+//! The launcher ignores `SIGCHLD`, so the kernel reaps the helpers (and,
+//! as their subreaper, any jail init a dead helper left behind); the
 //! server follows each helper through its pidfd, and the helper reports how
 //! its jail ended on its status pipe, as a spawned one does. The launcher
 //! exits when the server closes the socket. If it cannot start or dies, the
@@ -158,6 +159,9 @@ fn serve(sock: &OwnedFd) -> Result<(), String> {
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     // The kernel reaps our children: the server watches each by its pidfd.
     sys::set_sigchld_ignored(true).map_err(|e| format!("ignore SIGCHLD: {e}"))?;
+    // A jail's init whose helper died is orphaned to us, not to the
+    // server (or whatever is PID 1), and reaped at once like our children.
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("become a subreaper: {e}"))?;
     send(sock, b"r", &[]).map_err(|e| format!("report ready: {e}"))?;
     let mut buf = [0u8; 16];
     loop {

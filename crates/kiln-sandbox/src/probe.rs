@@ -82,11 +82,24 @@ impl fmt::Display for HostReport {
             yes(self.user_namespaces)
         )?;
         let where_ = match &self.cgroup {
-            CgroupSupport::V1 { memory, pids } => format!(
-                "cgroup v1: memory at {}, pids at {}",
-                memory.display(),
-                pids.display()
-            ),
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
+                let at = |d: &Option<std::path::PathBuf>| {
+                    d.as_ref()
+                        .map_or("NOT mounted".to_owned(), |c| format!("at {}", c.display()))
+                };
+                format!(
+                    "cgroup v1: memory at {}, pids at {}, cpu {}, cpuacct {}",
+                    memory.display(),
+                    pids.display(),
+                    at(cpu),
+                    at(cpuacct)
+                )
+            }
             CgroupSupport::V2 { group, controllers } => format!(
                 "cgroup v2 at {}: {}",
                 group.display(),
@@ -165,7 +178,7 @@ pub fn probe_host() -> HostReport {
     let before = problems.len();
     problems.extend(cg_problems);
     match &cgroup {
-        CgroupSupport::V1 { memory, pids } => {
+        CgroupSupport::V1 { memory, pids, .. } => {
             for d in [memory, pids] {
                 if !writable(d) {
                     problems.push(format!("cgroup {} is not writable", d.display()));
@@ -180,6 +193,11 @@ pub fn probe_host() -> HostReport {
         CgroupSupport::None => {}
     }
     let cgroup_limits = problems.len() == before && cgroup != CgroupSupport::None;
+    let cpu_controller = match &cgroup {
+        CgroupSupport::V1 { cpu, .. } => cpu.as_deref().is_some_and(writable),
+        CgroupSupport::V2 { controllers, .. } => controllers.iter().any(|c| c == "cpu"),
+        CgroupSupport::None => false,
+    };
     let seccomp = seccomp_available();
     if !seccomp {
         problems.push("seccomp filter mode with errno action not available".to_owned());
@@ -188,6 +206,9 @@ pub fn probe_host() -> HostReport {
     let mut warnings = Vec::new();
     if landlock_abi.is_none() {
         warnings.push("no Landlock: jails run without it".to_owned());
+    }
+    if cgroup_limits && !cpu_controller {
+        warnings.push("no cgroup cpu controller: a run's processes may take every core".to_owned());
     }
     let workspace_quota = quota::probe();
     match &workspace_quota {
@@ -223,6 +244,8 @@ mod tests {
             cgroup: CgroupSupport::V1 {
                 memory: "/sys/fs/cgroup/memory/x".into(),
                 pids: "/sys/fs/cgroup/pids".into(),
+                cpu: Some("/sys/fs/cgroup/cpu".into()),
+                cpuacct: Some("/sys/fs/cgroup/cpuacct".into()),
             },
             cgroup_limits: true,
             seccomp: true,
@@ -241,7 +264,7 @@ mod tests {
         let text = r.to_string();
         for line in [
             "namespaces (user, mount, pid, net, ipc, uts): yes",
-            "memory and pids limits: yes (cgroup v1: memory at /sys/fs/cgroup/memory/x, pids at /sys/fs/cgroup/pids)",
+            "memory and pids limits: yes (cgroup v1: memory at /sys/fs/cgroup/memory/x, pids at /sys/fs/cgroup/pids, cpu at /sys/fs/cgroup/cpu, cpuacct at /sys/fs/cgroup/cpuacct)",
             "seccomp filter (allow-list per profile): yes",
             "landlock: yes (ABI 7: file access, TCP bind/connect, signals and abstract sockets; no audit flooding)",
             "workspace quota: yes (loop-mounted ext4 image per slot: bytes and inodes)",

@@ -128,6 +128,29 @@ pub struct RunResult {
     pub cpu_time: Option<Duration>,
     /// Peak memory of the run's cgroup.
     pub memory_peak: Option<u64>,
+    /// How long the run waited because it had used its CPU quota
+    /// (`SandboxConfig::cpu_per_run_millis`); `None` without a cpu
+    /// controller.
+    pub cpu_throttled: Option<Duration>,
+}
+
+impl Default for RunResult {
+    /// An empty successful run (for tests and fakes of the sandbox).
+    fn default() -> Self {
+        RunResult {
+            exit: ExitStatus::Code(0),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_overflow: false,
+            stderr_overflow: false,
+            timed_out: false,
+            oom_killed: false,
+            wall_time: Duration::ZERO,
+            cpu_time: None,
+            memory_peak: None,
+            cpu_throttled: None,
+        }
+    }
 }
 
 /// Why the server killed a jail.
@@ -256,52 +279,108 @@ fn make_pipes() -> std::io::Result<(ServerEnds, HelperPipes)> {
 
 /// A helper process: forked by the jail launcher (then a pidfd ties the
 /// server to it; the kernel reaps it) or spawned by the server.
-pub(crate) enum HelperProc {
-    Launched {
-        pidfd: AsyncFd<OwnedFd>,
-        exited: bool,
-    },
+///
+/// Dropped while the helper still runs (the run's future was dropped: a
+/// client hung up), it ends the run the graceful way: the control pipe
+/// closes with it, so the helper kills and reaps the jail itself, and only
+/// a helper still there after [`HARD_KILL_AFTER`] is killed, by a
+/// background task. Killing the helper at once would orphan the jail's
+/// init: a zombie for whoever inherits it (the launcher reaps those; a
+/// server that is PID 1 would not).
+pub(crate) struct HelperProc {
+    /// `None` once handed to the background task.
+    kind: Option<HelperKind>,
+    exited: bool,
+    /// Owned by the background task that ends it: dropped, kill at once.
+    detached: bool,
+}
+
+enum HelperKind {
+    Launched(AsyncFd<OwnedFd>),
     Spawned(tokio::process::Child),
 }
 
 impl HelperProc {
+    pub(crate) fn launched(pidfd: AsyncFd<OwnedFd>) -> HelperProc {
+        HelperProc {
+            kind: Some(HelperKind::Launched(pidfd)),
+            exited: false,
+            detached: false,
+        }
+    }
+
+    pub(crate) fn spawned(child: tokio::process::Child) -> HelperProc {
+        HelperProc {
+            kind: Some(HelperKind::Spawned(child)),
+            exited: false,
+            detached: false,
+        }
+    }
+
     /// SIGKILL; its death takes the jail down (PDEATHSIG of the jail's init).
     fn kill(&self) {
-        match self {
-            HelperProc::Launched { pidfd, exited } => {
-                if !exited {
-                    let _ = sys::pidfd_kill(pidfd.get_ref());
-                }
+        if self.exited {
+            return;
+        }
+        match &self.kind {
+            Some(HelperKind::Launched(pidfd)) => {
+                let _ = sys::pidfd_kill(pidfd.get_ref());
             }
             // The helper is not reaped before `wait` returns, so the pid is
             // still ours.
-            HelperProc::Spawned(child) => {
+            Some(HelperKind::Spawned(child)) => {
                 if let Some(pid) = child.id() {
                     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
                 }
             }
+            None => {}
         }
     }
 
     /// Waits for the helper's exit; describes how it ended.
     async fn wait(&mut self) -> std::io::Result<String> {
-        match self {
-            HelperProc::Launched { pidfd, exited } => {
+        let how = match &mut self.kind {
+            Some(HelperKind::Launched(pidfd)) => {
                 // A pidfd becomes readable once its process has exited.
                 let _ready = pidfd.readable().await?;
-                *exited = true;
-                Ok("exited (reaped by the jail launcher)".to_owned())
+                "exited (reaped by the jail launcher)".to_owned()
             }
-            HelperProc::Spawned(child) => Ok(child.wait().await?.to_string()),
+            Some(HelperKind::Spawned(child)) => child.wait().await?.to_string(),
+            None => "handed to the background".to_owned(),
+        };
+        self.exited = true;
+        Ok(how)
+    }
+
+    /// Gives the helper [`HARD_KILL_AFTER`] to end, then kills it.
+    async fn end_gracefully(mut self) {
+        if tokio::time::timeout(HARD_KILL_AFTER, self.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("jail helper did not stop within {HARD_KILL_AFTER:?}; killing it");
+            self.kill();
+            let _ = self.wait().await;
         }
     }
 }
 
 impl Drop for HelperProc {
     fn drop(&mut self) {
-        // A spawned child has kill_on_drop.
-        if let HelperProc::Launched { exited: false, .. } = self {
-            self.kill();
+        if self.exited {
+            return;
+        }
+        let runtime = tokio::runtime::Handle::try_current();
+        match runtime {
+            Ok(handle) if !self.detached => {
+                let rest = HelperProc {
+                    kind: self.kind.take(),
+                    exited: false,
+                    detached: true,
+                };
+                handle.spawn(rest.end_gracefully());
+            }
+            _ => self.kill(),
         }
     }
 }
@@ -351,10 +430,7 @@ pub(crate) async fn start_helper(
                 drop(zygote);
                 let pidfd = sys::async_readable(pidfd)
                     .map_err(|e| SandboxError::io("watch helper pidfd", helper, e))?;
-                let proc = HelperProc::Launched {
-                    pidfd,
-                    exited: false,
-                };
+                let proc = HelperProc::launched(pidfd);
                 return Started::new(helper, proc, ends);
             }
             Err(e) => tracing::warn!(error = %e, "spawning the jail helper instead"),
@@ -380,7 +456,7 @@ pub(crate) async fn start_helper(
     drop(cmd);
     drop(child_ends.status);
     drop(zygote);
-    Started::new(helper, HelperProc::Spawned(child), ends)
+    Started::new(helper, HelperProc::spawned(child), ends)
 }
 
 impl Started {

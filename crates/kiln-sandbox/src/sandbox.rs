@@ -229,15 +229,31 @@ impl Sandbox {
                 "INSECURE: the sandbox runs without this protection (allow_degraded is set)"
             );
         }
+        let mut report = report;
+        let cpu = cfg.cpu_limits();
         let cgroups = if report.cgroup_limits {
-            let c = CgroupDriver::setup(&report.cgroup)?;
+            let c = CgroupDriver::setup(&report.cgroup, cpu)?;
             c.sweep_stale();
+            if let Err(e) = c.apply_parent_cpu() {
+                tracing::warn!(error = %e, "CPU quota of all runs together not set");
+                report
+                    .warnings
+                    .push(format!("CPU quota of all runs together not set: {e}"));
+            }
+            let said = |r: &HostReport| r.warnings.iter().any(|w| w.contains("cpu controller"));
+            if !c.limits_cpu() && !said(&report) {
+                report.warnings.push(
+                    "no cgroup cpu controller: a run's processes may take every core".to_owned(),
+                );
+            }
             Some(c)
         } else {
             None
         };
         tracing::info!(
             cgroup = ?cgroups.as_ref().map(CgroupDriver::parents),
+            cpu_per_run = f64::from(cpu.per_run_millis) / 1000.0,
+            cpu_all_runs = f64::from(cpu.all_runs_millis) / 1000.0,
             slots = cfg.slots,
             uid_base = cfg.uid_base,
             workspace_quota = %report.workspace_quota,
@@ -747,6 +763,7 @@ fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxEr
         wall_time: s.wall_time,
         cpu_time,
         memory_peak: stats.memory_peak,
+        cpu_throttled: stats.cpu_throttled,
     })
 }
 

@@ -8,7 +8,8 @@
 //! A profile compiles to three filters, installed in this order:
 //! 1. `enosys`: calls that must look absent (`clone3`, whose flags BPF cannot
 //!    read, so libc falls back to `clone`);
-//! 2. `deny_eperm`: argument checks (socket families, `CLONE_NEW*` flags);
+//! 2. `deny_eperm`: argument checks (socket families, `CLONE_NEW*` and
+//!    `CLONE_PARENT` flags);
 //! 3. the allow-list: everything else not listed answers `EPERM`. It is
 //!    installed last because installing a filter is itself a system call the
 //!    list does not allow. Its first instructions refuse x32-ABI calls with
@@ -538,6 +539,8 @@ mod tests {
         "vhangup",
         "iopl",
         "ioperm",
+        "io_setup",
+        "io_submit",
     ];
 
     #[test]
@@ -684,7 +687,7 @@ mod tests {
                     max_steps = max_steps.max(steps);
                 }
             }
-            assert!(allowed > 5 * 240, "{arch}: only {allowed} allowed");
+            assert!(allowed > 5 * 230, "{arch}: only {allowed} allowed");
             assert!(
                 max_steps < 60,
                 "{arch}: a call runs {max_steps} instructions"

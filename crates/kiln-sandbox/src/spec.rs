@@ -60,6 +60,30 @@ pub struct JailSpec {
     pub etc_files: Vec<(String, String)>,
 }
 
+impl JailSpec {
+    /// Zeroes and frees everything that names the host (the root and
+    /// workspace directories, the bind sources, the cgroup paths), keeping
+    /// what the program's process still needs (limits, argv, environment,
+    /// park mode). See `forked_program_main`.
+    pub(crate) fn scrub_host_paths(&mut self) {
+        use crate::sys::{scrub_path, scrub_string};
+        scrub_path(std::mem::take(&mut self.root_dir));
+        scrub_path(std::mem::take(&mut self.workspace));
+        std::mem::take(&mut self.ro_binds)
+            .into_iter()
+            .for_each(scrub_path);
+        std::mem::take(&mut self.etc_binds)
+            .into_iter()
+            .for_each(scrub_string);
+        match self.cgroup.take() {
+            Some(CgroupAttach::V1 { procs }) => procs.into_iter().for_each(scrub_path),
+            Some(CgroupAttach::V2 { dir }) => scrub_path(dir),
+            None => {}
+        }
+        self.id_base = 0;
+    }
+}
+
 /// What a parked jail's program process does before and after the go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

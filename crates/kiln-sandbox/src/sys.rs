@@ -13,7 +13,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -478,6 +478,24 @@ pub fn drop_bounding_and_ambient_caps() -> Result<(), Errno> {
     Ok(())
 }
 
+/// `PR_SET_SECUREBITS` with `SECBIT_NO_SETUID_FIXUP`: changing the
+/// effective uid away from 0 keeps the capability sets. Needs
+/// `CAP_SETPCAP`. The bit is not inherited into a new user namespace.
+pub fn keep_caps_across_uid_changes() -> Result<(), Errno> {
+    // SAFETY: PR_SET_SECUREBITS takes its value by value and no pointers;
+    // the unused arguments are zero.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECUREBITS,
+            libc::SECBIT_NO_SETUID_FIXUP as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if r != 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
 /// `LOOP_CTL_GET_FREE` from `<linux/loop.h>`.
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 /// `LOOP_CONFIGURE` (Linux 5.8).
@@ -607,6 +625,58 @@ pub fn loop_attach(backing: &impl AsRawFd) -> io::Result<(std::path::PathBuf, Ow
     ))
 }
 
+/// Overwrites `bytes` with zeros in a way the compiler cannot drop as a
+/// dead store (memory about to be freed, or never read again by us but
+/// readable by the program that inherits this process's memory).
+pub fn scrub(bytes: &mut [u8]) {
+    for b in bytes.iter_mut() {
+        // SAFETY: `b` is a valid, exclusive reference to one byte.
+        unsafe { std::ptr::write_volatile(b, 0) };
+    }
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Zeroes a path's bytes, then frees it.
+pub fn scrub_path(path: std::path::PathBuf) {
+    let mut v = path.into_os_string().into_vec();
+    scrub(&mut v);
+}
+
+/// Zeroes a string's bytes, then frees it.
+pub fn scrub_string(s: String) {
+    let mut v = s.into_bytes();
+    scrub(&mut v);
+}
+
+/// `FITRIM` (`_IOWR('X', 121, struct fstrim_range)`).
+const FITRIM: libc::c_ulong = 0xC018_5879;
+
+/// `struct fstrim_range`.
+#[repr(C)]
+struct FstrimRange {
+    start: u64,
+    len: u64,
+    minlen: u64,
+}
+
+/// `FITRIM` on the filesystem of the open directory `dir`: discards every
+/// free block (what `fstrim` does), so a loop-mounted image gives freed
+/// space back to the host in one batch. Returns the bytes trimmed.
+pub fn fstrim(dir: &impl AsRawFd) -> io::Result<u64> {
+    let mut range = FstrimRange {
+        start: 0,
+        len: u64::MAX,
+        minlen: 0,
+    };
+    // SAFETY: `range` is a fully initialised fstrim_range that outlives the
+    // call; the kernel reads it and writes the trimmed length back.
+    let r = unsafe { libc::ioctl(dir.as_raw_fd(), FITRIM as _, &mut range) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(range.len)
+}
+
 /// Runs `f` when the process exits normally (`exit`, return from `main`,
 /// the test harness's exit) — not on a fatal signal. `f` must not unwind.
 pub fn at_exit(f: extern "C" fn()) -> io::Result<()> {
@@ -631,36 +701,36 @@ pub fn timeval_micros(t: &libc::timeval) -> u64 {
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
 }
 
-/// `wait4(pid, WNOHANG)`: reaps `pid` if it has exited.
-pub fn reap_child(pid: i32) -> Result<Option<Reaped>, Errno> {
+/// `wait4(-1, WNOHANG)`: reaps one child that has exited, whichever it is;
+/// `None` when no child has (or there is no child at all).
+pub fn reap_any_child() -> Result<Option<(i32, Reaped)>, Errno> {
     let mut status: libc::c_int = 0;
     // SAFETY: `rusage` is plain data the kernel fills in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
+    let pid = loop {
         // SAFETY: both out-pointers point at live, writable locals.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if r == -1 {
-            let e = Errno::last();
-            if e == Errno::EINTR {
-                continue;
-            }
-            return Err(e);
+        let r = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
+        match r {
+            -1 if Errno::last() == Errno::EINTR => continue,
+            -1 if Errno::last() == Errno::ECHILD => return Ok(None),
+            -1 => return Err(Errno::last()),
+            0 => return Ok(None),
+            pid => break pid,
         }
-        if r == 0 {
-            return Ok(None);
-        }
-        break;
-    }
+    };
     let (code, signal) = if libc::WIFSIGNALED(status) {
         (None, Some(libc::WTERMSIG(status)))
     } else {
         (Some(libc::WEXITSTATUS(status)), None)
     };
-    Ok(Some(Reaped {
-        code,
-        signal,
-        cpu_us: timeval_micros(&usage.ru_utime) + timeval_micros(&usage.ru_stime),
-    }))
+    Ok(Some((
+        pid,
+        Reaped {
+            code,
+            signal,
+            cpu_us: timeval_micros(&usage.ru_utime) + timeval_micros(&usage.ru_stime),
+        },
+    )))
 }
 
 /// `pidfd_send_signal(pidfd, SIGKILL)`: kills the process the pidfd refers

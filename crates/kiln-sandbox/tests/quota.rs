@@ -117,6 +117,24 @@ fn mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Drops the (only) slot and takes it again: it must come back with an
+/// empty area (ext4's `lost+found` aside).
+async fn released_and_taken_again(sb: &Sandbox, slot: Slot) -> Slot {
+    let parent = slot.workspace_parent();
+    drop(slot);
+    let slot = tokio::time::timeout(Duration::from_secs(20), sb.acquire_slot())
+        .await
+        .expect("the slot comes back");
+    assert_eq!(slot.workspace_parent(), parent);
+    let left: Vec<String> = std::fs::read_dir(&parent)
+        .expect("read area")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "lost+found")
+        .collect();
+    assert!(left.is_empty(), "left in the slot: {left:?}");
+    slot
+}
+
 /// Writes 4x the quota; prints dd's complaint.
 const FILL: &str = "dd if=/dev/zero of=big bs=1M count=128 2>&1 >/dev/null \
                     | grep -o 'No space left on device'";
@@ -185,7 +203,6 @@ async fn the_next_job_in_a_slot_starts_empty_with_the_whole_quota() {
         return;
     };
     let slot = s.sb.acquire_slot().await;
-    let parent = slot.workspace_parent();
     let ws = workspace(&slot);
     let r = run_in(
         &s.sb,
@@ -198,18 +215,8 @@ async fn the_next_job_in_a_slot_starts_empty_with_the_whole_quota() {
     // The job's workspace is left behind on purpose (as after a crash of
     // the executor): releasing the slot must clear it anyway.
     std::mem::forget(ws);
-    drop(slot);
-    let slot = tokio::time::timeout(Duration::from_secs(10), s.sb.acquire_slot())
-        .await
-        .expect("slot comes back");
-    assert_eq!(slot.workspace_parent(), parent);
-    let left: Vec<String> = std::fs::read_dir(&parent)
-        .expect("read area")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "lost+found")
-        .collect();
-    assert!(left.is_empty(), "left in the slot: {left:?}");
-    // discard gave the blocks back to the host.
+    let slot = released_and_taken_again(&s.sb, slot).await;
+    // the trim after emptying gave the blocks back to the host.
     let host = allocated(&s.slots_dir.join("0.img"));
     assert!(host < QUOTA_BYTES / 2, "image still holds {host} bytes");
     let ws = workspace(&slot);
@@ -221,6 +228,47 @@ async fn the_next_job_in_a_slot_starts_empty_with_the_whole_quota() {
     )
     .await;
     assert_eq!(stdout(&r), "wrote\n", "{}", stderr(&r));
+    s.sb.shutdown();
+}
+
+#[tokio::test]
+async fn a_slot_whose_tree_cannot_be_removed_gets_a_fresh_filesystem() {
+    let Some(s) = setup("fresh", 1_200_000_000 + 12 * 65_536, QuotaMode::Loop, |q| {
+        *q == WorkspaceQuota::LoopExt4
+    }) else {
+        return;
+    };
+    let slot = s.sb.acquire_slot().await;
+    let parent = slot.workspace_parent();
+    let ws = workspace(&slot);
+    let r = run_in(
+        &s.sb,
+        &slot,
+        &ws,
+        "mkdir -p stuck/inner && : > stuck/inner/f",
+    )
+    .await;
+    assert_eq!(r.exit, ExitStatus::Code(0), "{}", stderr(&r));
+    // A mount inside the tree: no walk can remove its mount point (EBUSY).
+    let stuck = ws.path.join("stuck/inner");
+    nix::mount::mount(
+        Some("tmpfs"),
+        &stuck,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .expect("mount inside the workspace");
+    std::mem::forget(ws);
+    let slot = released_and_taken_again(&s.sb, slot).await;
+    assert_eq!(
+        mounts_under(&s.slots_dir),
+        vec![parent.display().to_string()],
+        "one fresh mount, the stuck one gone"
+    );
+    let ws = workspace(&slot);
+    let r = run_in(&s.sb, &slot, &ws, "echo fresh > f && cat f").await;
+    assert_eq!(stdout(&r), "fresh\n", "{}", stderr(&r));
     s.sb.shutdown();
 }
 

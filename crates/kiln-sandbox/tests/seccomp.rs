@@ -178,6 +178,11 @@ fn cases() -> Vec<(&'static str, i64, Vec<i64>, &'static str)> {
             vec![-1, 0, 0, 0, 0],
             eperm,
         ),
+        // Native AIO reserves from the host-wide fs.aio-max-nr budget.
+        // Unfiltered: EFAULT (bad ctx pointer), EINVAL (bad context).
+        ("io_setup", SYS_io_setup, vec![1, bad], eperm),
+        ("io_submit", SYS_io_submit, vec![0, 1, bad], eperm),
+        ("io_destroy", SYS_io_destroy, vec![0], eperm),
         // ADDR_NO_RANDOMIZE: only the persona values Docker allows pass.
         (
             "personality_no_aslr",
@@ -208,6 +213,8 @@ fn cases() -> Vec<(&'static str, i64, Vec<i64>, &'static str)> {
         ("clone_newuser", CLONE_NEWUSER),
         ("clone_newpid", CLONE_NEWPID),
         ("clone_newnet", CLONE_NEWNET),
+        // Unfiltered: a child of the program's parent.
+        ("clone_parent", CLONE_PARENT),
     ] {
         v.push((
             name,

@@ -46,6 +46,12 @@ pub struct Config {
     pub stderr_bytes: usize,
     /// Size of the jail's `/tmp`, MiB.
     pub tmp_mb: u64,
+    /// CPU one run may use, in cores (cgroup CPU quota; processes of one run
+    /// share it however many they are).
+    pub cpus_per_run: f64,
+    /// CPU all runs together may use, in cores; `0`: every core of the
+    /// machine but half a core, which the server keeps for itself.
+    pub cpus_all_runs: f64,
     /// Largest uploaded file, MiB.
     pub max_upload_mb: u64,
     /// Most files one batch upload accepts.
@@ -98,6 +104,10 @@ pub struct Config {
     pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
+    /// as a minimal init that reaps orphans and forwards signals, and run
+    /// the server as its child.
+    pub pid1_init: bool,
 }
 
 impl Default for Config {
@@ -119,6 +129,8 @@ impl Default for Config {
             stdout_bytes: l.stdout_bytes,
             stderr_bytes: l.stderr_bytes,
             tmp_mb: l.tmp_bytes / (1024 * 1024),
+            cpus_per_run: 1.0,
+            cpus_all_runs: 0.0,
             max_upload_mb: 25,
             max_batch_files: 200,
             max_output_files: 50,
@@ -143,6 +155,7 @@ impl Default for Config {
             rate_limit_window_secs: 60,
             session_ttl_secs: 3600,
             max_run_files: 10,
+            pid1_init: true,
         }
     }
 }
@@ -155,6 +168,14 @@ pub enum Auth {
 }
 
 impl Config {
+    /// `cpus_per_run` and `cpus_all_runs` in thousandths of a core, as the
+    /// sandbox takes them (`None`: the sandbox's automatic value).
+    pub fn cpu_millis(&self) -> (u32, Option<u32>) {
+        let millis = |c: f64| (c * 1000.0).round() as u32;
+        let all = (self.cpus_all_runs > 0.0).then(|| millis(self.cpus_all_runs));
+        (millis(self.cpus_per_run), all)
+    }
+
     /// Layer defaults, `file`, and the environment.
     pub fn load(file: Option<&std::path::Path>) -> anyhow::Result<Config> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
@@ -197,6 +218,12 @@ impl Config {
             bail!("timeout_secs must be > 0, memory_mb >= 16 and pids >= 4");
         }
         self.quota_mode()?;
+        let cores_ok = |c: f64| c.is_finite() && (0.01..=4096.0).contains(&c);
+        if !cores_ok(self.cpus_per_run)
+            || !(self.cpus_all_runs == 0.0 || cores_ok(self.cpus_all_runs))
+        {
+            bail!("cpus_per_run (and cpus_all_runs unless 0) must be between 0.01 and 4096 cores");
+        }
         if self.warm_jails > 256 || (self.warm_jails > 0 && self.warm_per_runtime == 0) {
             bail!(
                 "warm_jails must be at most 256, and warm_per_runtime at least 1 when warm jails are on"
@@ -340,5 +367,26 @@ mod tests {
         let f = dir.path().join("kiln.toml");
         std::fs::write(&f, "memroy_mb = 256\n").unwrap();
         assert!(Config::load(Some(&f)).is_err());
+    }
+
+    #[test]
+    fn cpu_quotas_default_to_one_core_per_run_and_auto_for_all() {
+        let c = Config::default();
+        assert_eq!(c.cpu_millis(), (1000, None));
+        c.validate().expect("defaults are valid");
+        let c = Config {
+            cpus_per_run: 0.5,
+            cpus_all_runs: 1.5,
+            ..Config::default()
+        };
+        assert_eq!(c.cpu_millis(), (500, Some(1500)));
+        for (per_run, all) in [(0.0, 0.0), (f64::NAN, 0.0), (1.0, 0.001), (-1.0, 0.0)] {
+            let c = Config {
+                cpus_per_run: per_run,
+                cpus_all_runs: all,
+                ..Config::default()
+            };
+            assert!(c.validate().is_err(), "{per_run} {all}");
+        }
     }
 }

@@ -61,6 +61,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // As PID 1, split off a minimal init first: forking needs a single thread.
+    if matches!(cli.command, Command::Serve { .. })
+        && cfg.pid1_init
+        && let Err(e) = kiln_sandbox::init_if_pid1()
+    {
+        eprintln!("kiln: cannot run as PID 1 with an init: {e}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

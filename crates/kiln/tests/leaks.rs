@@ -166,37 +166,24 @@ fn new_mounts(before: &BTreeSet<(String, String)>, own_dir: &Path) -> Vec<String
 /// (the same detection the sandbox does).
 fn cgroup_parents() -> Vec<PathBuf> {
     match kiln_sandbox::probe_host().cgroup {
-        CgroupSupport::V1 { memory, pids } => {
-            let mut p = vec![memory.join("kiln"), pids.join("kiln")];
-            // the CPU accounting groups, where the host mounts cpuacct
-            p.extend(own_v1_group("cpuacct").map(|g| g.join("kiln")));
+        CgroupSupport::V1 {
+            memory,
+            pids,
+            cpu,
+            cpuacct,
+        } => {
+            let mut p: Vec<PathBuf> = [Some(memory), Some(pids), cpu, cpuacct]
+                .into_iter()
+                .flatten()
+                .map(|p| p.join("kiln"))
+                .collect();
+            // cpu and cpuacct mounted together are one hierarchy
+            p.dedup();
             p
         }
         CgroupSupport::V2 { group, .. } => vec![group.join("kiln")],
         CgroupSupport::None => panic!("no usable cgroups: the server could not have started"),
     }
-}
-
-/// Our own group in the v1 hierarchy of `controller`, from mountinfo and
-/// /proc/self/cgroup (for a hierarchy mounted at its root).
-fn own_v1_group(controller: &str) -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let point = mountinfo.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        let mut post = post.split(' ');
-        let fstype = post.next()?;
-        let opts = post.nth(1)?;
-        (fstype == "cgroup" && opts.split(',').any(|o| o == controller))
-            .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
-    })?;
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = cgroup.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let _ = f.next()?;
-        let ctl = f.next()?;
-        ctl.split(',').any(|c| c == controller).then(|| f.next())?
-    })?;
-    Some(point.join(path.trim_start_matches('/')))
 }
 
 /// Run cgroups of this process (named `<pid>-<slot>-<seq>`).

@@ -193,3 +193,212 @@ async fn new_executions_are_refused_during_shutdown() {
     long.await.unwrap();
     s.stop().await.unwrap();
 }
+
+/// `kiln serve` started as PID 1 of a new pid (and mount) namespace, as in
+/// a container without an init.
+struct Pid1Server {
+    unshare: std::process::Child,
+    url: String,
+    log: std::path::PathBuf,
+    _data: tempfile::TempDir,
+}
+
+impl Pid1Server {
+    async fn start(pid1_init: bool) -> Pid1Server {
+        require_root();
+        let data = tempfile::Builder::new()
+            .prefix("kiln-test-")
+            .tempdir()
+            .expect("data dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let log = data.path().join("server.log");
+        let unshare = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc"])
+            .arg(env!("CARGO_BIN_EXE_kiln"))
+            .arg("serve")
+            .env("KILN_LISTEN", format!("127.0.0.1:{port}"))
+            .env("KILN_DATA_DIR", data.path().join("data"))
+            .env("KILN_UID_BASE", fresh_uid_base().to_string())
+            .env("KILN_MAX_CONCURRENCY", "4")
+            .env("KILN_SHUTDOWN_GRACE_SECS", "2")
+            .env("KILN_PID1_INIT", pid1_init.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log"))
+            .stderr(std::process::Stdio::from(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&log)
+                    .expect("log"),
+            ))
+            .spawn()
+            .expect("unshare (util-linux)");
+        let s = Pid1Server {
+            unshare,
+            url: format!("http://127.0.0.1:{port}/v1"),
+            log,
+            _data: data,
+        };
+        let up = wait_until(Duration::from_secs(90), || {
+            std::process::Command::new("python3")
+                .args([
+                    "-c",
+                    "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)",
+                ])
+                .arg(format!("{}/health", s.url))
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|st| st.success())
+        })
+        .await;
+        assert!(up, "the PID-1 server did not come up: {}", s.log_text());
+        s
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// (pid, state, cmdline) of every process below `unshare`.
+    fn descendants(&self) -> Vec<(u32, char, String)> {
+        let mut procs = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let mut f = rest.split_whitespace();
+            let state = f.next().and_then(|s| s.chars().next()).unwrap_or('?');
+            let ppid: u32 = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            procs.push((pid, ppid, state, cmd));
+        }
+        let mut below = vec![self.unshare.id()];
+        let mut out = Vec::new();
+        let mut grew = true;
+        while grew {
+            grew = false;
+            for (pid, ppid, state, cmd) in &procs {
+                if below.contains(ppid) && !below.contains(pid) {
+                    below.push(*pid);
+                    out.push((*pid, *state, cmd.clone()));
+                    grew = true;
+                }
+            }
+        }
+        out
+    }
+
+    fn zombies(&self) -> Vec<(u32, char, String)> {
+        self.descendants()
+            .into_iter()
+            .filter(|(_, state, _)| *state == 'Z')
+            .collect()
+    }
+}
+
+/// Requests whose client hangs up mid-run (bash and warm py), and runs
+/// stopped at their wall time.
+async fn dropped_and_killed_runs(url: &str) {
+    let hang_up = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1200))
+        .build()
+        .unwrap();
+    for i in 0..12 {
+        let code = if i % 2 == 0 {
+            json!({"lang": "bash", "code": "sleep 30 & sleep 30"})
+        } else {
+            json!({"lang": "py", "code": "import os, time\nos.fork()\ntime.sleep(30)"})
+        };
+        let r = hang_up.post(format!("{url}/exec")).json(&code).send().await;
+        assert!(r.is_err(), "request {i} should have been cut short");
+    }
+    for _ in 0..2 {
+        let r = client()
+            .post(format!("{url}/exec"))
+            .json(&json!({"lang": "bash", "code": "sleep 30", "timeout": 500}))
+            .send()
+            .await
+            .expect("timeout run")
+            .json::<serde_json::Value>()
+            .await
+            .expect("json");
+        assert_eq!(r["status"], "TO", "{r}");
+    }
+}
+
+#[tokio::test]
+async fn as_pid_1_of_a_namespace_dropped_runs_end_gracefully_and_leave_no_zombie() {
+    let _g = SERIAL.lock().await;
+    // With the built-in init (the default) and with the server itself as
+    // PID 1: at 7c2b7a6 every dropped request left its jail's init as a
+    // zombie of a PID-1 server.
+    for pid1_init in [false, true] {
+        let mut s = Pid1Server::start(pid1_init).await;
+        let pid1 = s
+            .descendants()
+            .first()
+            .map(|(_, _, cmd)| cmd.clone())
+            .unwrap_or_default();
+        assert!(pid1.contains("serve"), "PID 1: {pid1:?}");
+        dropped_and_killed_runs(&s.url).await;
+        let clean = wait_until(Duration::from_secs(15), || s.zombies().is_empty()).await;
+        assert!(
+            clean,
+            "pid1_init={pid1_init}: zombies {:?}\n{}",
+            s.zombies(),
+            s.log_text()
+        );
+        let r = client()
+            .post(format!("{}/exec", s.url))
+            .json(&json!({"lang": "py", "code": "print('still here')"}))
+            .send()
+            .await
+            .expect("run")
+            .json::<serde_json::Value>()
+            .await
+            .expect("json");
+        assert_eq!(r["stdout"], "still here\n", "{r}");
+        let log = s.log_text();
+        assert!(
+            !log.contains("did not stop within"),
+            "pid1_init={pid1_init}: a helper had to be killed:\n{log}"
+        );
+        // SIGTERM to the namespace's PID 1: a graceful stop, nothing left.
+        let first = s
+            .descendants()
+            .first()
+            .map(|(pid, _, _)| *pid)
+            .expect("pid 1");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &first.to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = s.unshare.try_wait().expect("wait") {
+                break st;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(40),
+                "the server did not stop: {}",
+                s.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            status.success(),
+            "pid1_init={pid1_init}: {status}\n{}",
+            s.log_text()
+        );
+    }
+}

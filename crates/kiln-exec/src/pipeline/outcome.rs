@@ -186,15 +186,8 @@ mod tests {
     fn result(exit: ExitStatus) -> RunResult {
         RunResult {
             exit,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            stdout_overflow: false,
-            stderr_overflow: false,
-            timed_out: false,
-            oom_killed: false,
             wall_time: Duration::from_millis(2400),
-            cpu_time: None,
-            memory_peak: None,
+            ..RunResult::default()
         }
     }
 

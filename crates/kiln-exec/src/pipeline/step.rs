@@ -140,13 +140,8 @@ fn killed(w: Written, wall: Duration) -> RunResult {
         exit: ExitStatus::Signal(libc::SIGKILL),
         stdout: w.stdout,
         stderr: w.stderr,
-        stdout_overflow: false,
-        stderr_overflow: false,
-        timed_out: false,
-        oom_killed: false,
         wall_time: wall,
-        cpu_time: None,
-        memory_peak: None,
+        ..RunResult::default()
     }
 }
 

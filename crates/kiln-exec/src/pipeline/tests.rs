@@ -127,13 +127,10 @@ fn wrote(req: &RunRequest, exit: ExitStatus, stdout: &str, stderr: &str) -> RunR
         exit,
         stdout: stdout.as_bytes().to_vec(),
         stderr: stderr.as_bytes().to_vec(),
-        stdout_overflow: false,
-        stderr_overflow: false,
-        timed_out: false,
-        oom_killed: false,
         wall_time: Duration::from_millis(12),
         cpu_time: Some(Duration::from_millis(7)),
         memory_peak: Some(3 << 20),
+        ..RunResult::default()
     }
 }
 

@@ -29,8 +29,15 @@ pub const KILN_GROUP: &str = "kiln";
 /// What the host offers for memory and pids limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CgroupSupport {
-    /// cgroup v1 memory and pids hierarchies; our own group in each.
-    V1 { memory: PathBuf, pids: PathBuf },
+    /// cgroup v1 memory and pids hierarchies (and `cpu`, `cpuacct` when
+    /// mounted: the same group when mounted together); our own group in
+    /// each.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: Option<PathBuf>,
+        cpuacct: Option<PathBuf>,
+    },
     /// cgroup v2 with the memory and pids controllers; our own group.
     V2 {
         group: PathBuf,
@@ -81,7 +88,15 @@ pub fn support_from(
         detect::v1_group(&mounts, &members, "memory"),
         detect::v1_group(&mounts, &members, "pids"),
     ) {
-        (Some(memory), Some(pids)) => (CgroupSupport::V1 { memory, pids }, problems),
+        (Some(memory), Some(pids)) => (
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpu: detect::v1_group(&mounts, &members, "cpu"),
+                cpuacct: detect::v1_group(&mounts, &members, "cpuacct"),
+            },
+            problems,
+        ),
         (memory, pids) => {
             if memory.is_none() {
                 problems.push("cgroup: no memory controller in cgroup v1 or v2".to_owned());
@@ -108,26 +123,71 @@ pub struct CgroupStats {
     pub oom_kills: u64,
     /// CPU time of every process that ran in the groups since the run's
     /// start (see [`RunCgroups::mark_start`]); `None` where the host does
-    /// not account it per group.
+    /// not account it per group (v2 `cpu.stat`, v1 `cpuacct.usage`).
     pub cpu: Option<Duration>,
+    /// How long the run's group waited because it had used its CPU quota.
+    pub cpu_throttled: Option<Duration>,
+}
+
+/// How much CPU runs get, in thousandths of a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuLimits {
+    /// One run's quota.
+    pub per_run_millis: u32,
+    /// The quota of the `kiln/` parent: every run together.
+    pub all_runs_millis: u32,
+}
+
+/// The CFS period every quota is expressed in (100 ms, the kernel's
+/// default).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+impl CpuLimits {
+    /// Quota per period for `millis` thousandths of a core.
+    pub fn quota_us(millis: u32) -> u64 {
+        (u64::from(millis) * CPU_PERIOD_US / 1000).max(1000)
+    }
 }
 
 impl CgroupDriver {
-    /// Prepares the `kiln/` parent group(s) for the detected layout.
-    pub fn setup(support: &CgroupSupport) -> Result<CgroupDriver, SandboxError> {
+    /// Prepares the `kiln/` parent group(s) for the detected layout. The
+    /// CPU quotas apply where the host has a `cpu` controller.
+    pub fn setup(support: &CgroupSupport, cpu: CpuLimits) -> Result<CgroupDriver, SandboxError> {
         match support {
-            CgroupSupport::V1 { memory, pids } => {
-                let cpuacct = own_v1_group("cpuacct");
-                Ok(CgroupDriver::V1(v1::V1::setup(
-                    memory,
-                    pids,
-                    cpuacct.as_deref(),
-                )?))
-            }
-            CgroupSupport::V2 { group, .. } => Ok(CgroupDriver::V2(v2::V2::setup(group)?)),
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpu: cpu_dir,
+                cpuacct,
+            } => Ok(CgroupDriver::V1(v1::V1::setup(
+                memory,
+                pids,
+                cpu_dir.as_deref(),
+                cpuacct.as_deref(),
+                cpu,
+            )?)),
+            CgroupSupport::V2 { group, .. } => Ok(CgroupDriver::V2(v2::V2::setup(group, cpu)?)),
             CgroupSupport::None => Err(SandboxError::Unsupported(vec![
                 "no usable cgroup memory and pids controllers".to_owned(),
             ])),
+        }
+    }
+
+    /// Whether runs get a CPU quota (the host has a `cpu` controller).
+    pub fn limits_cpu(&self) -> bool {
+        match self {
+            CgroupDriver::V1(d) => d.limits_cpu(),
+            CgroupDriver::V2(d) => d.limits_cpu(),
+        }
+    }
+
+    /// Sets the `kiln/` parent's CPU quota (every run together). Done once
+    /// stale run groups are gone: a parent's quota may not be below a
+    /// child's.
+    pub fn apply_parent_cpu(&self) -> Result<(), SandboxError> {
+        match self {
+            CgroupDriver::V1(d) => d.apply_parent_cpu(),
+            CgroupDriver::V2(d) => d.apply_parent_cpu(),
         }
     }
 
@@ -150,6 +210,7 @@ impl CgroupDriver {
         let mut run = RunCgroups {
             v2: matches!(self, CgroupDriver::V2(_)),
             dirs: Vec::new(),
+            cpu: None,
             cpu_dir: None,
             cpu_base: None,
             done: false,
@@ -159,11 +220,11 @@ impl CgroupDriver {
         // still removes it (Drop).
         match self {
             CgroupDriver::V1(d) => {
-                d.create(name, limits, &mut run.dirs)?;
+                run.cpu = d.create(name, limits, &mut run.dirs)?;
                 run.cpu_dir = d.cpu_dir(name);
             }
             CgroupDriver::V2(d) => {
-                d.create(name, limits, &mut run.dirs)?;
+                run.cpu = d.create(name, limits, &mut run.dirs)?;
                 run.cpu_dir = run.dirs.first().cloned();
             }
         }
@@ -200,17 +261,6 @@ impl CgroupDriver {
     }
 }
 
-/// Our own group in the v1 hierarchy holding `controller`, if mounted.
-fn own_v1_group(controller: &str) -> Option<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let cgroup = fs::read_to_string("/proc/self/cgroup").ok()?;
-    detect::v1_group(
-        &detect::cgroup_mounts(&mountinfo),
-        &detect::memberships(&cgroup),
-        controller,
-    )
-}
-
 /// Pids listed in a group's `cgroup.procs` (empty when the group is gone).
 fn procs(dir: &Path) -> Vec<i32> {
     fs::read_to_string(dir.join("cgroup.procs"))
@@ -243,6 +293,8 @@ pub struct RunCgroups {
     v2: bool,
     /// Groups not removed yet; the first is where memory statistics live.
     dirs: Vec<PathBuf>,
+    /// The group with the run's CPU quota, if any.
+    cpu: Option<PathBuf>,
     /// The group whose CPU time is read (v1 `cpuacct`, v2 the run group).
     cpu_dir: Option<PathBuf>,
     /// Its CPU time when the run's program started (see `mark_start`).
@@ -314,6 +366,14 @@ impl RunCgroups {
         stats.cpu = self
             .cpu_usage()
             .map(|now| now.saturating_sub(self.cpu_base.unwrap_or_default()));
+        if let Some(cpu) = &self.cpu {
+            let text = fs::read_to_string(cpu.join("cpu.stat")).unwrap_or_default();
+            stats.cpu_throttled = if self.v2 {
+                detect::keyed_value(&text, "throttled_usec").map(Duration::from_micros)
+            } else {
+                detect::keyed_value(&text, "throttled_time").map(Duration::from_nanos)
+            };
+        }
         stats
     }
 
@@ -404,8 +464,9 @@ impl Drop for RunCgroups {
         let mut rest = RunCgroups {
             v2: self.v2,
             dirs: std::mem::take(&mut self.dirs),
-            cpu_dir: None,
-            cpu_base: None,
+            cpu: self.cpu.take(),
+            cpu_dir: self.cpu_dir.take(),
+            cpu_base: self.cpu_base,
             done: false,
             lease: self.lease.take(),
         };
@@ -444,7 +505,9 @@ mod tests {
             support,
             CgroupSupport::V1 {
                 memory: "/sys/fs/cgroup/memory/process_api/x".into(),
-                pids: "/sys/fs/cgroup/pids".into()
+                pids: "/sys/fs/cgroup/pids".into(),
+                cpu: None,
+                cpuacct: None,
             }
         );
     }

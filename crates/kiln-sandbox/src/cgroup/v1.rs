@@ -1,7 +1,8 @@
-//! cgroup v1 driver: separate `memory` and `pids` hierarchies, and — where
-//! the host mounts it — `cpuacct` for the CPU time of every process of a run.
-//! The helper attaches itself by writing its pid to each group's
-//! `cgroup.procs` before it clones the jail (v1 has no `CLONE_INTO_CGROUP`).
+//! cgroup v1 driver: separate `memory`, `pids` and (where mounted) `cpu`
+//! hierarchies, and `cpuacct` for the CPU time of every process of a run
+//! (its own hierarchy on some hosts, mounted with `cpu` on others). The
+//! helper attaches itself by writing its pid to every `cgroup.procs` file
+//! before it clones the jail (v1 has no `CLONE_INTO_CGROUP`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use kiln_core::Limits;
 
-use super::{CgroupStats, KILN_GROUP, detect, make_group, write_file};
+use super::{CPU_PERIOD_US, CgroupStats, CpuLimits, KILN_GROUP, detect, make_group, write_file};
 use crate::error::SandboxError;
 
 #[derive(Debug)]
@@ -18,20 +19,51 @@ pub struct V1 {
     memory: PathBuf,
     /// `<own pids group>/kiln`
     pids: PathBuf,
-    /// `<own cpuacct group>/kiln`, when the host has that hierarchy (CPU
-    /// time is then accounted per run; else only the init's view of it).
+    /// `<own cpu group>/kiln`, where the host mounts the `cpu` controller.
+    cpu: Option<PathBuf>,
+    /// `<own cpuacct group>/kiln`, where the host mounts `cpuacct` in a
+    /// hierarchy of its own (CPU time is then accounted per run there).
     cpuacct: Option<PathBuf>,
+    /// The `cpu` hierarchy carries `cpuacct` too (`cpu,cpuacct`): a run's
+    /// CPU time is read from its quota group.
+    cpu_accounts: bool,
+    limits: CpuLimits,
+}
+
+/// Sets a v1 group's CFS quota to `millis` thousandths of a core.
+fn set_quota(group: &Path, millis: u32) -> Result<(), SandboxError> {
+    write_file(&group.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+    write_file(
+        &group.join("cpu.cfs_quota_us"),
+        &CpuLimits::quota_us(millis).to_string(),
+    )
 }
 
 impl V1 {
-    /// `cpuacct` is our own group in that hierarchy, if there is one.
-    pub fn setup(memory: &Path, pids: &Path, cpuacct: Option<&Path>) -> Result<V1, SandboxError> {
+    /// `cpu` and `cpuacct` are our own groups in those hierarchies, if
+    /// mounted (the same directory when they are mounted together).
+    pub fn setup(
+        memory: &Path,
+        pids: &Path,
+        cpu: Option<&Path>,
+        cpuacct: Option<&Path>,
+        limits: CpuLimits,
+    ) -> Result<V1, SandboxError> {
+        let cpu_accounts = cpu.is_some() && cpu == cpuacct;
         let d = V1 {
             memory: memory.join(KILN_GROUP),
             pids: pids.join(KILN_GROUP),
-            cpuacct: cpuacct.map(|c| c.join(KILN_GROUP)),
+            cpu: cpu.map(|c| c.join(KILN_GROUP)),
+            cpuacct: cpuacct
+                .filter(|_| !cpu_accounts)
+                .map(|c| c.join(KILN_GROUP)),
+            cpu_accounts,
+            limits,
         };
-        for p in [&d.memory, &d.pids] {
+        for p in [Some(&d.memory), Some(&d.pids), d.cpu.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             fs::create_dir_all(p).map_err(|e| SandboxError::io("create cgroup", p, e))?;
         }
         let cpuacct = match d.cpuacct {
@@ -48,20 +80,33 @@ impl V1 {
         Ok(V1 { cpuacct, ..d })
     }
 
-    pub fn parents(&self) -> Vec<PathBuf> {
-        let mut p = vec![self.memory.clone(), self.pids.clone()];
-        p.extend(self.cpuacct.clone());
-        p
+    pub fn limits_cpu(&self) -> bool {
+        self.cpu.is_some()
     }
 
-    /// Creates `<memory>/kiln/<name>` (first in `dirs`: stats live there) and
-    /// `<pids>/kiln/<name>` with their limits.
+    pub fn apply_parent_cpu(&self) -> Result<(), SandboxError> {
+        match &self.cpu {
+            Some(cpu) => set_quota(cpu, self.limits.all_runs_millis),
+            None => Ok(()),
+        }
+    }
+
+    pub fn parents(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.memory.clone(), self.pids.clone()];
+        v.extend(self.cpu.clone());
+        v.extend(self.cpuacct.clone());
+        v
+    }
+
+    /// Creates `<memory>/kiln/<name>` (first in `dirs`: stats live there),
+    /// `<pids>/kiln/<name>`, `<cpu>/kiln/<name>` with their limits and
+    /// `<cpuacct>/kiln/<name>`; returns the CPU quota group.
     pub fn create(
         &self,
         name: &str,
         limits: &Limits,
         dirs: &mut Vec<PathBuf>,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<Option<PathBuf>, SandboxError> {
         let mem = self.memory.join(name);
         make_group(mem.clone(), dirs)?;
         let bytes = limits.memory_bytes.to_string();
@@ -82,12 +127,22 @@ impl V1 {
         if let Some(parent) = &self.cpuacct {
             make_group(parent.join(name), dirs)?;
         }
-        Ok(())
+        let Some(cpu) = &self.cpu else {
+            return Ok(None);
+        };
+        let cpu = cpu.join(name);
+        make_group(cpu.clone(), dirs)?;
+        set_quota(&cpu, self.limits.per_run_millis)?;
+        Ok(Some(cpu))
     }
 
     /// The group whose CPU time [`cpu_usage`] reads, if any.
     pub fn cpu_dir(&self, name: &str) -> Option<PathBuf> {
-        self.cpuacct.as_ref().map(|c| c.join(name))
+        match (&self.cpuacct, &self.cpu) {
+            (Some(acct), _) => Some(acct.join(name)),
+            (None, Some(cpu)) if self.cpu_accounts => Some(cpu.join(name)),
+            _ => None,
+        }
     }
 }
 
@@ -108,7 +163,7 @@ pub fn stats(memory_dir: &Path) -> CgroupStats {
         oom_kills: read("memory.oom_control")
             .and_then(|t| detect::keyed_value(&t, "oom_kill"))
             .unwrap_or(0),
-        cpu: None,
+        ..CgroupStats::default()
     }
 }
 
@@ -122,40 +177,85 @@ pub fn reset_peak(memory_dir: &Path) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn run_groups_get_limits_and_a_cpuacct_group_when_there_is_one() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let (mem, pids, acct) = (
-            root.path().join("memory"),
-            root.path().join("pids"),
-            root.path().join("cpuacct"),
-        );
-        let d = V1::setup(&mem, &pids, Some(&acct)).expect("setup");
-        assert_eq!(d.parents().len(), 3);
-        let mut dirs = Vec::new();
-        let limits = Limits {
+    const CPU: CpuLimits = CpuLimits {
+        per_run_millis: 1000,
+        all_runs_millis: 1500,
+    };
+
+    fn limits() -> Limits {
+        Limits {
             memory_bytes: 1 << 20,
             pids: 7,
             ..Limits::default()
-        };
-        d.create("1-0-0", &limits, &mut dirs).expect("create");
+        }
+    }
+
+    #[test]
+    fn run_groups_get_limits_a_quota_and_a_cpuacct_group_when_there_is_one() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let [mem, pids, cpu, acct] =
+            ["memory", "pids", "cpu", "cpuacct"].map(|h| root.path().join(h));
+        let d = V1::setup(&mem, &pids, Some(&cpu), Some(&acct), CPU).expect("setup");
+        assert_eq!(d.parents().len(), 4);
+        assert!(d.limits_cpu());
+        d.apply_parent_cpu().expect("parent quota");
+        assert_eq!(
+            fs::read_to_string(cpu.join("kiln/cpu.cfs_quota_us")).expect("parent"),
+            "150000"
+        );
+        let mut dirs = Vec::new();
+        let quota = d.create("1-0-0", &limits(), &mut dirs).expect("create");
         assert_eq!(
             dirs,
             [
                 mem.join("kiln/1-0-0"),
                 pids.join("kiln/1-0-0"),
-                acct.join("kiln/1-0-0")
+                acct.join("kiln/1-0-0"),
+                cpu.join("kiln/1-0-0"),
             ]
+        );
+        assert_eq!(quota, Some(cpu.join("kiln/1-0-0")));
+        assert_eq!(
+            fs::read_to_string(cpu.join("kiln/1-0-0/cpu.cfs_quota_us")).expect("quota"),
+            "100000"
         );
         assert_eq!(
             fs::read_to_string(pids.join("kiln/1-0-0/pids.max")).expect("pids"),
             "9"
         );
-        let cpu = d.cpu_dir("1-0-0").expect("cpu dir");
-        fs::write(cpu.join("cpuacct.usage"), "1500000\n").expect("usage");
-        assert_eq!(cpu_usage(&cpu), Some(Duration::from_micros(1500)));
-        let without = V1::setup(&mem, &pids, None).expect("setup");
-        assert_eq!(without.parents().len(), 2);
-        assert!(without.cpu_dir("x").is_none());
+        // CPU time comes from the cpuacct hierarchy (v1's cpu does not count it)
+        let used = d.cpu_dir("1-0-0").expect("cpu dir");
+        assert_eq!(used, acct.join("kiln/1-0-0"));
+        fs::write(used.join("cpuacct.usage"), "1500000\n").expect("usage");
+        assert_eq!(cpu_usage(&used), Some(Duration::from_micros(1500)));
+    }
+
+    #[test]
+    fn with_cpu_and_cpuacct_mounted_together_the_quota_group_is_read() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let [mem, pids, both] = ["memory", "pids", "cpu,cpuacct"].map(|h| root.path().join(h));
+        let d = V1::setup(&mem, &pids, Some(&both), Some(&both), CPU).expect("setup");
+        assert_eq!(d.parents().len(), 3);
+        let mut dirs = Vec::new();
+        let quota = d
+            .create("1-0-1", &limits(), &mut dirs)
+            .expect("one group, made once");
+        assert_eq!(dirs.len(), 3);
+        assert_eq!(d.cpu_dir("1-0-1"), quota);
+    }
+
+    #[test]
+    fn without_cpu_hierarchies_there_is_no_quota_and_no_cpu_figure() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let [mem, pids] = ["memory", "pids"].map(|h| root.path().join(h));
+        let d = V1::setup(&mem, &pids, None, None, CPU).expect("setup");
+        assert_eq!(d.parents().len(), 2);
+        assert!(!d.limits_cpu());
+        let mut dirs = Vec::new();
+        assert_eq!(
+            d.create("1-0-2", &limits(), &mut dirs).expect("create"),
+            None
+        );
+        assert!(d.cpu_dir("1-0-2").is_none());
     }
 }

@@ -6,7 +6,8 @@
 //! - `<own>/kiln-server`: where the server's processes move if `<own>` held
 //!   any (the "no internal processes" rule forbids enabling controllers for
 //!   children of a group that has processes, except at the root);
-//! - `<own>/kiln`: parent of every run, with `+memory +pids` delegated;
+//! - `<own>/kiln`: parent of every run, with `+memory +pids` (and `+cpu`
+//!   where available) delegated and the CPU quota of all runs together;
 //! - `<own>/kiln/<run-id>`: one run.
 
 use std::fs;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_core::Limits;
 
-use super::{CgroupStats, KILN_GROUP, detect, make_group, write_file};
+use super::{CPU_PERIOD_US, CgroupStats, CpuLimits, KILN_GROUP, detect, make_group, write_file};
 use crate::error::SandboxError;
 
 /// Where the server's processes go when our own group must become a
@@ -27,6 +28,14 @@ const CONTROLLERS: [&str; 2] = ["memory", "pids"];
 pub struct V2 {
     /// `<own>/kiln`
     base: PathBuf,
+    /// The `cpu` controller is delegated to the runs.
+    cpu: bool,
+    limits: CpuLimits,
+}
+
+/// `cpu.max` for `millis` thousandths of a core.
+fn cpu_max(millis: u32) -> String {
+    format!("{} {CPU_PERIOD_US}", CpuLimits::quota_us(millis))
 }
 
 fn read(path: &Path) -> Result<String, SandboxError> {
@@ -44,6 +53,17 @@ fn enable_controllers(group: &Path) -> Result<(), SandboxError> {
         write_file(&control, "+memory +pids")?;
     }
     Ok(())
+}
+
+/// Delegates `cpu` below `group` if the group has it; whether it is on.
+fn enable_cpu(group: &Path) -> bool {
+    let control = group.join("cgroup.subtree_control");
+    let on = |t: &str| detect::parse_controllers(t).iter().any(|c| c == "cpu");
+    if fs::read_to_string(&control).is_ok_and(|t| on(&t)) {
+        return true;
+    }
+    let available = fs::read_to_string(group.join("cgroup.controllers")).is_ok_and(|t| on(&t));
+    available && fs::write(&control, "+cpu").is_ok()
 }
 
 /// Moves every process of `own` into `own/kiln-server`.
@@ -74,7 +94,7 @@ fn evacuate(own: &Path) -> Result<(), SandboxError> {
 }
 
 impl V2 {
-    pub fn setup(own: &Path) -> Result<V2, SandboxError> {
+    pub fn setup(own: &Path, limits: CpuLimits) -> Result<V2, SandboxError> {
         let is_root = own.join("cgroup.procs").exists() && !own.join("cgroup.type").exists();
         let control = read(&own.join("cgroup.subtree_control"))?;
         if !enabled(&control) {
@@ -90,7 +110,22 @@ impl V2 {
             Err(e) => return Err(SandboxError::io("create cgroup", &base, e)),
         }
         enable_controllers(&base)?;
-        Ok(V2 { base })
+        let cpu = enable_cpu(own) && enable_cpu(&base);
+        Ok(V2 { base, cpu, limits })
+    }
+
+    pub fn limits_cpu(&self) -> bool {
+        self.cpu
+    }
+
+    pub fn apply_parent_cpu(&self) -> Result<(), SandboxError> {
+        if !self.cpu {
+            return Ok(());
+        }
+        write_file(
+            &self.base.join("cpu.max"),
+            &cpu_max(self.limits.all_runs_millis),
+        )
     }
 
     pub fn parents(&self) -> Vec<PathBuf> {
@@ -102,7 +137,7 @@ impl V2 {
         name: &str,
         limits: &Limits,
         dirs: &mut Vec<PathBuf>,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<Option<PathBuf>, SandboxError> {
         let dir = self.base.join(name);
         make_group(dir.clone(), dirs)?;
         write_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
@@ -117,7 +152,11 @@ impl V2 {
             &dir.join("pids.max"),
             &(u64::from(limits.pids) + 1).to_string(),
         )?;
-        Ok(())
+        if !self.cpu {
+            return Ok(None);
+        }
+        write_file(&dir.join("cpu.max"), &cpu_max(self.limits.per_run_millis))?;
+        Ok(Some(dir))
     }
 }
 
@@ -129,7 +168,7 @@ pub fn stats(dir: &Path) -> CgroupStats {
         oom_kills: read("memory.events")
             .and_then(|t| detect::keyed_value(&t, "oom_kill"))
             .unwrap_or(0),
-        cpu: None,
+        ..CgroupStats::default()
     }
 }
 
@@ -146,6 +185,11 @@ pub fn cpu_usage(dir: &Path) -> Option<std::time::Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CPU: CpuLimits = CpuLimits {
+        per_run_millis: 1000,
+        all_runs_millis: 1500,
+    };
 
     /// A directory tree shaped like a non-root cgroup2 group that holds
     /// processes (regular files stand in for the control files).
@@ -164,7 +208,7 @@ mod tests {
     fn setup_moves_our_processes_to_a_leaf_and_delegates_controllers() {
         let dir = fake_group();
         let own = dir.path();
-        let d = V2::setup(own).expect("setup");
+        let d = V2::setup(own, CPU).expect("setup");
         assert_eq!(d.parents(), vec![own.join(KILN_GROUP)]);
         // Each pid is written to the leaf (the last write stays in a plain file).
         assert_eq!(
@@ -184,14 +228,14 @@ mod tests {
         let dir = fake_group();
         let own = dir.path();
         fs::write(own.join("cgroup.subtree_control"), "cpu memory pids\n").expect("control");
-        V2::setup(own).expect("setup");
+        V2::setup(own, CPU).expect("setup");
         assert!(!own.join(SERVER_LEAF).exists(), "no evacuation needed");
     }
 
     #[test]
     fn run_groups_get_memory_swap_and_pids_limits() {
         let dir = fake_group();
-        let d = V2::setup(dir.path()).expect("setup");
+        let d = V2::setup(dir.path(), CPU).expect("setup");
         let limits = Limits {
             memory_bytes: 1 << 20,
             pids: 7,
@@ -211,13 +255,44 @@ mod tests {
             CgroupStats {
                 memory_peak: Some(4096),
                 oom_kills: 2,
-                cpu: None,
+                ..CgroupStats::default()
             }
         );
+        assert!(!run.join("cpu.max").exists(), "no cpu controller here");
+        // CPU time is counted with or without the controller
         fs::write(run.join("cpu.stat"), "usage_usec 2500\nuser_usec 2000\n").expect("cpu");
         assert_eq!(
             cpu_usage(&run),
             Some(std::time::Duration::from_micros(2500))
+        );
+    }
+
+    #[test]
+    fn with_a_cpu_controller_runs_and_their_parent_get_quotas() {
+        let dir = fake_group();
+        let own = dir.path();
+        fs::write(own.join("cgroup.controllers"), "cpu memory pids\n").expect("controllers");
+        fs::write(
+            own.join(KILN_GROUP).join("cgroup.controllers"),
+            "cpu memory pids\n",
+        )
+        .expect("controllers");
+        let d = V2::setup(own, CPU).expect("setup");
+        assert!(d.limits_cpu());
+        d.apply_parent_cpu().expect("parent quota");
+        assert_eq!(
+            fs::read_to_string(own.join(KILN_GROUP).join("cpu.max")).expect("parent"),
+            "150000 100000"
+        );
+        let mut dirs = Vec::new();
+        let cpu = d
+            .create("1-0-1", &Limits::default(), &mut dirs)
+            .expect("create");
+        let run = own.join(KILN_GROUP).join("1-0-1");
+        assert_eq!(cpu, Some(run.clone()));
+        assert_eq!(
+            fs::read_to_string(run.join("cpu.max")).expect("run"),
+            "100000 100000"
         );
     }
 

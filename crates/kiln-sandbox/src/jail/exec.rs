@@ -21,7 +21,15 @@ use crate::spec::{GO_MAX_BYTES, GoMsg, JAIL_UID, JailSpec, ParkMode, STATUS_FD, 
 use crate::sys;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::stat::{Mode, umask};
-use nix::unistd::{Gid, Uid, chdir, execve, getgroups, setresgid, setresuid, setsid, write};
+use nix::unistd::{
+    Gid, Uid, chdir, execve, getgroups, getppid, setresgid, setresuid, setsid, write,
+};
+
+/// RLIMIT_SIGPENDING of the jail's user: signals queued at once.
+pub const SIGPENDING: u64 = 1024;
+/// RLIMIT_MSGQUEUE: bytes of POSIX message queues (three default-sized
+/// queues).
+pub const MSGQUEUE_BYTES: u64 = 256 * 1024;
 
 /// Runs G; only returns through `execve`, the embedded runner or `_exit(127)`.
 pub(super) fn exec_main(
@@ -98,6 +106,9 @@ fn exec(
     go_r: Option<OwnedFd>,
     runner: Option<EmbeddedRunner>,
 ) -> Result<Infallible, JailError> {
+    // Our parent: the jail's init (1), or the fork-server (0: outside the
+    // pid namespace); see the parent-death signal below.
+    let parent = getppid();
     // The status pipe is init's alone.
     sys::close_raw(STATUS_FD);
     setsid().map_err(|e| JailError::setup("setsid", e))?;
@@ -120,6 +131,11 @@ fn exec(
         l.cpu_secs.saturating_add(1),
     )?;
     limit(Resource::RLIMIT_NPROC, l.nproc, l.nproc)?;
+    // Queued signals and POSIX message queue bytes are per-user budgets:
+    // bounded here for the jail's user (and charged to the slot's uid on
+    // the host, never to root's; see `clone_owned_by`).
+    limit(Resource::RLIMIT_SIGPENDING, SIGPENDING, SIGPENDING)?;
+    limit(Resource::RLIMIT_MSGQUEUE, MSGQUEUE_BYTES, MSGQUEUE_BYTES)?;
 
     // The helper dropped host root's groups and the jail may not call
     // setgroups (denied in its user namespace): check instead of setting.
@@ -164,6 +180,17 @@ fn exec(
     }
     if !confinement.filters.is_empty() {
         seccomp::install(&confinement.filters).map_err(|e| JailError::setup("seccomp", e))?;
+    }
+    // Every credential change (joining the jail, uid 0, uid 1000) cleared
+    // the parent-death signal; none follows, so arm it now: a fork-server
+    // that dies takes its programs with it. A parent that died before is
+    // seen as a new parent (the jail's init).
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| JailError::setup("set parent-death signal", e))?;
+    if getppid() != parent {
+        return Err(JailError::Setup(
+            "the program's parent exited during setup".to_owned(),
+        ));
     }
 
     // Fully confined. A parked process waits here for what to run.

@@ -129,6 +129,35 @@ fn write_id_maps(pid: Pid, base: u32) -> Result<(), JailError> {
     write("gid_map", &map)
 }
 
+/// Clones the jail's init into its new namespaces with the user namespace
+/// owned by `owner` (the host uid of the jail's root), not by host root.
+///
+/// The kernel charges per-user budgets of everything in a user namespace
+/// (inotify instances and watches, pending signals, POSIX message queue
+/// bytes, namespaces, ...) up the chain of namespace owners. Owned by root,
+/// every jail's usage counted against host root's own limits: one jail
+/// holding 128 inotify instances made `inotify_init` fail for every root
+/// process and every other jail. Owned by the slot's uid, what a jail takes
+/// comes out of that slot's budget alone.
+///
+/// The euid changes only around the clone; the capabilities stay
+/// (`SECBIT_NO_SETUID_FIXUP`), so creating the namespaces is still a
+/// privileged operation (hosts that restrict unprivileged user namespaces
+/// still allow it) and the maps can be written afterwards.
+fn clone_owned_by(owner: nix::unistd::Uid, cgroup: Option<i32>) -> Result<Forked, JailError> {
+    use nix::unistd::{Uid, setresuid};
+    sys::keep_caps_across_uid_changes().map_err(|e| JailError::setup("set securebits", e))?;
+    let keep = Uid::from_raw(u32::MAX); // -1: unchanged
+    setresuid(keep, owner, keep).map_err(|e| JailError::setup("become the jail's owner", e))?;
+    let forked = sys::clone3_fork(JAIL_NAMESPACES as u64, cgroup);
+    if let Ok(Forked::Child) = forked {
+        return Ok(Forked::Child);
+    }
+    setresuid(keep, Uid::from_raw(0), keep)
+        .map_err(|e| JailError::setup("back to host root", e))?;
+    forked.map_err(|e| JailError::setup("clone3", e))
+}
+
 /// Waits for C. Kills it (and still reaps it, so the whole pid namespace is
 /// gone when this returns) once `deadline` passes or when the server closes
 /// the control pipe — the server's way of stopping a run, and what happens
@@ -279,8 +308,13 @@ fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
 /// already in the jail's pid namespace: joins the jail's cgroups and its
 /// other namespaces through its init's pidfd, then goes on exactly like a
 /// program process its init forked. Never returns.
+///
+/// Its memory is a copy of the fork-server's and will be the user
+/// program's: the request line (`spec_line`, in the fork-server's receive
+/// buffer) and every host path parsed from it are zeroed before the
+/// program could read them.
 pub(crate) fn forked_program_main(
-    spec_line: &[u8],
+    spec_line: &mut [u8],
     exec_w: OwnedFd,
     go_r: OwnedFd,
     init_pidfd: OwnedFd,
@@ -290,11 +324,14 @@ pub(crate) fn forked_program_main(
         let _ = nix::unistd::write(&exec_w, &e.into_status().to_line());
         sys::exit_now(127)
     };
-    let spec: JailSpec = match serde_json::from_slice(spec_line) {
+    let parsed = serde_json::from_slice::<JailSpec>(spec_line);
+    sys::scrub(spec_line);
+    let mut spec = match parsed {
         Ok(s) => s,
         Err(e) => fail(JailError::setup("parse spec", e)),
     };
-    let (_, confinement) = prepare(&spec);
+    let (plan, confinement) = prepare(&spec);
+    plan.into_iter().for_each(plan::Op::scrub);
     // "0" is the writer itself (our pid here is the jail's, not the host's).
     let procs: Vec<std::path::PathBuf> = match &spec.cgroup {
         None => Vec::new(),
@@ -303,12 +340,11 @@ pub(crate) fn forked_program_main(
     };
     for p in procs {
         if let Err(e) = std::fs::write(&p, "0") {
-            fail(JailError::setup(
-                format_args!("attach to {}", p.display()),
-                e,
-            ));
+            fail(JailError::setup("attach to the run's cgroups", e));
         }
+        sys::scrub_path(p);
     }
+    spec.scrub_host_paths();
     let others = nix::sched::CloneFlags::from_bits_truncate(JAIL_NAMESPACES & !libc::CLONE_NEWPID);
     if let Err(e) = nix::sched::setns(&init_pidfd, others) {
         fail(JailError::setup("join the jail's namespaces", e));
@@ -419,11 +455,10 @@ fn helper(status: &File) -> Result<(), JailError> {
         None => (None, None),
     };
     let mut started = Instant::now();
-    let forked = sys::clone3_fork(
-        JAIL_NAMESPACES as u64,
+    let forked = clone_owned_by(
+        nix::unistd::Uid::from_raw(spec.id_base),
         cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
-    )
-    .map_err(|e| JailError::setup("clone3", e))?;
+    )?;
     let (pid, pidfd) = match forked {
         Forked::Child => {
             drop(cgroup_fd);

@@ -63,6 +63,40 @@ fn set_attrs(path: &Path, recursive: bool, attrs: u64) -> Result<(), Errno> {
     }
 }
 
+/// The jail's own per-user limits (`/proc/sys/user/*` of its user
+/// namespace, writable by its root). The namespace is owned by the slot's
+/// uid, so what the jail takes is charged to that uid on the host as well
+/// (see `clone_owned_by`); these keep each jail well inside that.
+/// No namespace of any kind may be created inside a jail (seccomp refuses
+/// it too). Entries the kernel lacks are skipped.
+pub const USER_NS_LIMITS: &[(&str, &str)] = &[
+    ("max_inotify_instances", "64"),
+    ("max_inotify_watches", "8192"),
+    ("max_fanotify_groups", "0"),
+    ("max_fanotify_marks", "0"),
+    ("max_user_namespaces", "0"),
+    ("max_mnt_namespaces", "0"),
+    ("max_pid_namespaces", "0"),
+    ("max_net_namespaces", "0"),
+    ("max_ipc_namespaces", "0"),
+    ("max_uts_namespaces", "0"),
+    ("max_cgroup_namespaces", "0"),
+    ("max_time_namespaces", "0"),
+];
+
+/// Writes [`USER_NS_LIMITS`] through the jail's fresh procfs at `proc`.
+fn limit_user_namespace(proc: &Path) -> Result<(), JailError> {
+    for (name, value) in USER_NS_LIMITS {
+        let path = proc.join("sys/user").join(name);
+        match fs::write(&path, value) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(format_args!("write /proc/sys/user/{name}"), e)),
+        }
+    }
+    Ok(())
+}
+
 /// `root_dir` joined with an in-jail absolute path.
 fn under(root: &Path, jail_path: &Path) -> PathBuf {
     root.join(jail_path.strip_prefix("/").unwrap_or(jail_path))
@@ -172,7 +206,8 @@ fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )
-            .map_err(|e| err(format_args!("mount proc on {}", dst.display()), e))
+            .map_err(|e| err(format_args!("mount proc on {}", dst.display()), e))?;
+            limit_user_namespace(&target)
         }
         Op::SetAttr { dst, attrs } => set_attrs(&under(root, dst), false, *attrs)
             .map_err(|e| err(format_args!("set mount attributes of {}", dst.display()), e)),

@@ -8,6 +8,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod budgets;
+mod cleanup;
+mod cpu;
 mod exhaustion;
 mod files;
 mod hardening;
@@ -15,6 +18,7 @@ mod info;
 mod isolation;
 mod network;
 mod privilege;
+mod processes;
 mod syscalls;
 
 use std::path::Path;
@@ -28,6 +32,8 @@ pub struct Shared {
     pub v1: String,
     pub port: u16,
     pub uids: std::ops::Range<u32>,
+    pub data_dir: std::path::PathBuf,
+    pub warm: Option<kiln_sandbox::WarmPool>,
 }
 
 pub fn shared() -> &'static Shared {
@@ -59,6 +65,8 @@ pub fn shared() -> &'static Shared {
                     v1: s.v1(),
                     port,
                     uids: s.uid_range.clone(),
+                    data_dir: s.data_dir.path().to_owned(),
+                    warm: s.warm.clone(),
                 })
                 .unwrap();
                 // keep serving until the test process exits
@@ -68,6 +76,70 @@ pub fn shared() -> &'static Shared {
         });
         rx.recv().expect("shared server started")
     })
+}
+
+/// Waits until `py` runs in fork-server jails on the shared server (the
+/// fork-server finished its preload), so an attack aimed at the fork-server
+/// cannot pass by running cold.
+pub async fn wait_for_warm_py() {
+    let pool = shared()
+        .warm
+        .as_ref()
+        .expect("the shared server has a warm pool");
+    let t = Instant::now();
+    while !pool.has_profile("py") {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the fork-server never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The shared server's fork-server (a child of this process).
+pub fn fork_server_pid() -> u32 {
+    children_of(std::process::id())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"kiln\0__zygote\0")
+        })
+        .expect("the shared server's fork-server")
+}
+
+/// The parent pid and state of a process.
+pub fn stat_of(pid: u32) -> Option<(u32, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    Some((f.next()?.parse().ok()?, state))
+}
+
+/// Children of `pid` with their states (`Z`: zombie).
+pub fn children_of(pid: u32) -> Vec<(u32, char)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let (ppid, state) = stat_of(p)?;
+            (ppid == pid).then_some((p, state))
+        })
+        .collect()
+}
+
+/// Polls `f` until it holds or `limit` passes; whether it held.
+pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
 }
 
 pub fn client() -> reqwest::Client {
