@@ -44,6 +44,8 @@ use crate::sys;
 pub const RECREATE_ABOVE_INODES: u64 = 4096;
 
 /// Inodes in use on the filesystem of `dir`.
+// `fsfilcnt_t` is u64 here but u32 on some targets
+#[allow(clippy::useless_conversion)]
 fn inodes_used(dir: &Path) -> Option<u64> {
     let st = nix::sys::statvfs::statvfs(dir).ok()?;
     Some(u64::from(st.files()).saturating_sub(u64::from(st.files_free())))

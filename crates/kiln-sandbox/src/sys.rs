@@ -648,6 +648,55 @@ pub fn scrub_string(s: String) {
     scrub(&mut v);
 }
 
+/// Fields 48 and 49 of `/proc/self/stat`: where the kernel reads this
+/// process's command line from.
+fn arg_area() -> io::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| io::Error::other("unparsable /proc/self/stat"))?;
+    // `rest` starts at field 3 (state); arg_start is field 48.
+    let mut f = rest.split_whitespace().skip(45);
+    let mut next = || -> io::Result<u64> {
+        f.next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| io::Error::other("unparsable /proc/self/stat"))
+    };
+    Ok((next()?, next()?))
+}
+
+/// Shows this process as `name`: its `comm` (what `ps` and
+/// `/proc/<pid>/comm` show) and its command line (`/proc/<pid>/cmdline`),
+/// whose bytes (the argument area the kernel set up at exec) are
+/// overwritten with `name` and NULs. No privilege is needed (unlike
+/// `PR_SET_MM`, which wants `CAP_SYS_RESOURCE` in the initial user
+/// namespace, lost once the helper is in the jail's). Children made by
+/// fork inherit both. The process must not read its arguments afterwards.
+pub fn set_process_name(name: &str) -> io::Result<()> {
+    let comm = std::ffi::CString::new(name).map_err(|_| io::Error::other("NUL in name"))?;
+    nix::sys::prctl::set_name(&comm)?;
+    let (start, end) = arg_area()?;
+    let len = end.saturating_sub(start) as usize;
+    if len == 0 {
+        return Ok(());
+    }
+    let bytes = comm.as_bytes();
+    // keep at least one NUL at the end so readers see one terminated string
+    let keep = bytes.len().min(len - 1);
+    // SAFETY: [start, end) is this process's argument area as the kernel
+    // reports it: part of the initial stack mapping, readable and
+    // writable, and never freed. The helper is single-threaded here, and
+    // nothing reads the arguments after this point (std's args() would see
+    // the new bytes, which are still valid NUL-terminated strings).
+    unsafe {
+        let area = std::slice::from_raw_parts_mut(start as usize as *mut u8, len);
+        area.fill(0);
+        area[..keep].copy_from_slice(&bytes[..keep]);
+    }
+    Ok(())
+}
+
 /// `FITRIM` (`_IOWR('X', 121, struct fstrim_range)`).
 const FITRIM: libc::c_ulong = 0xC018_5879;
 

@@ -87,7 +87,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         // warm profiles come from the language table; the fork-server
         // (embedded py) starts in the background
         let zygote = config.python_zygote.then(|| ZygoteStart {
-            config_dir: data.join("zygote").join("mpl"),
+            config_dir: zygote_config_dir(&data),
         });
         JailSource::warm(
             sandbox,
@@ -464,4 +464,21 @@ pub async fn exec_file(
         kiln_core::ExitStatus::Code(c) => ExitCode::from(c.clamp(0, 255) as u8),
         kiln_core::ExitStatus::Signal(s) => ExitCode::from((128 + s).clamp(0, 255) as u8),
     })
+}
+
+/// Where the fork-server's matplotlib writes its config and font cache.
+/// The path stays in the memory of every warm program (the interpreter's
+/// environment was built from it), so it must not name the deployment's
+/// layout: a fixed, install-independent cache directory; the data dir
+/// only when that cannot be made (an unprivileged development run).
+fn zygote_config_dir(data: &std::path::Path) -> std::path::PathBuf {
+    let neutral = std::path::PathBuf::from("/var/cache/kiln/mpl");
+    match std::fs::create_dir_all(&neutral) {
+        Ok(()) => neutral,
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %neutral.display(),
+                "the fork-server's matplotlib dir falls back to the data dir (its path is then visible to warm programs)");
+            data.join("zygote").join("mpl")
+        }
+    }
 }

@@ -116,6 +116,14 @@ fn init(
     }
     drop(release_r);
     sethostname(HOSTNAME).map_err(|e| JailError::setup("sethostname", e))?;
+    // A cgroup namespace rooted at the run's own groups (we are in them
+    // already): /proc/self/cgroup then shows "/" where it showed the host's
+    // layout (container id, server pid, run counter). Made here rather
+    // than by the helper's clone, which would root it in the helper's
+    // cgroup on v2 (CLONE_INTO_CGROUP moves the child after its namespaces
+    // exist). A program the fork-server forks joins it with the others.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| JailError::setup("cgroup namespace", e))?;
 
     rootfs::build_and_enter(&spec.root_dir, plan)?;
 

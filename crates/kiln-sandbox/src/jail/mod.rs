@@ -50,6 +50,9 @@ use crate::sys::{self, Forked};
 /// (the fork-server's embedded interpreter). Never returns.
 pub type EmbeddedRunner = fn(&GoMsg) -> !;
 
+/// The command line and name the jail's init (and its helper) shows.
+const INIT_NAME: &str = "sandbox-init";
+
 /// Exit code of C (and H) after it reported an error on the status pipe.
 const EXIT_REPORTED: i32 = 3;
 /// The helper kills the jail itself this long after the wall time, in case
@@ -345,7 +348,9 @@ pub(crate) fn forked_program_main(
         sys::scrub_path(p);
     }
     spec.scrub_host_paths();
-    let others = nix::sched::CloneFlags::from_bits_truncate(JAIL_NAMESPACES & !libc::CLONE_NEWPID);
+    let others = nix::sched::CloneFlags::from_bits_truncate(
+        (JAIL_NAMESPACES & !libc::CLONE_NEWPID) | libc::CLONE_NEWCGROUP,
+    );
     if let Err(e) = nix::sched::setns(&init_pidfd, others) {
         fail(JailError::setup("join the jail's namespaces", e));
     }
@@ -454,6 +459,9 @@ fn helper(status: &File) -> Result<(), JailError> {
         ),
         None => (None, None),
     };
+    // What the jail sees of its init (PID 1): a neutral name, not the
+    // launcher's or helper's command line.
+    sys::set_process_name(INIT_NAME).map_err(|e| JailError::setup("name the jail's init", e))?;
     let mut started = Instant::now();
     let forked = clone_owned_by(
         nix::unistd::Uid::from_raw(spec.id_base),
