@@ -7,7 +7,9 @@
 #      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
 #      since the last install;
 #   3. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
-#      whose exit status is this script's; it closes with one "N passed, N failed" line.
+#      whose exit status is this script's; it closes with one "N passed, N failed" line;
+#   4. under CI: the fuzz targets (scripts/fuzz.sh) and the container image proof
+#      (scripts/container-test.sh), each failing the run when it fails.
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
 # Usage: scripts/test.sh [extra args for cargo test (or cargo nextest run)]
@@ -81,6 +83,25 @@ else
   echo "fuzz: not run (set CI or KILN_FUZZ_SECONDS to run scripts/fuzz.sh)"
 fi
 # ---- fuzzing: end -----------------------------------------------------------------------------
+
+# ---- container image: begin (owned by scripts/container-test.sh) ----------------------------
+# Under CI (or with KILN_CONTAINER_TEST=1) the Dockerfile is built with podman on a Debian 12
+# base made by debootstrap, the image is run with the narrow privilege set, LibreChat's client
+# (tests/e2e) runs against it, and so does docker-compose.example.yml under podman-compose. It
+# takes minutes (the release build inside the image dominates): docs/container.md has the
+# times. KILN_CONTAINER_TEST=0 skips it even under CI.
+section "container image"
+if [[ "${KILN_CONTAINER_TEST:-${CI:+1}}" == 1 ]]; then
+  if scripts/container-test.sh; then
+    echo "container: passed"
+  else
+    echo "container: FAILED (scripts/container-test.sh exit $?; see above)"
+    status=1
+  fi
+else
+  echo "container: not run (set CI or KILN_CONTAINER_TEST=1 to run scripts/container-test.sh)"
+fi
+# ---- container image: end -------------------------------------------------------------------
 
 section "done"
 # Sum cargo's "test result:" lines and nextest's "Summary" line.
