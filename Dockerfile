@@ -2,37 +2,54 @@
 #
 # Stage 1 builds the `kiln` binary with the toolchain rust-toolchain.toml pins; stage 2 is a
 # Debian 12 image with the runtimes the jails execute, installed by the same script a host uses
-# (scripts/install-runtimes.sh), and the binary. The container must be allowed to create
-# namespaces, mount inside them and write cgroups: see docs/container.md (short version:
-# `privileged: true`, as in docker-compose.example.yml).
+# (scripts/install-runtimes.sh), tini as PID 1, and the binary. Kiln builds its own jail for
+# every run, so the container must be allowed to create namespaces, mount inside them and write
+# its cgroups: docs/container.md lists each privilege and why (compose: docker-compose.example.yml).
 #
 #   docker build -t kiln .
-#   docker run --privileged --cgroupns=private -p 8000:8000 -e KILN_API_KEY=change-me kiln
+#   docker run --cap-add SYS_ADMIN --security-opt systempaths=unconfined \
+#     --security-opt apparmor=unconfined --cgroupns=private -p 127.0.0.1:8000:8000 -v kiln_data:/data kiln
 #
-# Unverified: no Docker engine ran on the machine this was written on (docs/container.md).
+# Built and run with podman 4.3 on a Debian 12 base made by debootstrap, and LibreChat's own
+# client run against it: scripts/container-test.sh, results in docs/container.md. With podman,
+# build with `--format docker`: the OCI image format has no HEALTHCHECK.
+#
+# The base images are arguments so a registry mirror, or images built locally (as
+# scripts/container-test.sh does), can stand in for Docker Hub's.
+ARG RUST_IMAGE=rust:1.95-bookworm
+ARG BASE_IMAGE=debian:12-slim
 
 # ---- build ----------------------------------------------------------------------------
-FROM rust:1.95-bookworm AS build
+FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p kiln \
     && install -D -m 0755 target/release/kiln /out/kiln
 
 # ---- runtime --------------------------------------------------------------------------
-FROM debian:12-slim
+FROM ${BASE_IMAGE}
 # Runtimes first: the slowest layer, and it changes only with the installer.
 COPY scripts/install-runtimes.sh /opt/kiln/install-runtimes.sh
 RUN /opt/kiln/install-runtimes.sh \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /root/.cache
-# Outside /usr on purpose: jails see the host's /usr (read-only), and need not see Kiln.
+# tini is PID 1: it reaps every orphan that ends up with it (a jail's processes whose parent
+# died) and passes SIGTERM on to Kiln, which then drains its runs (shutdown_grace_secs).
+RUN apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+# Outside /usr on purpose: jails see the image's /usr (read-only), and need not see Kiln.
 COPY --from=build /out/kiln /opt/kiln/kiln
+# Makes the container's own cgroup controllers writable when the runtime mounted them read-only
+# and the container has CAP_SYS_ADMIN (the narrow privilege set), then execs kiln.
+COPY scripts/container-entrypoint.sh /opt/kiln/entrypoint.sh
 ENV KILN_LISTEN=0.0.0.0:8000 \
     KILN_DATA_DIR=/data
 VOLUME /data
 EXPOSE 8000
-# /health needs no auth; bash's /dev/tcp avoids adding curl to the image.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["/bin/bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/8000 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && head -n 1 <&3 | grep -q ' 200 '"]
+# `kiln health` asks GET /health (no auth) at KILN_LISTEN; no curl needed in the image.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["/opt/kiln/kiln", "health"]
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["/opt/kiln/kiln"]
+# -s: reap orphans even when something else is PID 1 (compose's `init: true`, Kubernetes).
+ENTRYPOINT ["/usr/bin/tini", "-s", "--", "/opt/kiln/entrypoint.sh"]
 CMD ["serve"]

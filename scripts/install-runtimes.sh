@@ -217,7 +217,18 @@ if ((${#missing[@]} > 0)); then
   # Slim images drop man pages, and openjdk's postinst fails without this directory.
   "${as_root[@]}" mkdir -p /usr/share/man/man1
   "${as_root[@]}" apt-get "${apt_opts[@]}" update -qq
-  "${as_root[@]}" apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}"
+  # -q prints a line per package downloaded and per package set up: shown as a running count
+  # (every 25 and at the end), so a fresh machine's few minutes are not silent.
+  "${as_root[@]}" apt-get "${apt_opts[@]}" install -y -q --no-install-recommends "${missing[@]}" 2>&1 |
+    awk '
+      function say(m) { printf "install-runtimes: %s\n", m; fflush() }
+      / newly installed, / { total = $0; sub(/ newly installed.*/, "", total); sub(/.* /, "", total)
+                             say(total " packages to install (the ones asked for and their dependencies)"); next }
+      /^Get:[0-9]+ / { got++; if (got % 25 == 0) say("downloaded " got "/" total); next }
+      /^Fetched / { say("downloaded " got " packages (" $2 " " $3 ")"); next }
+      /^Setting up / { set++; if (set % 25 == 0) say("set up " set "/" total); next }
+      /^(E|W|dpkg): |rror/ { print; fflush(); next }
+      END { if (set) say("set up " set " packages") }' >&2
   # new packages may bring new fonts or a new matplotlib: rebuild the font cache
   font_cache_missing=1
   mapfile -t pip_missing < <(pypi_missing)

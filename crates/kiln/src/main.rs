@@ -41,8 +41,16 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Report what the host supports; exits non-zero if the sandbox cannot be enforced.
+    /// Report what the host supports and what the configuration gets wrong; exits non-zero
+    /// if the sandbox cannot be enforced or a check fails.
     Doctor,
+    /// Ask the local server's `GET /health` (at the configured listen address); exits 0 when it
+    /// answers 200. For container health checks.
+    Health {
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -96,6 +104,10 @@ fn main() -> ExitCode {
         }
         Command::Exec { lang, file, args } => rt.block_on(kiln::exec_file(cfg, &lang, &file, args)),
         Command::Doctor => Ok(kiln::doctor(&cfg)),
+        Command::Health { timeout } => Ok(kiln::health_check(
+            &cfg,
+            std::time::Duration::from_secs(timeout.max(1)),
+        )),
     };
     match result {
         Ok(code) => code,

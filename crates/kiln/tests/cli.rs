@@ -12,10 +12,38 @@ const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 #[test]
 fn doctor_reports_an_enforceable_sandbox_and_the_languages() {
     common::require_root();
-    let out = Command::new(KILN).arg("doctor").output().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new(KILN)
+        .arg("doctor")
+        // a port of its own: another server on 8000 must not fail this test
+        .env("KILN_LISTEN", "127.0.0.1:0")
+        .env("KILN_DATA_DIR", data.path())
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("sandbox: enforceable"), "{text}");
+    for check in [
+        "data dir",
+        "listen",
+        "auth",
+        "uid range",
+        "swap",
+        "hugepages",
+        "runtimes",
+        "disk",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("ok") && l.contains(check)),
+            "check {check:?} is not ok: {text}"
+        );
+    }
+    assert!(
+        text.contains("summary: sandbox enforceable; 0 check(s) failed"),
+        "{text}"
+    );
     for lang in ["py", "js", "bash"] {
         assert!(
             text.lines()
@@ -23,6 +51,101 @@ fn doctor_reports_an_enforceable_sandbox_and_the_languages() {
             "{lang}: {text}"
         );
     }
+}
+
+/// The lines of `kiln doctor`'s output about one check: its own and its `fix:` line.
+fn check_lines<'a>(text: &'a str, check: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(i) = lines
+        .iter()
+        .position(|l| l.get(7..).is_some_and(|rest| rest.starts_with(check)))
+    else {
+        return Vec::new();
+    };
+    let mut out = vec![lines[i]];
+    if let Some(next) = lines
+        .get(i + 1)
+        .filter(|l| l.trim_start().starts_with("fix:"))
+    {
+        out.push(next);
+    }
+    out
+}
+
+#[test]
+fn doctor_names_what_an_operator_got_wrong_and_how_to_fix_it() {
+    // a data dir below a directory others cannot search (as /root is)
+    let tmp = tempfile::tempdir().unwrap();
+    let closed = tmp.path().join("home");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    // the port held by someone else: this test
+    let held = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let out = Command::new(KILN)
+        .arg("doctor")
+        .env("KILN_DATA_DIR", closed.join("kiln-data"))
+        .env("KILN_LISTEN", format!("0.0.0.0:{port}"))
+        .env_remove("KILN_API_KEY")
+        .env_remove("LIBRECHAT_CODE_API_KEY")
+        .env_remove("CI_API_KEY")
+        .env_remove("KILN_AUTH")
+        // jails would run as root and every system account
+        .env("KILN_UID_BASE", "0")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "a failed check must fail doctor: {text}"
+    );
+
+    let data = check_lines(&text, "data dir").join("\n");
+    assert!(data.contains("WARN"), "{text}");
+    assert!(data.contains("has mode 0700"), "{data}");
+    assert!(data.contains("/var/lib/kiln/work-"), "{data}");
+    assert!(
+        data.contains(&format!("chmod o+x {}", closed.display())),
+        "{data}"
+    );
+
+    let listen = check_lines(&text, "listen").join("\n");
+    assert!(listen.contains("FAIL"), "{text}");
+    assert!(
+        listen.contains(&format!("(pid {})", std::process::id())),
+        "doctor names the process holding the port: {listen}"
+    );
+
+    let auth = check_lines(&text, "auth").join("\n");
+    assert!(auth.contains("WARN"), "{text}");
+    assert!(auth.contains("anyone who can reach this port"), "{auth}");
+    assert!(auth.contains("fix:"), "{auth}");
+
+    let uids = check_lines(&text, "uid range").join("\n");
+    assert!(uids.contains("FAIL"), "{text}");
+    assert!(uids.contains("root (0)"), "{uids}");
+    assert!(uids.contains("KILN_UID_BASE"), "{uids}");
+    assert!(text.contains("check(s) failed"), "{text}");
+    drop(held);
+}
+
+#[test]
+fn health_fails_when_nothing_answers() {
+    // a port that was free a moment ago: nothing listens there
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(KILN)
+        .args(["health", "--timeout", "2"])
+        .env("KILN_LISTEN", format!("0.0.0.0:{port}"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    // a wildcard listen address is asked on loopback
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
 }
 
 #[test]
@@ -89,6 +212,18 @@ fn serve_stops_cleanly_on_sigterm() {
             .map(|r| r.status().as_u16())
     });
     assert_eq!(health.unwrap(), 200);
+    // `kiln health` (the container health check) says the same, through KILN_LISTEN
+    let probe = Command::new(KILN)
+        .arg("health")
+        .env("KILN_LISTEN", &addr)
+        .output()
+        .unwrap();
+    assert!(
+        probe.status.success(),
+        "kiln health against {addr}: {}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    assert!(String::from_utf8_lossy(&probe.stdout).contains(" 200 "));
     // SIGTERM: exits 0, promptly
     let t = Instant::now();
     let killed = Command::new("kill")
