@@ -43,6 +43,9 @@ pub struct ApiConfig {
     pub tenant: String,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// `/metrics` asks for the API key too (with auth `api-key`); off, a
+    /// scraper needs no key and the port should then stay private.
+    pub metrics_require_key: bool,
 }
 
 impl Default for ApiConfig {
@@ -56,6 +59,7 @@ impl Default for ApiConfig {
             max_json_bytes: 50 * 1024 * 1024,
             tenant: "local".to_owned(),
             max_run_files: 10,
+            metrics_require_key: false,
         }
     }
 }

@@ -95,11 +95,17 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(proxy::health))
 }
 
-/// Routes served at the root only.
-fn root_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(health::metrics))
-        .routes(routes!(openapi::openapi_json))
+/// Routes served at the root only; `/metrics` behind the API key when the
+/// configuration asks for it.
+fn root_routes(state: &AppState) -> OpenApiRouter<AppState> {
+    let mut metrics = OpenApiRouter::new().routes(routes!(health::metrics));
+    if state.config.metrics_require_key {
+        metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ));
+    }
+    metrics.routes(routes!(openapi::openapi_json))
 }
 
 /// The complete application: every route under `/v1` and LibreChat's at
@@ -110,7 +116,7 @@ pub fn router(state: AppState) -> Router {
         tracing::error!("auth mode api-key without a key: every authenticated route answers 401");
     }
     let (api, api_doc) = api_routes(&state).split_for_parts();
-    let (root, root_doc) = root_routes().split_for_parts();
+    let (root, root_doc) = root_routes(&state).split_for_parts();
     let doc = openapi::document(api_doc, root_doc);
     let api = api.method_not_allowed_fallback(middleware::method_not_allowed);
 

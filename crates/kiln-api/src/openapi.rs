@@ -29,7 +29,7 @@ const DESCRIPTION: &str = "Kiln is a self-hosted Code Interpreter API: LibreChat
 API (`Seed 000`), all over one run registry and one store.\n\n\
 Every route under `/v1` except seed 000's and the runs API is also served at the root (older \
 LibreChat builds call it there). With an API key configured, every route except the health \
-checks, `/metrics` and this document needs it (`X-API-Key`, or `Authorization: Bearer`).\n\n\
+checks, `/metrics` (unless `metrics_require_key` is set) and this document needs it (`X-API-Key`, or `Authorization: Bearer`).\n\n\
 Streaming: `POST /v1/exec` and `POST /v1/librechat/runs` with `Accept: text/event-stream` answer \
 with Server-Sent Events; see docs/api.md.";
 

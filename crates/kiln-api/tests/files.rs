@@ -53,6 +53,8 @@ async fn download_streams_the_bytes_with_type_length_and_disposition() {
     );
     assert!(r.headers()["etag"].to_str().unwrap().starts_with('"'));
     assert_eq!(r.headers()["x-codeapi-execution-profile"], "default");
+    // a browser must not second-guess the stored type of a program's file
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     let body = r.bytes().await.unwrap();
     assert_eq!(body.as_ref(), payload.as_slice());
 }

@@ -110,6 +110,8 @@ pub struct Config {
     pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// `/metrics` asks for the API key as well (with auth `api-key`).
+    pub metrics_require_key: bool,
     /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
     /// as a minimal init that reaps orphans and forwards signals, and run
     /// the server as its child.
@@ -162,6 +164,7 @@ impl Default for Config {
             rate_limit_window_secs: 60,
             session_ttl_secs: 3600,
             max_run_files: 10,
+            metrics_require_key: false,
             pid1_init: true,
         }
     }

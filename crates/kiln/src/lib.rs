@@ -205,6 +205,7 @@ pub async fn serve(
         max_upload_bytes: kiln.config.max_upload_mb * 1024 * 1024,
         max_batch_files: kiln.config.max_batch_files,
         max_run_files: kiln.config.max_run_files,
+        metrics_require_key: kiln.config.metrics_require_key,
         ..kiln_api::ApiConfig::default()
     };
     let stop_new = CancellationToken::new();

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::header::{CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LAST_MODIFIED};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt as _;
 use kiln_core::Nanoid;
@@ -141,6 +141,12 @@ pub fn file_response(meta: &ObjectMeta, body: Body) -> Response {
             .unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
     h.insert(CONTENT_LENGTH, HeaderValue::from(meta.size));
+    // the type is what the program's file name suggests: a browser must not
+    // guess another (an .txt holding HTML stays text)
+    h.insert(
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert(
         CONTENT_DISPOSITION,
         HeaderValue::from_str(&content_disposition(&meta.name))

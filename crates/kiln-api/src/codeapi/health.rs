@@ -45,7 +45,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
     path = "/metrics",
     operation_id = "metrics",
     tag = "Operations",
-    summary = "Prometheus metrics (root only, no auth)",
+    summary = "Prometheus metrics (root only; behind the API key with `metrics_require_key`)",
     responses(
         (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
         (status = 404, description = "No metrics recorder", body = crate::error::ErrorBody),

@@ -154,3 +154,38 @@ async fn deleted_files_reveals_nothing_about_host_paths() {
     assert!(names(&r).is_empty(), "{r}");
     assert_healthy().await;
 }
+
+/// A program's output is served with the type its name suggests and
+/// `nosniff`, so HTML hidden in a `.txt` (or `.png`) is never rendered as a
+/// page on the download's origin by a browser that would sniff it.
+#[tokio::test]
+async fn downloads_are_never_sniffed_into_html() {
+    let r = attack(
+        "py",
+        "open('notes.txt','w').write('<html><script>alert(document.cookie)</script></html>')\n\
+         open('chart.png','w').write('<!DOCTYPE html><script>alert(1)</script>')",
+    )
+    .await;
+    let session = r["session_id"].as_str().unwrap().to_owned();
+    let files = r["files"].as_array().expect("files").clone();
+    assert_eq!(files.len(), 2, "{r}");
+    for f in files {
+        let id = f["id"].as_str().unwrap();
+        let d = client()
+            .get(format!("{}/download/{session}/{id}", shared().v1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(d.status(), 200);
+        let ct = d.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(!ct.contains("html"), "{} served as {ct}", f["name"]);
+        assert_eq!(d.headers()["x-content-type-options"], "nosniff");
+        assert!(
+            d.headers()["content-disposition"]
+                .to_str()
+                .unwrap()
+                .starts_with("attachment"),
+        );
+    }
+    assert_healthy().await;
+}
