@@ -63,9 +63,7 @@ fn classify_v4(ip: Ipv4Addr) -> Option<Refusal> {
         "a shared (carrier-grade NAT) address"
     } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
         "a benchmarking address"
-    } else if ip.is_documentation() || (o[0] == 192 && o[1] == 0 && o[2] == 0) {
-        "a reserved address"
-    } else if o[0] >= 240 {
+    } else if ip.is_documentation() || (o[0] == 192 && o[1] == 0 && o[2] == 0) || o[0] >= 240 {
         "a reserved address"
     } else {
         return None;
@@ -83,12 +81,7 @@ fn classify_v6(ip: Ipv6Addr) -> Option<Refusal> {
     let s = ip.segments();
     // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
-        let v4 = Ipv4Addr::new(
-            (s[6] >> 8) as u8,
-            s[6] as u8,
-            (s[7] >> 8) as u8,
-            s[7] as u8,
-        );
+        let v4 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
         return classify_v4(v4).or(Some(Refusal::Private("a NAT64 address")));
     }
     if s[0] == 0x2002 {

@@ -174,7 +174,10 @@ pub fn expand(
         out.push_str(&rest[..at]);
         let after = &rest[at + 2..];
         let Some(end) = after.find('}') else {
-            return Err(format!("unterminated ${{ in {:?}", redact_template(template)));
+            return Err(format!(
+                "unterminated ${{ in {:?}",
+                redact_template(template)
+            ));
         };
         let name = &after[..end];
         let valid = !name.is_empty()
@@ -245,8 +248,11 @@ mod tests {
             description: String::new(),
             allowed_methods: default_methods(),
             allowed_paths: vec!["/v1".into()],
-            inject_header: [("Authorization".to_owned(), "Bearer literal-secret".to_owned())]
-                .into(),
+            inject_header: [(
+                "Authorization".to_owned(),
+                "Bearer literal-secret".to_owned(),
+            )]
+            .into(),
             inject_query: [("key".to_owned(), "other-secret".to_owned())].into(),
             max_body_bytes: 1,
             max_response_bytes: 1,

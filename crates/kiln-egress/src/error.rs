@@ -69,5 +69,7 @@ impl Refused {
 
 /// A complete body.
 pub fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }

@@ -21,7 +21,7 @@ use futures::{Stream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::{Frame, Incoming};
-use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use percent_encoding::percent_decode_str;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::addr;
@@ -257,23 +257,23 @@ fn build_query(raw: Option<&str>, service: &Service) -> Result<Option<String>, R
             ));
         }
         if q.len() > 4096 {
-            return Err(Refused::bad_request("the query string is longer than 4096 bytes"));
+            return Err(Refused::bad_request(
+                "the query string is longer than 4096 bytes",
+            ));
         }
         for pair in q.split('&').filter(|p| !p.is_empty()) {
             let name = pair.split_once('=').map_or(pair, |(n, _)| n);
-            let name = percent_decode_str(&name.replace('+', " ")).decode_utf8_lossy().into_owned();
-            if service.inject_query.iter().any(|(k, _)| *k == name) {
+            let name = percent_decode_str(&name.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned();
+            if service.inject_query.iter().any(|(k, _, _)| *k == name) {
                 continue;
             }
             parts.push(pair.to_owned());
         }
     }
-    for (k, v) in &service.inject_query {
-        parts.push(format!(
-            "{}={}",
-            utf8_percent_encode(k, NON_ALPHANUMERIC),
-            utf8_percent_encode(v, NON_ALPHANUMERIC)
-        ));
+    for (_, k, v) in &service.inject_query {
+        parts.push(format!("{k}={v}"));
     }
     Ok((!parts.is_empty()).then(|| parts.join("&")))
 }
@@ -474,7 +474,11 @@ async fn forward(
         return Err(too_large_request(&service));
     }
 
-    let user_key = format!("{}/{}", ctx.grant.principal().tenant, ctx.grant.principal().user_id);
+    let user_key = format!(
+        "{}/{}",
+        ctx.grant.principal().tenant,
+        ctx.grant.principal().user_id
+    );
     rate_limit(&service, &user_key)?;
     if !g.reserve_request() {
         give_back(&service, &user_key);
@@ -501,15 +505,14 @@ async fn forward(
     url.set_path(&format!("{base}{}", path.encoded()));
     url.set_query(query.as_deref());
     if let Some(ip) = service.upstream_ip {
-        addr::check(ip, service.allow_private).map_err(|e| {
-            Refused::new(StatusCode::BAD_GATEWAY, "upstream_blocked", e)
-        })?;
+        addr::check(ip, service.allow_private)
+            .map_err(|e| Refused::new(StatusCode::BAD_GATEWAY, "upstream_blocked", e))?;
     }
 
     let sent = Arc::clone(&log.up);
     let overflow = Arc::new(AtomicBool::new(false));
-    let has_body = declared.is_some_and(|n| n > 0)
-        || parts.headers.contains_key(header::TRANSFER_ENCODING);
+    let has_body =
+        declared.is_some_and(|n| n > 0) || parts.headers.contains_key(header::TRANSFER_ENCODING);
     let scrub = Scrubber::new(&service.secrets);
     let mut rb = service
         .client

@@ -93,12 +93,7 @@ impl Gateway {
     /// credential. `public_url` is the gateway's URL as the holder sees it
     /// (`KILN_SERVICES_URL`). Closing (or dropping) the channel revokes
     /// the grant and ends every connection.
-    pub fn open(
-        &self,
-        grant: Grant,
-        listener: TcpListener,
-        public_url: &str,
-    ) -> Channel {
+    pub fn open(&self, grant: Grant, listener: TcpListener, public_url: &str) -> Channel {
         let stop = CancellationToken::new();
         let ctx = Arc::new(ChannelCtx {
             grant: grant.clone(),

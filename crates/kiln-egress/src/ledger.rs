@@ -49,10 +49,7 @@ pub struct MemoryLedger {
 
 impl MemoryLedger {
     pub fn calls(&self) -> Vec<CallRecord> {
-        self.calls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 

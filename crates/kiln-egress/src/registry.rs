@@ -9,12 +9,21 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method};
 use kiln_core::Principal;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Url;
 
 use crate::addr::{self, GuardedResolver};
 use crate::config::{ServiceConfig, expand};
 use crate::path::PathPattern;
 use crate::rate::{Limiter, Rate};
+
+/// What is percent-encoded in an injected query parameter: everything but
+/// RFC 3986's unreserved characters.
+const QUERY: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// Secrets shorter than this are not scrubbed from responses (too many
 /// false matches in binary bodies); the operator is warned.
@@ -41,8 +50,9 @@ pub struct Service {
     pub paths: Vec<PathPattern>,
     /// Injected headers (marked sensitive).
     pub inject_headers: Vec<(HeaderName, HeaderValue)>,
-    /// Injected query parameters, already percent-encoded as `name=value`.
-    pub inject_query: Vec<(String, String)>,
+    /// Injected query parameters: the name, then name and value
+    /// percent-encoded as sent.
+    pub inject_query: Vec<(String, String, String)>,
     /// Every injected value and every `${VAR}` value: never shown to a jail.
     pub secrets: Vec<Vec<u8>>,
     pub max_request_bytes: u64,
@@ -76,8 +86,8 @@ impl Service {
     /// Whether `p` may use this service.
     pub fn allows(&self, p: &Principal) -> bool {
         (self.users.is_empty() && self.tenants.is_empty())
-            || self.users.iter().any(|u| *u == p.user_id)
-            || self.tenants.iter().any(|t| *t == p.tenant)
+            || self.users.contains(&p.user_id)
+            || self.tenants.contains(&p.tenant)
     }
 
     pub fn rate(&self) -> Option<Rate> {
@@ -140,11 +150,7 @@ const NEVER_RETURNED: &[&str] = &[
     "authorization",
 ];
 
-fn header_names(
-    what: &str,
-    names: &[String],
-    never: &[&str],
-) -> Result<Vec<HeaderName>, String> {
+fn header_names(what: &str, names: &[String], never: &[&str]) -> Result<Vec<HeaderName>, String> {
     names
         .iter()
         .map(|n| {
@@ -249,7 +255,8 @@ fn compile(
         if NEVER_FORWARDED.contains(&h.as_str()) {
             return Err(format!("inject_header: {k:?} cannot be injected"));
         }
-        let (value, vars) = expand(template, lookup).map_err(|e| format!("inject_header.{k}: {e}"))?;
+        let (value, vars) =
+            expand(template, lookup).map_err(|e| format!("inject_header.{k}: {e}"))?;
         let mut v = HeaderValue::from_str(&value)
             .map_err(|_| format!("inject_header.{k}: the value is not a valid header value"))?;
         v.set_sensitive(true);
@@ -261,9 +268,17 @@ fn compile(
         if k.is_empty() {
             return Err("inject_query: empty parameter name".to_owned());
         }
-        let (value, vars) = expand(template, lookup).map_err(|e| format!("inject_query.{k}: {e}"))?;
+        let (value, mut vars) =
+            expand(template, lookup).map_err(|e| format!("inject_query.{k}: {e}"))?;
+        // the upstream sees (and may echo) the encoded form
+        let encoded = utf8_percent_encode(&value, QUERY).to_string();
+        vars.push(encoded.clone());
         remember(&value, vars);
-        inject_query.push((k.clone(), value));
+        inject_query.push((
+            k.clone(),
+            utf8_percent_encode(k, QUERY).to_string(),
+            encoded,
+        ));
     }
     if cfg.max_body_bytes == 0 && cfg.allowed_methods.iter().any(|m| m != "GET") {
         return Err("max_body_bytes is 0".to_owned());
@@ -433,10 +448,13 @@ mod tests {
 
     #[test]
     fn an_unset_variable_refuses_the_start_naming_service_and_key() {
-        let e = Registry::build(&[("deepl".to_owned(), seed())].into(), &|_| None)
-            .expect_err("unset");
+        let e =
+            Registry::build(&[("deepl".to_owned(), seed())].into(), &|_| None).expect_err("unset");
         let m = e.to_string();
-        assert!(m.contains("services.deepl") && m.contains("DEEPL_API_KEY"), "{m}");
+        assert!(
+            m.contains("services.deepl") && m.contains("DEEPL_API_KEY"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -446,7 +464,10 @@ mod tests {
         assert!(build("deepl", c).is_err(), "plain http to a public host");
         let mut c = seed();
         c.upstream = "http://127.0.0.1:9000".into();
-        assert!(build("deepl", c.clone()).is_err(), "loopback without the flag");
+        assert!(
+            build("deepl", c.clone()).is_err(),
+            "loopback without the flag"
+        );
         c.allow_private_upstream = true;
         assert!(build("deepl", c).is_ok(), "loopback with the flag");
         let mut c = seed();

@@ -29,12 +29,7 @@ impl Scrubber {
             .filter(|s| s.len() >= MIN_SCRUBBED_SECRET)
             .map(|s| memmem::Finder::new(s).into_owned())
             .collect();
-        let keep = finders
-            .iter()
-            .map(|f| f.needle().len())
-            .max()
-            .unwrap_or(1)
-            - 1;
+        let keep = finders.iter().map(|f| f.needle().len()).max().unwrap_or(1) - 1;
         Scrubber {
             finders,
             carry: BytesMut::new(),
@@ -101,7 +96,10 @@ mod tests {
 
     #[test]
     fn a_secret_is_overwritten_with_the_same_length() {
-        let (out, hits) = run(&["sk-123456789"], &[b"key=sk-123456789; again sk-123456789"]);
+        let (out, hits) = run(
+            &["sk-123456789"],
+            &[b"key=sk-123456789; again sk-123456789"],
+        );
         assert_eq!(out, b"key=************; again ************");
         assert_eq!(hits, 2);
     }
