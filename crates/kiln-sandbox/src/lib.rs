@@ -34,6 +34,7 @@ mod embed;
 mod error;
 mod jail;
 mod launcher;
+mod netns;
 mod probe;
 mod quota;
 mod run;
@@ -51,6 +52,7 @@ pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, S
 pub use error::SandboxError;
 pub use jail::helper_main;
 pub use launcher::launcher_main;
+pub use netns::JailNetwork;
 pub use probe::{HostReport, probe_host};
 pub use quota::{QuotaMode, WorkspaceQuota};
 pub use run::{RunRequest, RunResult};

@@ -38,6 +38,10 @@ pub struct RunRequest {
     pub limits: Limits,
     /// Name of the seccomp profile (a file in `resources/seccomp/profiles/`).
     pub seccomp_profile: String,
+    /// A services channel: the jail joins this network namespace, may
+    /// create `AF_INET` stream sockets and connect to its one port. `None`
+    /// (every run without an egress grant): no network at all.
+    pub network: Option<crate::netns::JailNetwork>,
 }
 
 impl Default for RunRequest {
@@ -49,6 +53,7 @@ impl Default for RunRequest {
             env: Vec::new(),
             limits: Limits::default(),
             seccomp_profile: crate::seccomp::DEFAULT_PROFILE.to_owned(),
+            network: None,
         }
     }
 }

@@ -367,10 +367,18 @@ impl Sandbox {
             id_base: slot.id_base(),
             limits: JailLimits::from_limits(&req.limits),
             cgroup: cgroups.map(RunCgroups::attach),
-            seccomp_filters: self.inner.filters.get(&req.seccomp_profile).cloned(),
+            seccomp_filters: self
+                .inner
+                .filters
+                .get(&seccomp::variant(
+                    &req.seccomp_profile,
+                    req.network.is_some(),
+                ))
+                .cloned(),
             landlock: self.inner.report.landlock_abi.is_some(),
             park,
             etc_files,
+            network: req.network.as_ref().map(crate::netns::JailNetwork::spec),
         }
     }
 
@@ -436,6 +444,7 @@ impl Sandbox {
             env: park.env.clone(),
             limits: limits.clone(),
             seccomp_profile: park.seccomp_profile.clone(),
+            network: None,
         };
         check_workspace_location(&req, slot)?;
         validate_request(&req)?;
@@ -521,6 +530,12 @@ impl Sandbox {
         if let Err(e) = validate_request(&req) {
             self.discard(jail).await;
             return Err(e);
+        }
+        if req.network.is_some() {
+            self.discard(jail).await;
+            return Err(SandboxError::Request(
+                "a parked jail has no services channel: run it in a jail built for it".to_owned(),
+            ));
         }
         let limits = JailLimits::from_limits(&req.limits);
         let go = GoMsg {

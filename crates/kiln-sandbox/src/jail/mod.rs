@@ -41,8 +41,8 @@ use nix::unistd::{Pid, getpid, pipe2};
 use crate::probe::JAIL_NAMESPACES;
 use crate::seccomp;
 use crate::spec::{
-    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, ParkMode, STATUS_FD, StatusMsg,
-    ZYGOTE_FD,
+    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, NetworkSpec, ParkMode, STATUS_FD,
+    StatusMsg, ZYGOTE_FD,
 };
 use crate::sys::{self, Forked};
 
@@ -63,6 +63,8 @@ pub(crate) struct Confinement {
     pub filters: Vec<seccompiler::BpfProgram>,
     /// Landlock rules; `None`: no Landlock.
     pub landlock: Option<Vec<(std::path::PathBuf, plan::PathAccess)>>,
+    /// The one TCP port the program may connect to (a services channel).
+    pub connect_port: Option<u16>,
 }
 
 /// A failure inside the jail's processes.
@@ -271,8 +273,32 @@ fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
     let confinement = Confinement {
         filters,
         landlock: spec.landlock.then(|| plan::landlock_rules(&plan)),
+        connect_port: spec.network.as_ref().map(|n| n.connect_port),
     };
     (plan, confinement)
+}
+
+/// Joins a services channel's network namespace (see `netns.rs`): the
+/// server's descriptor of it, checked by inode so that a reused descriptor
+/// number can never lead into another run's namespace.
+fn join_network(net: &NetworkSpec) -> Result<(), JailError> {
+    let fd = open(
+        &net.netns_path,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| JailError::setup(format_args!("open {}", net.netns_path.display()), e))?;
+    let ino = nix::sys::stat::fstat(&fd)
+        .map_err(|e| JailError::setup("fstat network namespace", e))?
+        .st_ino;
+    if ino != net.netns_inode {
+        return Err(JailError::Setup(format!(
+            "network namespace: {} is not the run's namespace",
+            net.netns_path.display()
+        )));
+    }
+    nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| JailError::setup("join the services network namespace", e))
 }
 
 /// The program process of an embedded jail as forked by the fork-server,
@@ -418,12 +444,17 @@ fn helper(status: &File) -> Result<(), JailError> {
         ),
         None => (None, None),
     };
+    let namespaces = match &spec.network {
+        None => JAIL_NAMESPACES,
+        // the jail's init inherits the namespace we join here
+        Some(net) => {
+            join_network(net)?;
+            JAIL_NAMESPACES & !libc::CLONE_NEWNET
+        }
+    };
     let mut started = Instant::now();
-    let forked = sys::clone3_fork(
-        JAIL_NAMESPACES as u64,
-        cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
-    )
-    .map_err(|e| JailError::setup("clone3", e))?;
+    let forked = sys::clone3_fork(namespaces as u64, cgroup_fd.as_ref().map(|f| f.as_raw_fd()))
+        .map_err(|e| JailError::setup("clone3", e))?;
     let (pid, pidfd) = match forked {
         Forked::Child => {
             drop(cgroup_fd);
