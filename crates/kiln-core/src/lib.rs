@@ -6,6 +6,7 @@
 //! clocks) and knows nothing about HTTP or LibreChat's JSON shapes.
 
 pub mod allow;
+pub mod egress;
 pub mod id;
 pub mod lang;
 pub mod limits;
