@@ -18,6 +18,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span, warn};
 
+use crate::egress;
 use crate::plan::plan_inputs;
 use crate::types::*;
 use crate::walker::{self, StagedInput, WalkLimits};
@@ -31,6 +32,9 @@ pub struct ExecConfig {
     pub walk: WalkLimits,
     /// Executions that run at once; more wait in the queue.
     pub concurrency: usize,
+    /// The egress gateway, when the operator configured services: runs of
+    /// a principal that may use one get a grant and a channel to it.
+    pub egress: Option<kiln_egress::Gateway>,
 }
 
 impl Default for ExecConfig {
@@ -44,6 +48,7 @@ impl Default for ExecConfig {
                 max_file_bytes: 10 * 1024 * 1024,
             },
             concurrency: 8,
+            egress: None,
         }
     }
 }
@@ -226,6 +231,13 @@ impl Inner {
         // inputs are checked before any resource is taken
         let inputs = plan_inputs(req.files)?;
         let resolved = self.authorize(principal, inputs).await?;
+        // deny by default: a grant only when the principal may use a service
+        let grant = egress::mint(
+            self.cfg.egress.as_ref(),
+            principal,
+            session_id.as_str(),
+            limits.wall_time,
+        );
 
         let t_queue = Instant::now();
         let _permit = tokio::select! {
@@ -239,7 +251,8 @@ impl Inner {
         let t_acquire = Instant::now();
         let compiled = lang.spec().compile.is_some();
         let (slot, mut parked) = match &self.pool {
-            Some(pool) => {
+            // a granted run joins its own network namespace: a jail built for it
+            Some(pool) if grant.is_none() => {
                 let profile = if !compiled && pool.has_profile(lang.name()) {
                     lang.name()
                 } else {
@@ -263,7 +276,7 @@ impl Inner {
                 };
                 (got.slot, Some(got.jail))
             }
-            None => {
+            _ => {
                 let slot = tokio::select! {
                     s = self.sandbox.acquire_slot() => s,
                     () = cancel.cancelled() => return Err(ExecError::Cancelled),
@@ -303,7 +316,7 @@ impl Inner {
             let mut cl = limits.clone();
             cl.wall_time = lang.spec().compile_timeout;
             let r = self
-                .sandbox_run(&slot, &ws, parked.take(), argv, &env, cl, &cancel)
+                .sandbox_run(&slot, &ws, parked.take(), argv, &env, cl, None, &cancel)
                 .await?;
             if !matches!(r.exit, ExitStatus::Code(0)) || r.timed_out || r.oom_killed {
                 metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
@@ -313,6 +326,15 @@ impl Inner {
                 return Ok(self.finish(session_id, lang, r, message, started, Harvest::default()));
             }
         }
+        // only the program itself gets the services channel, not a compile step
+        let channel = match (&self.cfg.egress, grant) {
+            (Some(gateway), Some(grant)) => Some(egress::RunChannel::open(gateway, grant)?),
+            _ => None,
+        };
+        let mut env = env;
+        if let Some(c) = &channel {
+            env.extend(c.env());
+        }
         let r = self
             .sandbox_run(
                 &slot,
@@ -321,9 +343,14 @@ impl Inner {
                 lang.run_argv(&req.args, &limits),
                 &env,
                 limits,
+                channel.as_ref().map(egress::RunChannel::network),
                 &cancel,
             )
-            .await?;
+            .await;
+        if let Some(c) = channel {
+            c.close().await;
+        }
+        let r = r?;
         metrics::histogram!("kiln_exec_phase_seconds", "phase" => "run")
             .record(t_run.elapsed().as_secs_f64());
 
@@ -536,6 +563,7 @@ impl Inner {
         argv: Vec<String>,
         env: &[(String, String)],
         limits: Limits,
+        network: Option<kiln_sandbox::JailNetwork>,
         cancel: &CancellationToken,
     ) -> Result<RunResult, ExecError> {
         let req = RunRequest {
@@ -543,6 +571,7 @@ impl Inner {
             argv,
             env: env.to_vec(),
             limits,
+            network,
             ..RunRequest::default()
         };
         let r = match parked {

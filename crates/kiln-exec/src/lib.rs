@@ -8,11 +8,13 @@
 //! run in the sandbox → walk the workspace → store outputs → remove the
 //! workspace.
 
+mod egress;
 mod executor;
 pub mod plan;
 pub mod types;
 pub mod walker;
 
+pub use egress::{SERVICES_PORT, SERVICES_URL};
 pub use executor::{ExecConfig, Executor, WARM_EXEC, classify, content_type, environment};
 pub use types::*;
 pub use walker::WalkLimits;

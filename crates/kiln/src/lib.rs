@@ -74,6 +74,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             max_file_bytes: config.max_output_file_mb * 1024 * 1024,
         },
         concurrency: config.max_concurrency as usize,
+        egress: build_egress(&config, &store)?,
     };
     let pool = (config.warm_jails > 0).then(|| start_warm_pool(&sandbox, &config, &data));
     let executor = Executor::new(store.clone(), sandbox, ec, pool);
@@ -84,6 +85,53 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         executor,
         languages,
     })
+}
+
+/// The egress gateway, when services are configured: `${VAR}` credentials
+/// from Kiln's environment (an unset one refuses the start), calls recorded
+/// in the store's ledger.
+fn build_egress(config: &Config, store: &Store) -> anyhow::Result<Option<kiln_egress::Gateway>> {
+    let services = config.all_services()?;
+    if services.is_empty() {
+        info!("egress services: none configured (sandboxed code has no network)");
+        return Ok(None);
+    }
+    let registry = kiln_egress::Registry::build(&services, &|name| std::env::var(name).ok())
+        .context("egress services")?;
+    for s in registry.iter() {
+        info!(
+            service = %s.name,
+            upstream = %s.upstream,
+            methods = ?s.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+            paths = ?s.paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            rate = ?s.rate().map(|r| r.to_string()),
+            private_upstream = s.allow_private,
+            "egress service enabled"
+        );
+    }
+    let ledger = Arc::new(StoreLedger(store.clone()));
+    Ok(Some(kiln_egress::Gateway::new(
+        registry,
+        config.egress_settings(),
+        ledger,
+    )))
+}
+
+/// The gateway's ledger in the store's `egress_calls` table.
+struct StoreLedger(Store);
+
+impl kiln_egress::Ledger for StoreLedger {
+    fn record(
+        &self,
+        call: kiln_egress::CallRecord,
+    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .record_egress_call(&call)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
 }
 
 /// Starts the warm pool: generic jails (`exec`), pre-started node (`js`)
@@ -233,6 +281,7 @@ pub async fn serve(
     let gc_store = kiln.store.clone();
     let gc_every = Duration::from_secs(kiln.config.gc_interval_secs.max(1));
     let gc_stop = shutdown.clone();
+    let ledger_keep = Duration::from_secs(kiln.config.egress_ledger_days * 86_400);
     let gc = tokio::spawn(async move {
         loop {
             match gc_store.gc().await {
@@ -246,6 +295,15 @@ pub async fn serve(
                 }
                 Ok(_) => {}
                 Err(e) => error!(error = %e, "garbage collection failed"),
+            }
+            let cutoff = std::time::SystemTime::now()
+                .checked_sub(ledger_keep)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
+            match gc_store.prune_egress_calls(cutoff).await {
+                Ok(0) => {}
+                Ok(n) => info!(calls = n, "old egress ledger entries removed"),
+                Err(e) => error!(error = %e, "pruning the egress ledger failed"),
             }
             tokio::select! {
                 () = tokio::time::sleep(gc_every) => {}

@@ -21,6 +21,8 @@ pub struct TestServer {
     pub uid_range: std::ops::Range<u32>,
     /// The warm pool, when the configuration turns it on.
     pub warm: Option<kiln_sandbox::WarmPool>,
+    /// The server's store (to look at what a run left, e.g. the ledger).
+    pub store: kiln_store::Store,
     handle: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
@@ -46,6 +48,7 @@ impl TestServer {
         let uid_range = cfg.uid_base..cfg.uid_base + slots * 65_536;
         let kiln = crate::build(cfg).await?;
         let warm = kiln.executor.warm_pool().cloned();
+        let store = kiln.store.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let base_url = format!("http://{}", listener.local_addr()?);
         let shutdown = CancellationToken::new();
@@ -56,6 +59,7 @@ impl TestServer {
             shutdown,
             uid_range,
             warm,
+            store,
             handle: Some(handle),
         })
     }
