@@ -7,7 +7,10 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../../../kiln-egress/tests/support/fake_deepl.rs"]
+mod fake_deepl;
 
+mod egress;
 mod exhaustion;
 mod files;
 mod hardening;
