@@ -511,6 +511,7 @@ async fn forward(
 
     let sent = Arc::clone(&log.up);
     let overflow = Arc::new(AtomicBool::new(false));
+    let broken = Arc::new(AtomicBool::new(false));
     let has_body =
         declared.is_some_and(|n| n > 0) || parts.headers.contains_key(header::TRANSFER_ENCODING);
     let scrub = Scrubber::new(&service.secrets);
@@ -525,6 +526,8 @@ async fn forward(
             sent: Arc::clone(&sent),
             cap: service.max_request_bytes,
             overflow: Arc::clone(&overflow),
+            broken: Arc::clone(&broken),
+            drained: 0,
         }));
     }
     let resp = match rb.send().await {
@@ -532,8 +535,12 @@ async fn forward(
         Err(e) => {
             return Err(if overflow.load(Ordering::Relaxed) {
                 too_large_request(&service)
+            } else if broken.load(Ordering::Relaxed) {
+                Refused::bad_request(
+                    "the request body could not be read (malformed chunked encoding?)",
+                )
             } else {
-                upstream_error(&service, &e, &scrub)
+                upstream_error(&service, &e, sent.load(Ordering::Relaxed), &scrub)
             });
         }
     };
@@ -610,7 +617,7 @@ fn too_large_response(service: &Service) -> Refused {
 
 /// An upstream failure in words, with neither the URL (it may carry an
 /// injected query secret) nor any secret.
-fn upstream_error(service: &Service, e: &reqwest::Error, scrub: &Scrubber) -> Refused {
+fn upstream_error(service: &Service, e: &reqwest::Error, sent: u64, scrub: &Scrubber) -> Refused {
     let mut chain = String::new();
     let mut src: Option<&dyn std::error::Error> = Some(e);
     while let Some(s) = src {
@@ -633,15 +640,20 @@ fn upstream_error(service: &Service, e: &reqwest::Error, scrub: &Scrubber) -> Re
             service.timeout.as_secs()
         ),
         (None, false, true) => format!("could not connect to the upstream of {}", service.name),
+        (None, false, false) if sent > 0 => format!(
+            "the upstream of {} broke off the call while the request body was being sent",
+            service.name
+        ),
         (None, false, false) => format!("the call to the upstream of {} failed", service.name),
     };
     if scrub.contains_secret(msg.as_bytes()) {
         msg = format!("the call to the upstream of {} failed", service.name);
     }
-    let (status, reason) = match (&blocked, e.is_timeout()) {
-        (Some(_), _) => (StatusCode::BAD_GATEWAY, "upstream_blocked"),
-        (None, true) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
-        (None, false) => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
+    let (status, reason) = match (&blocked, e.is_timeout(), e.is_connect()) {
+        (Some(_), _, _) => (StatusCode::BAD_GATEWAY, "upstream_blocked"),
+        (None, true, _) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+        (None, false, true) => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
+        (None, false, false) => (StatusCode::BAD_GATEWAY, "upstream_error"),
     };
     tracing::warn!(service = %service.name, error = %e.without_url_ref(), "egress upstream call failed");
     Refused::new(status, reason, msg)
@@ -717,7 +729,17 @@ struct Upload {
     sent: Arc<AtomicU64>,
     cap: u64,
     overflow: Arc<AtomicBool>,
+    /// The jail's body could not be read (malformed chunked encoding, or
+    /// the connection broke).
+    broken: Arc<AtomicBool>,
+    /// Bytes read and discarded after the cap was passed.
+    drained: u64,
 }
+
+/// After a request body passed its cap, up to this much more is read and
+/// discarded, so that a client that sends its whole body before it reads
+/// the answer gets the 413 instead of a broken connection.
+const DRAIN_MAX: u64 = 32 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 #[error("the request body exceeds the service's limit")]
@@ -730,17 +752,32 @@ impl Stream for Upload {
         loop {
             let frame = match Pin::new(&mut self.inner).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) if self.overflow.load(Ordering::Relaxed) => {
+                    return Poll::Ready(Some(Err(Box::new(UploadTooLarge))));
+                }
                 Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Box::new(e)))),
+                Poll::Ready(Some(Err(e))) => {
+                    self.broken.store(true, Ordering::Relaxed);
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
                 Poll::Ready(Some(Ok(f))) => f,
             };
             let Ok(data) = frame.into_data() else {
                 continue; // trailers are not forwarded
             };
+            if self.overflow.load(Ordering::Relaxed) {
+                self.drained += data.len() as u64;
+                if self.drained > DRAIN_MAX {
+                    return Poll::Ready(Some(Err(Box::new(UploadTooLarge))));
+                }
+                continue;
+            }
             let total = self.sent.load(Ordering::Relaxed) + data.len() as u64;
             if total > self.cap {
+                // nothing more goes up; read the rest away, then fail the call
                 self.overflow.store(true, Ordering::Relaxed);
-                return Poll::Ready(Some(Err(Box::new(UploadTooLarge))));
+                self.drained = data.len() as u64;
+                continue;
             }
             self.sent.store(total, Ordering::Relaxed);
             return Poll::Ready(Some(Ok(data)));
