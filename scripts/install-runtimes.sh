@@ -28,7 +28,7 @@ PACKAGES_py=(
   python3 libpython3.11 python3-numpy python3-pandas python3-matplotlib python3-scipy python3-seaborn
   python3-sympy python3-sklearn python3-statsmodels python3-openpyxl python3-xlsxwriter
   python3-xlrd python3-docx python3-reportlab python3-pil python3-lxml python3-bs4
-  python3-tabulate python3-pip fonts-dejavu-core
+  python3-tabulate python3-requests python3-pip fonts-dejavu-core
 )
 # ... and from PyPI what Debian 12 does not package, pinned (module name=requirement). pip puts
 # it in /usr/local/lib/python3.11/dist-packages, which Debian's python3 searches.
@@ -54,7 +54,8 @@ PACKAGES_r=(
   r-cran-jsonlite
 )
 # bash: the shell plus what LibreChat runs in it (cat, sha256sum via coreutils; jq for bash PTC).
-PACKAGES_bash=(bash coreutils jq)
+# (curl: the egress services are plain HTTP on $KILN_SERVICES_URL)
+PACKAGES_bash=(bash coreutils jq curl)
 # Shared by all runtimes.
 PACKAGES_common=(ca-certificates)
 # Only with --with-npm. NodeSource's nodejs bundles npm and conflicts with Debian's npm

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod allow;
+pub mod egress;
 pub mod id;
 pub mod lang;
 pub mod limits;

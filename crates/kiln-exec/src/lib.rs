@@ -13,6 +13,7 @@
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 
+mod egress;
 pub mod pipeline;
 pub mod plan;
 pub mod runs;
@@ -21,6 +22,7 @@ pub mod types;
 pub mod walker;
 pub mod workspace;
 
+pub use egress::{SERVICES_PORT, SERVICES_URL};
 pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
 pub use runs::{
     CancelReason, Phase, RunContext, RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions,

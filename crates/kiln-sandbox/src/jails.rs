@@ -33,7 +33,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Hands out jails.
 pub trait Jails: Send + Sync + 'static {
     /// A jail for one execution whose runtime's warm profile is `profile`
-    /// (see `Language::warm_profile`). Waits while every slot is busy; the
+    /// (see `Language::warm_profile`); [`COLD_PROFILE`]: no parked jail,
+    /// each step builds its own (a run whose program joins a services
+    /// channel, which a parked jail cannot). Waits while every slot is busy; the
     /// jail's workspace exists, empty, owned by the jail's user.
     fn acquire<'a>(
         &'a self,
@@ -60,6 +62,9 @@ pub trait Jail: Send {
         cancel: CancellationToken,
     ) -> BoxFuture<'_, Result<RunResult, SandboxError>>;
 }
+
+/// The profile of a jail that is never a parked one.
+pub const COLD_PROFILE: &str = "cold";
 
 /// The real [`Jails`]: warm when there is a pool, else cold. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -118,7 +123,8 @@ impl JailSource {
     }
 
     async fn acquire_jail(&self, profile: &str) -> Result<SandboxJail, SandboxError> {
-        let Some(pool) = &self.pool else {
+        let pool = self.pool.as_ref().filter(|_| profile != COLD_PROFILE);
+        let Some(pool) = pool else {
             let slot = self.sandbox.acquire_slot().await;
             let workspace = new_workspace(&slot).await?;
             return Ok(SandboxJail {
@@ -217,6 +223,11 @@ impl Jail for SandboxJail {
     ) -> BoxFuture<'_, Result<RunResult, SandboxError>> {
         req.workspace = self.workspace.clone();
         Box::pin(async move {
+            if req.network.is_some() && self.parked.is_some() {
+                return Err(SandboxError::Setup(
+                    "a services channel needs a jail built for it (acquire COLD_PROFILE)".into(),
+                ));
+            }
             match self.parked.take() {
                 Some(jail) => self.sandbox.run_parked(&self.slot, jail, req, cancel).await,
                 None => self.sandbox.run(&self.slot, req, cancel).await,

@@ -42,6 +42,10 @@ pub struct RunRequest {
     /// order (only what fits under the caps: exactly the bytes the result
     /// holds).
     pub output: Option<OutputSink>,
+    /// A services channel: the jail joins this network namespace, may
+    /// create `AF_INET` stream sockets and connect to its one port. `None`
+    /// (every run without an egress grant): no network at all.
+    pub network: Option<crate::netns::JailNetwork>,
 }
 
 impl Default for RunRequest {
@@ -54,6 +58,7 @@ impl Default for RunRequest {
             limits: Limits::default(),
             seccomp_profile: crate::seccomp::DEFAULT_PROFILE.to_owned(),
             output: None,
+            network: None,
         }
     }
 }

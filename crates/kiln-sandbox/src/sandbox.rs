@@ -384,10 +384,18 @@ impl Sandbox {
             id_base: slot.id_base(),
             limits: JailLimits::from_limits(&req.limits),
             cgroup: cgroups.map(RunCgroups::attach),
-            seccomp_filters: self.inner.filters.get(&req.seccomp_profile).cloned(),
+            seccomp_filters: self
+                .inner
+                .filters
+                .get(&seccomp::variant(
+                    &req.seccomp_profile,
+                    req.network.is_some(),
+                ))
+                .cloned(),
             landlock: self.inner.report.landlock_abi.is_some(),
             park,
             etc_files,
+            network: req.network.as_ref().map(crate::netns::JailNetwork::spec),
         }
     }
 
@@ -454,6 +462,7 @@ impl Sandbox {
             limits: limits.clone(),
             seccomp_profile: park.seccomp_profile.clone(),
             output: None,
+            network: None,
         };
         check_workspace_location(&req, slot)?;
         validate_request(&req)?;
@@ -539,6 +548,12 @@ impl Sandbox {
         if let Err(e) = validate_request(&req) {
             self.discard(jail).await;
             return Err(e);
+        }
+        if req.network.is_some() {
+            self.discard(jail).await;
+            return Err(SandboxError::Request(
+                "a parked jail has no services channel: run it in a jail built for it".to_owned(),
+            ));
         }
         let limits = JailLimits::from_limits(&req.limits);
         let go = GoMsg {

@@ -80,10 +80,36 @@ struct Base {
     allow_if: Vec<Value>,
     /// Refused with EPERM when the arguments match (seccompiler rules).
     deny_eperm: Vec<Value>,
+    /// Replaces `deny_eperm`'s rules for the same calls in runs with a
+    /// services channel (see [`variant`]).
+    #[serde(default)]
+    deny_eperm_network: Option<NetworkRules>,
     /// Refused with ENOSYS.
     enosys: Vec<String>,
     /// Names no profile may allow.
     forbidden: Vec<String>,
+}
+
+/// `base.json`'s `deny_eperm_network`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkRules {
+    #[allow(dead_code)]
+    comment: String,
+    rules: Vec<Value>,
+}
+
+/// Suffix of a profile's variant for runs with a services channel.
+pub const NETWORK_SUFFIX: &str = "+network";
+
+/// The name under which [`compile_all`] keeps `profile`'s programs for a
+/// run with (`network`) or without a services channel.
+pub fn variant(profile: &str, network: bool) -> String {
+    if network {
+        format!("{profile}{NETWORK_SUFFIX}")
+    } else {
+        profile.to_owned()
+    }
 }
 
 /// `profiles/<name>.json`: additions to the base.
@@ -166,7 +192,45 @@ fn allowed(
 
 /// The profile in seccompiler's JSON format, for the architecture named as
 /// `std::env::consts::ARCH` spells it.
+#[cfg(test)]
 fn seccompiler_json(profile: &str, arch: &str) -> Result<Value, PolicyError> {
+    seccompiler_json_variant(profile, arch, false)
+}
+
+/// The argument checks: the base's, or for a run with a services channel
+/// (`network`) the base's with the rules of every call that
+/// `deny_eperm_network` names replaced by its own.
+fn deny_rules(profile: &str, base: &Base, network: bool) -> Result<Vec<Value>, PolicyError> {
+    if !network {
+        return Ok(base.deny_eperm.clone());
+    }
+    let net = base
+        .deny_eperm_network
+        .as_ref()
+        .ok_or_else(|| compile_error(profile, "base.json has no deny_eperm_network"))?;
+    let replaced: BTreeSet<&str> = net
+        .rules
+        .iter()
+        .filter_map(|r| r.get("syscall").and_then(Value::as_str))
+        .collect();
+    Ok(base
+        .deny_eperm
+        .iter()
+        .filter(|r| {
+            !r.get("syscall")
+                .and_then(Value::as_str)
+                .is_some_and(|n| replaced.contains(n))
+        })
+        .chain(&net.rules)
+        .cloned()
+        .collect())
+}
+
+fn seccompiler_json_variant(
+    profile: &str,
+    arch: &str,
+    network: bool,
+) -> Result<Value, PolicyError> {
     let text = PROFILES
         .iter()
         .find(|(n, _)| *n == profile)
@@ -196,7 +260,7 @@ fn seccompiler_json(profile: &str, arch: &str) -> Result<Value, PolicyError> {
         "deny_eperm": {
             "mismatch_action": "allow",
             "match_action": { "errno": libc::EPERM },
-            "filter": base.deny_eperm,
+            "filter": deny_rules(profile, &base, network)?,
         },
         "enosys": {
             "mismatch_action": "allow",
@@ -208,15 +272,25 @@ fn seccompiler_json(profile: &str, arch: &str) -> Result<Value, PolicyError> {
 
 /// Compiles a profile for the running architecture into the BPF programs
 /// to install, in installation order.
+#[cfg(test)]
 pub fn compile(profile: &str) -> Result<Vec<BpfProgram>, PolicyError> {
     compile_for(profile, std::env::consts::ARCH)
 }
 
+#[cfg(test)]
 fn compile_for(profile: &str, arch: &str) -> Result<Vec<BpfProgram>, PolicyError> {
+    compile_variant_for(profile, arch, false)
+}
+
+fn compile_variant_for(
+    profile: &str,
+    arch: &str,
+    network: bool,
+) -> Result<Vec<BpfProgram>, PolicyError> {
     let target = TargetArch::try_from(arch).map_err(|e| compile_error(profile, e))?;
     let audit_arch = audit_arch(arch)
         .ok_or_else(|| compile_error(profile, format_args!("unsupported architecture {arch}")))?;
-    let json = seccompiler_json(profile, arch)?;
+    let json = seccompiler_json_variant(profile, arch, network)?;
     let text = serde_json::to_vec(&json).map_err(|e| compile_error(profile, e))?;
     let mut map = seccompiler::compile_from_json(text.as_slice(), target)
         .map_err(|e| compile_error(profile, e))?;
@@ -252,16 +326,21 @@ pub fn from_insns(insns: &BpfInsns) -> BpfProgram {
         .collect()
 }
 
-/// Every embedded profile, compiled for the running architecture.
+/// Every embedded profile, compiled for the running architecture, each
+/// also in its variant for runs with a services channel (see [`variant`]).
 pub fn compile_all() -> Result<HashMap<String, Vec<BpfInsns>>, PolicyError> {
-    profile_names()
-        .map(|name| {
-            Ok((
-                name.to_owned(),
-                compile(name)?.iter().map(to_insns).collect(),
-            ))
-        })
-        .collect()
+    let arch = std::env::consts::ARCH;
+    let mut out = HashMap::new();
+    for name in profile_names() {
+        for network in [false, true] {
+            let programs = compile_variant_for(name, arch, network)?;
+            out.insert(
+                variant(name, network),
+                programs.iter().map(to_insns).collect(),
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Installs the programs on the calling thread (sets no_new_privs first).
@@ -746,6 +825,61 @@ mod tests {
             SECCOMP_RET_ERRNO | libc::EPERM as u32,
             "syslog"
         );
+    }
+
+    /// `socket(family, type)` through a profile's argument checks.
+    fn socket_action(network: bool, family: u64, typ: u64) -> u32 {
+        let deny = compile_variant_for(DEFAULT_PROFILE, "x86_64", network)
+            .expect("compile")
+            .remove(1);
+        let d = SeccompData {
+            nr: 41, // socket on x86_64
+            arch: audit_arch("x86_64").expect("x86_64"),
+            args: [family, typ, 0, 0, 0, 0],
+        };
+        run_bpf(&deny, &d).expect("run").0
+    }
+
+    #[test]
+    fn only_a_services_channel_run_may_create_inet_stream_sockets() {
+        let eperm = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let (unix, inet, inet6, vsock, netlink, packet) = (1, 2, 10, 40, 16, 17);
+        let (stream, dgram, raw) = (1, 2, 3);
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
+        // without a channel: exactly today's rule, AF_UNIX only
+        assert_eq!(socket_action(false, unix, stream), SECCOMP_RET_ALLOW);
+        assert_eq!(socket_action(false, inet, stream), eperm);
+        assert_eq!(socket_action(false, inet, stream | flags), eperm);
+        // with one: AF_INET stream sockets (whatever the flags), nothing else
+        assert_eq!(socket_action(true, unix, stream), SECCOMP_RET_ALLOW);
+        assert_eq!(socket_action(true, unix, dgram), SECCOMP_RET_ALLOW);
+        assert_eq!(socket_action(true, inet, stream), SECCOMP_RET_ALLOW);
+        assert_eq!(socket_action(true, inet, stream | flags), SECCOMP_RET_ALLOW);
+        for typ in [0, dgram, raw, 4, 5, 6, 10, dgram | flags, raw | flags] {
+            assert_eq!(socket_action(true, inet, typ), eperm, "AF_INET type {typ}");
+        }
+        for family in [inet6, vsock, netlink, packet, 0, 3, 44] {
+            assert_eq!(
+                socket_action(true, family, stream),
+                eperm,
+                "family {family}"
+            );
+        }
+        // the other argument checks are untouched
+        let deny = |network| {
+            seccompiler_json_variant(DEFAULT_PROFILE, "x86_64", network).expect("json")
+                ["deny_eperm"]["filter"]
+                .as_array()
+                .expect("rules")
+                .iter()
+                .filter(|r| r["syscall"] != "socket")
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(deny(false), deny(true));
+        let all = compile_all().expect("compile all");
+        assert!(all.contains_key(DEFAULT_PROFILE));
+        assert!(all.contains_key(&variant(DEFAULT_PROFILE, true)));
     }
 
     #[test]

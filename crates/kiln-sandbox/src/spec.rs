@@ -58,6 +58,22 @@ pub struct JailSpec {
     /// contents), e.g. a runtime's warm-start bootstrap.
     #[serde(default)]
     pub etc_files: Vec<(String, String)>,
+    /// Join this network namespace (the services channel, see `netns.rs`)
+    /// instead of creating an empty one; `None`: no network at all.
+    #[serde(default)]
+    pub network: Option<NetworkSpec>,
+}
+
+/// The network namespace a jail with a services channel joins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkSpec {
+    /// `/proc/<server pid>/fd/<n>`: the server's descriptor of the
+    /// namespace, open for the whole run.
+    pub netns_path: PathBuf,
+    /// The namespace's inode, checked before joining.
+    pub netns_inode: u64,
+    /// The one TCP port the program may connect to (Landlock).
+    pub connect_port: u16,
 }
 
 impl JailSpec {

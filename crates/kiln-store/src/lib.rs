@@ -46,6 +46,7 @@
 mod blobs;
 mod error;
 mod gc;
+mod ledger;
 mod meta;
 
 use std::path::{Path, PathBuf};

@@ -123,6 +123,11 @@ impl Meta {
         Ok(Meta { pool })
     }
 
+    /// The pool, for the store's other tables (`ledger.rs`).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// Close every connection (checkpointing the WAL on the last one).
     pub(crate) async fn close(&self) {
         self.pool.close().await;

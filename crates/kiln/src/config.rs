@@ -2,6 +2,7 @@
 //! environment variables, then command-line flags. Every key of [`Config`]
 //! can be set in the TOML file (`key = value`) or as `KILN_<KEY>`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -116,6 +117,19 @@ pub struct Config {
     /// as a minimal init that reaps orphans and forwards signals, and run
     /// the server as its child.
     pub pid1_init: bool,
+    /// Egress services sandboxed code may call through the gateway, by name
+    /// (`[services.deepl]` tables; see docs/egress.md). Empty: no run gets
+    /// any network.
+    pub services: BTreeMap<String, kiln_egress::ServiceConfig>,
+    /// A TOML file with more `[services.<name>]` tables (kept apart from the
+    /// main file, e.g. mounted from a secret store).
+    pub services_file: Option<PathBuf>,
+    /// Upstream calls in flight at once through the gateway, over all runs.
+    pub egress_max_concurrent: usize,
+    /// Upstream calls in flight at once for one run.
+    pub egress_max_per_run: usize,
+    /// How long the egress ledger keeps a call, days.
+    pub egress_ledger_days: u64,
 }
 
 impl Default for Config {
@@ -166,6 +180,11 @@ impl Default for Config {
             max_run_files: 10,
             metrics_require_key: false,
             pid1_init: true,
+            services: BTreeMap::new(),
+            services_file: None,
+            egress_max_concurrent: 8,
+            egress_max_per_run: 4,
+            egress_ledger_days: 90,
         }
     }
 }
@@ -248,6 +267,9 @@ impl Config {
         if self.session_ttl_secs == 0 {
             bail!("session_ttl_secs must be at least 1");
         }
+        if self.egress_max_concurrent == 0 || self.egress_max_per_run == 0 {
+            bail!("egress_max_concurrent and egress_max_per_run must be at least 1");
+        }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");
         }
@@ -303,6 +325,43 @@ impl Config {
                     Duration::from_secs(self.rate_limit_window_secs),
                 )
             }),
+        }
+    }
+
+    /// Every configured service: `services` plus those of `services_file`
+    /// (a name in both is an error).
+    pub fn all_services(&self) -> anyhow::Result<BTreeMap<String, kiln_egress::ServiceConfig>> {
+        let mut all = self.services.clone();
+        if let Some(f) = &self.services_file {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct File {
+                #[serde(default)]
+                services: BTreeMap<String, kiln_egress::ServiceConfig>,
+            }
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("read services_file {}", f.display()))?;
+            let file: File = Figment::from(Toml::string(&text))
+                .extract()
+                .with_context(|| format!("services_file {}", f.display()))?;
+            for (name, s) in file.services {
+                if all.insert(name.clone(), s).is_some() {
+                    bail!(
+                        "service {name:?} is configured both in the configuration and in {}",
+                        f.display()
+                    );
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// The gateway's settings.
+    pub fn egress_settings(&self) -> kiln_egress::EgressSettings {
+        kiln_egress::EgressSettings {
+            max_concurrent_calls: self.egress_max_concurrent,
+            max_concurrent_per_grant: self.egress_max_per_run,
+            ..kiln_egress::EgressSettings::default()
         }
     }
 
@@ -369,6 +428,75 @@ mod tests {
             assert_eq!(c.pids, 32);
             Ok(())
         });
+    }
+
+    /// Seed 002's registry entry, exactly as the issue writes it.
+    const SEED_002: &str = r#"
+[services.deepl]
+upstream = "https://api.deepl.com"
+allowed_methods = ["POST", "GET"]
+allowed_paths = ["/v2/document", "/v2/document/*"]
+inject_header = { Authorization = "DeepL-Auth-Key ${DEEPL_API_KEY}" }   # from Kiln's environment
+max_body_bytes = 31457280
+rate = "60/min"
+"#;
+
+    #[test]
+    #[allow(clippy::result_large_err)]
+    fn seed_002s_service_entry_works_as_written_with_the_key_from_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("kiln.toml");
+        std::fs::write(&f, SEED_002).unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("DEEPL_API_KEY", "0123456789-seed-key:fx");
+            let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
+            let deepl = &c.services["deepl"];
+            assert_eq!(deepl.max_body_bytes, 31_457_280);
+            assert_eq!(deepl.rate.as_deref(), Some("60/min"));
+            let all = c.all_services().map_err(|e| e.to_string())?;
+            let reg = kiln_egress::Registry::build(&all, &|n| std::env::var(n).ok())
+                .map_err(|e| e.to_string())?;
+            let s = reg.get("deepl").expect("deepl");
+            assert_eq!(
+                s.inject_headers[0].1,
+                "DeepL-Auth-Key 0123456789-seed-key:fx"
+            );
+            assert!(!format!("{c:?}").contains("0123456789-seed-key"));
+            Ok(())
+        });
+        // without the variable Kiln refuses to start, naming it
+        figment::Jail::expect_with(|_jail| {
+            let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
+            let e = kiln_egress::Registry::build(&c.all_services().unwrap(), &|n| {
+                std::env::var(n).ok()
+            })
+            .expect_err("unset key");
+            assert!(e.to_string().contains("DEEPL_API_KEY"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn services_can_live_in_their_own_file_but_not_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("services.toml");
+        std::fs::write(&f, SEED_002).unwrap();
+        let c = Config {
+            services_file: Some(f.clone()),
+            ..Config::default()
+        };
+        assert!(c.all_services().unwrap().contains_key("deepl"));
+        let mut twice = c.clone();
+        twice.services = c.all_services().unwrap();
+        assert!(twice.all_services().is_err());
+        std::fs::write(
+            &f,
+            "[services.x]
+upstream = 1
+",
+        )
+        .unwrap();
+        assert!(c.all_services().is_err());
     }
 
     #[test]

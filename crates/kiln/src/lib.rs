@@ -86,6 +86,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             max_output_files: config.max_output_files,
             max_file_bytes: config.max_output_file_mb * 1024 * 1024,
         },
+        egress: build_egress(&config, &store)?,
     };
     let jails = if config.warm_jails > 0 {
         // warm profiles come from the language table; the fork-server
@@ -178,6 +179,53 @@ fn prepare_work_dir(config: &Config, data: &Path) -> anyhow::Result<PathBuf> {
     Ok(work)
 }
 
+/// The egress gateway, when services are configured: `${VAR}` credentials
+/// from Kiln's environment (an unset one refuses the start), calls recorded
+/// in the store's ledger.
+fn build_egress(config: &Config, store: &Store) -> anyhow::Result<Option<kiln_egress::Gateway>> {
+    let services = config.all_services()?;
+    if services.is_empty() {
+        info!("egress services: none configured (sandboxed code has no network)");
+        return Ok(None);
+    }
+    let registry = kiln_egress::Registry::build(&services, &|name| std::env::var(name).ok())
+        .context("egress services")?;
+    for s in registry.iter() {
+        info!(
+            service = %s.name,
+            upstream = %s.upstream,
+            methods = ?s.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+            paths = ?s.paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            rate = ?s.rate().map(|r| r.to_string()),
+            private_upstream = s.allow_private,
+            "egress service enabled"
+        );
+    }
+    let ledger = Arc::new(StoreLedger(store.clone()));
+    Ok(Some(kiln_egress::Gateway::new(
+        registry,
+        config.egress_settings(),
+        ledger,
+    )))
+}
+
+/// The gateway's ledger in the store's `egress_calls` table.
+struct StoreLedger(Store);
+
+impl kiln_egress::Ledger for StoreLedger {
+    fn record(
+        &self,
+        call: kiln_egress::CallRecord,
+    ) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .record_egress_call(&call)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
 /// The process-wide Prometheus recorder (installed once).
 pub fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -230,6 +278,7 @@ pub async fn serve(
     let gc_every = Duration::from_secs(kiln.config.gc_interval_secs.max(1));
     let sweep_every = (kiln.sessions.ttl() / 4).clamp(Duration::from_secs(1), gc_every);
     let gc_stop = shutdown.clone();
+    let ledger_keep = Duration::from_secs(kiln.config.egress_ledger_days * 86_400);
     let gc = tokio::spawn(async move {
         let mut last_gc: Option<tokio::time::Instant> = None;
         loop {
@@ -252,6 +301,15 @@ pub async fn serve(
                 Ok(0) => {}
                 Ok(n) => info!(files = n, "idle sessions emptied"),
                 Err(e) => error!(error = %e, "emptying idle sessions failed"),
+            }
+            let cutoff = std::time::SystemTime::now()
+                .checked_sub(ledger_keep)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
+            match gc_store.prune_egress_calls(cutoff).await {
+                Ok(0) => {}
+                Ok(n) => info!(calls = n, "old egress ledger entries removed"),
+                Err(e) => error!(error = %e, "pruning the egress ledger failed"),
             }
             tokio::select! {
                 () = tokio::time::sleep(sweep_every) => {}

@@ -27,6 +27,7 @@ use kiln_store::Store;
 
 pub use outcome::{CANCELLED, classify, content_type};
 
+use crate::egress;
 use crate::runs::RunContext;
 use crate::types::{ExecError, ExecRequest, ExecResult, Execute, Outputs};
 use crate::walker::{WalkLimits, hash_bytes};
@@ -39,6 +40,9 @@ pub struct ExecConfig {
     pub limits: Limits,
     /// Walker caps.
     pub walk: WalkLimits,
+    /// The egress gateway, when the operator configured services: a run
+    /// whose principal may use one gets a grant and a channel to it.
+    pub egress: Option<kiln_egress::Gateway>,
 }
 
 impl Default for ExecConfig {
@@ -49,6 +53,7 @@ impl Default for ExecConfig {
                 max_output_files: 50,
                 max_file_bytes: 10 * 1024 * 1024,
             },
+            egress: None,
         }
     }
 }
@@ -102,11 +107,29 @@ impl Executor {
         authorize::outputs(&inner.store, run.caller(), &req.outputs).await?;
         let _turn = phase("queue", run.queue_turn()).await?;
 
+        // egress, deny by default: a grant only when the principal may use
+        // a service, minted once the run has its turn (its life is the
+        // run's wall time, not the queue's); such a run's program joins its
+        // own network namespace, so its jail is built for it, never parked
+        let services = inner.cfg.egress.as_ref().and_then(|gateway| {
+            let grant = egress::mint(
+                Some(gateway),
+                run.principal(),
+                run.id().as_str(),
+                limits.wall_time,
+            )?;
+            Some((gateway, grant))
+        });
+        let profile = match services {
+            Some(_) => kiln_sandbox::COLD_PROFILE,
+            None => lang.warm_profile(),
+        };
+
         // workspace: a jail (parked, or built per step), the output
         // session, the staged files
         let mut jail = phase("acquire", async {
             tokio::select! {
-                j = inner.jails.acquire(lang.warm_profile()) => j.map_err(step::sandbox_error),
+                j = inner.jails.acquire(profile) => j.map_err(step::sandbox_error),
                 () = cancelled.cancelled() => Err(ExecError::Cancelled),
             }
         })
@@ -125,7 +148,7 @@ impl Executor {
         // run
         let steps = phase(
             "run",
-            step::run_steps(jail.as_mut(), run, lang, &req.args, &limits),
+            step::run_steps(jail.as_mut(), run, lang, &req.args, &limits, services),
         )
         .await?;
 

@@ -11,6 +11,7 @@ use kiln_core::{Language, Limits, StepUsage};
 use kiln_sandbox::{Jail, OutputSink, OutputStream, RunRequest, RunResult, SandboxError};
 use tracing::warn;
 
+use crate::egress::RunChannel;
 use crate::runs::{CancelReason, RunContext, Step, Stream};
 use crate::types::ExecError;
 
@@ -48,13 +49,17 @@ pub(crate) struct Steps {
     pub run: Option<StepRun>,
 }
 
-/// Compiles (if the language does) and runs `args` in `jail`.
+/// Compiles (if the language does) and runs `args` in `jail`. With
+/// `services` (a gateway and the run's grant), the run step, and only it,
+/// gets the services channel; the grant is revoked when the step ends,
+/// however it ends.
 pub(crate) async fn run_steps(
     jail: &mut dyn Jail,
     run: &RunContext,
     lang: Language,
     args: &[String],
     limits: &Limits,
+    services: Option<(&kiln_egress::Gateway, kiln_egress::Grant)>,
 ) -> Result<Steps, ExecError> {
     // env and argv may depend on the limits (e.g. the JVM heap)
     let env = lang.environment(limits);
@@ -62,7 +67,7 @@ pub(crate) async fn run_steps(
     if let Some(argv) = lang.compile_argv(limits) {
         let mut cl = limits.clone();
         cl.wall_time = lang.spec().compile_timeout;
-        let c = one_step(jail, run, Step::Compile, argv, &env, cl).await?;
+        let c = one_step(jail, run, Step::Compile, argv, &env, cl, None).await?;
         let ok = c.succeeded();
         steps.compile = Some(c);
         if !ok {
@@ -70,7 +75,20 @@ pub(crate) async fn run_steps(
         }
     }
     let argv = lang.run_argv(args, limits);
-    steps.run = Some(one_step(jail, run, Step::Run, argv, &env, limits.clone()).await?);
+    let channel = match services {
+        Some((gateway, grant)) => Some(RunChannel::open(gateway, grant)?),
+        None => None,
+    };
+    let mut env = env;
+    if let Some(c) = &channel {
+        env.extend(c.env());
+    }
+    let network = channel.as_ref().map(RunChannel::network);
+    let r = one_step(jail, run, Step::Run, argv, &env, limits.clone(), network).await;
+    if let Some(c) = channel {
+        c.close().await;
+    }
+    steps.run = Some(r?);
     Ok(steps)
 }
 
@@ -89,6 +107,7 @@ async fn one_step(
     argv: Vec<String>,
     env: &[(String, String)],
     limits: Limits,
+    network: Option<kiln_sandbox::JailNetwork>,
 ) -> Result<StepRun, ExecError> {
     run.started(step);
     let written = Arc::new(Mutex::new(Written::default()));
@@ -115,6 +134,7 @@ async fn one_step(
         env: env.to_vec(),
         limits,
         output: Some(sink),
+        network,
         ..RunRequest::default()
     };
     let t0 = Instant::now();

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, PathFd, RulesetAttr,
+    ABI, Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope, make_bitflags,
 };
 
@@ -40,8 +40,12 @@ fn rights(access: PathAccess) -> BitFlags<AccessFs> {
 }
 
 /// Restricts the calling thread (and everything it executes or forks) to
-/// `rules`. Sets no_new_privs. Fails with `"<step>: <error>"`.
-pub fn restrict(rules: &[(PathBuf, PathAccess)]) -> Result<Enforcement, String> {
+/// `rules`; TCP connect only to `connect_port` (a services channel), if
+/// any. Sets no_new_privs. Fails with `"<step>: <error>"`.
+pub fn restrict(
+    rules: &[(PathBuf, PathAccess)],
+    connect_port: Option<u16>,
+) -> Result<Enforcement, String> {
     let mut ruleset = landlock::Ruleset::default()
         .handle_access(AccessFs::from_all(TARGET_ABI))
         .and_then(|r| r.handle_access(AccessNet::from_all(TARGET_ABI)))
@@ -54,6 +58,11 @@ pub fn restrict(rules: &[(PathBuf, PathAccess)]) -> Result<Enforcement, String> 
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, rights(*access)))
             .map_err(|e| format!("add rule for {}: {e}", path.display()))?;
+    }
+    if let Some(port) = connect_port {
+        ruleset = ruleset
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(|e| format!("add rule for port {port}: {e}"))?;
     }
     let status = ruleset
         .restrict_self()
@@ -94,7 +103,7 @@ mod tests {
         let rules = vec![(allowed.path().to_path_buf(), PathAccess::ReadWrite)];
         let (a, o) = (allowed.path().to_path_buf(), outside.path().to_path_buf());
         let result = std::thread::spawn(move || {
-            let enforced = restrict(&rules);
+            let enforced = restrict(&rules, None);
             let inside = std::fs::read_to_string(a.join("in")).map_err(|e| e.kind());
             let created = std::fs::write(a.join("new"), "y").map_err(|e| e.kind());
             let out = std::fs::read_to_string(o.join("out")).map_err(|e| e.kind());

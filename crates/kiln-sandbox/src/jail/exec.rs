@@ -169,7 +169,9 @@ fn exec(
     nix::sys::prctl::set_no_new_privs().map_err(|e| JailError::setup("no_new_privs", e))?;
     // Landlock first: its system calls are not on the seccomp allow-list.
     if let Some(rules) = &confinement.landlock {
-        match confine::restrict(rules).map_err(|e| JailError::setup("landlock", e))? {
+        match confine::restrict(rules, confinement.connect_port)
+            .map_err(|e| JailError::setup("landlock", e))?
+        {
             Enforcement::Full | Enforcement::Partial => {}
             Enforcement::None => {
                 return Err(JailError::Setup(

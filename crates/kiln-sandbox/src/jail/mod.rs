@@ -41,8 +41,8 @@ use nix::unistd::{Pid, getpid, pipe2};
 use crate::probe::JAIL_NAMESPACES;
 use crate::seccomp;
 use crate::spec::{
-    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, ParkMode, STATUS_FD, StatusMsg,
-    ZYGOTE_FD,
+    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, NetworkSpec, ParkMode, STATUS_FD,
+    StatusMsg, ZYGOTE_FD,
 };
 use crate::sys::{self, Forked};
 
@@ -66,6 +66,8 @@ pub(crate) struct Confinement {
     pub filters: Vec<seccompiler::BpfProgram>,
     /// Landlock rules; `None`: no Landlock.
     pub landlock: Option<Vec<(std::path::PathBuf, plan::PathAccess)>>,
+    /// The one TCP port the program may connect to (a services channel).
+    pub connect_port: Option<u16>,
 }
 
 /// A failure inside the jail's processes.
@@ -147,12 +149,16 @@ fn write_id_maps(pid: Pid, base: u32) -> Result<(), JailError> {
 /// (`SECBIT_NO_SETUID_FIXUP`), so creating the namespaces is still a
 /// privileged operation (hosts that restrict unprivileged user namespaces
 /// still allow it) and the maps can be written afterwards.
-fn clone_owned_by(owner: nix::unistd::Uid, cgroup: Option<i32>) -> Result<Forked, JailError> {
+fn clone_owned_by(
+    owner: nix::unistd::Uid,
+    namespaces: libc::c_int,
+    cgroup: Option<i32>,
+) -> Result<Forked, JailError> {
     use nix::unistd::{Uid, setresuid};
     sys::keep_caps_across_uid_changes().map_err(|e| JailError::setup("set securebits", e))?;
     let keep = Uid::from_raw(u32::MAX); // -1: unchanged
     setresuid(keep, owner, keep).map_err(|e| JailError::setup("become the jail's owner", e))?;
-    let forked = sys::clone3_fork(JAIL_NAMESPACES as u64, cgroup);
+    let forked = sys::clone3_fork(namespaces as u64, cgroup);
     if let Ok(Forked::Child) = forked {
         return Ok(Forked::Child);
     }
@@ -303,8 +309,32 @@ fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
     let confinement = Confinement {
         filters,
         landlock: spec.landlock.then(|| plan::landlock_rules(&plan)),
+        connect_port: spec.network.as_ref().map(|n| n.connect_port),
     };
     (plan, confinement)
+}
+
+/// Joins a services channel's network namespace (see `netns.rs`): the
+/// server's descriptor of it, checked by inode so that a reused descriptor
+/// number can never lead into another run's namespace.
+fn join_network(net: &NetworkSpec) -> Result<(), JailError> {
+    let fd = open(
+        &net.netns_path,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| JailError::setup(format_args!("open {}", net.netns_path.display()), e))?;
+    let ino = nix::sys::stat::fstat(&fd)
+        .map_err(|e| JailError::setup("fstat network namespace", e))?
+        .st_ino;
+    if ino != net.netns_inode {
+        return Err(JailError::Setup(format!(
+            "network namespace: {} is not the run's namespace",
+            net.netns_path.display()
+        )));
+    }
+    nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| JailError::setup("join the services network namespace", e))
 }
 
 /// The program process of an embedded jail as forked by the fork-server,
@@ -459,12 +489,21 @@ fn helper(status: &File) -> Result<(), JailError> {
         ),
         None => (None, None),
     };
+    let namespaces = match &spec.network {
+        None => JAIL_NAMESPACES,
+        // the jail's init inherits the namespace we join here
+        Some(net) => {
+            join_network(net)?;
+            JAIL_NAMESPACES & !libc::CLONE_NEWNET
+        }
+    };
     // What the jail sees of its init (PID 1): a neutral name, not the
     // launcher's or helper's command line.
     sys::set_process_name(INIT_NAME).map_err(|e| JailError::setup("name the jail's init", e))?;
     let mut started = Instant::now();
     let forked = clone_owned_by(
         nix::unistd::Uid::from_raw(spec.id_base),
+        namespaces,
         cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
     )?;
     let (pid, pidfd) = match forked {

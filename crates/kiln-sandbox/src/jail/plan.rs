@@ -460,6 +460,7 @@ mod tests {
             landlock: true,
             park: None,
             etc_files: vec![],
+            network: None,
         }
     }
 

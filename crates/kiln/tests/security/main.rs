@@ -7,10 +7,13 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../../../kiln-egress/tests/support/fake_deepl.rs"]
+mod fake_deepl;
 
 mod budgets;
 mod cleanup;
 mod cpu;
+mod egress;
 mod exhaustion;
 mod files;
 mod hardening;
