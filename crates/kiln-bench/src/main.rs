@@ -66,6 +66,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     }
     let machine = MachineInfo::collect(&settings.python, &settings.node, &settings.kiln);
 
+    install_crypto_provider();
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(300))
@@ -162,6 +163,12 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// rustls' ring provider as the process default: in a workspace build,
+/// reqwest carries no provider of its own (see Cargo.toml).
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 #[cfg(test)]

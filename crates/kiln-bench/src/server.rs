@@ -219,10 +219,13 @@ mod tests {
             startup_timeout: Duration::from_secs(1),
             stop_timeout: Duration::from_secs(1),
         };
-        let err = Server::start(&opts, &reqwest::Client::new())
-            .await
-            .err()
-            .unwrap();
+        let err = Server::start(&opts, &{
+            crate::install_crypto_provider();
+            reqwest::Client::new()
+        })
+        .await
+        .err()
+        .unwrap();
         assert!(err.to_string().contains("not found"), "{err:#}");
     }
 
@@ -235,10 +238,13 @@ mod tests {
             startup_timeout: Duration::from_secs(10),
             stop_timeout: Duration::from_secs(1),
         };
-        let err = Server::start(&opts, &reqwest::Client::new())
-            .await
-            .err()
-            .unwrap();
+        let err = Server::start(&opts, &{
+            crate::install_crypto_provider();
+            reqwest::Client::new()
+        })
+        .await
+        .err()
+        .unwrap();
         assert!(
             err.to_string().contains("exited during start-up"),
             "{err:#}"

@@ -42,3 +42,11 @@ pub use ledger::{CallRecord, Ledger, MemoryLedger};
 pub use path::{CleanPath, PathPattern};
 pub use rate::Rate;
 pub use registry::{ConfigError, MIN_SCRUBBED_SECRET, Registry, Service};
+
+/// Installs rustls' ring provider as the process default, once (later calls
+/// and a provider installed earlier by the embedding program are fine).
+/// Every reqwest client of a program linking this crate needs it: the
+/// workspace's reqwest is built without a provider of its own.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -167,7 +167,7 @@ fn header_names(what: &str, names: &[String], never: &[&str]) -> Result<Vec<Head
 fn build_client(cfg: &ServiceConfig) -> Result<reqwest::Client, String> {
     // rustls on ring, the host's CA store through the platform verifier; a
     // provider installed earlier (by the embedding program) is fine too
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::install_crypto_provider();
     reqwest::Client::builder()
         // redirects are answered to the jail as errors, never followed
         .redirect(reqwest::redirect::Policy::none())

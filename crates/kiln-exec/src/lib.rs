@@ -23,6 +23,7 @@ pub mod walker;
 pub mod workspace;
 
 pub use egress::{SERVICES_PORT, SERVICES_URL};
+pub use kiln_egress::install_crypto_provider;
 pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
 pub use runs::{
     CancelReason, Phase, RunContext, RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions,

@@ -96,6 +96,7 @@ async fn a_sandboxed_program_translates_a_docx_through_the_gateway_without_seein
     )
     .await;
     assert_eq!(st, 200, "{up}");
+    kiln_egress::install_crypto_provider();
     let resp = reqwest::Client::new()
         .post(format!("{}/exec", s.v1()))
         .json(&json!({

@@ -299,6 +299,7 @@ async fn settle<T>(limit: Duration, mut f: impl FnMut() -> Vec<T>) -> Vec<T> {
 /// Drive `runs` jobs starting at `first`, `IN_FLIGHT` at a time, with a
 /// fresh client dropped at the end; unexpected answers, first ones first.
 async fn drive(url: &str, first: usize, runs: usize) -> Vec<String> {
+    kiln_egress::install_crypto_provider();
     let client = Arc::new(
         reqwest::Client::builder()
             .timeout(Duration::from_secs(60))

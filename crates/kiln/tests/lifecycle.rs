@@ -59,6 +59,7 @@ async fn drain_warm_pool(s: &kiln::testing::TestServer) {
 async fn a_client_that_disconnects_cancels_its_run() {
     let _g = SERIAL.lock().await;
     let s = server().await;
+    kiln_egress::install_crypto_provider();
     let c = reqwest::Client::builder()
         .timeout(Duration::from_millis(1500))
         .build()
@@ -308,6 +309,7 @@ impl Pid1Server {
 /// Requests whose client hangs up mid-run (bash and warm py), and runs
 /// stopped at their wall time.
 async fn dropped_and_killed_runs(url: &str) {
+    kiln_egress::install_crypto_provider();
     let hang_up = reqwest::Client::builder()
         .timeout(Duration::from_millis(1200))
         .build()

@@ -273,7 +273,10 @@ pub async fn start_with(
     });
     TestServer {
         base: format!("http://{addr}"),
-        client: reqwest::Client::new(),
+        client: {
+            kiln_exec::install_crypto_provider();
+            reqwest::Client::new()
+        },
         store,
         exec,
         shutdown,

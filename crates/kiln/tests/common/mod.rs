@@ -46,6 +46,7 @@ fn unsafe_free_uid() -> u32 {
 }
 
 pub fn client() -> reqwest::Client {
+    kiln_egress::install_crypto_provider();
     reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(120))
         .build()
