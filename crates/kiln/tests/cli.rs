@@ -206,6 +206,7 @@ fn serve_stops_cleanly_on_sigterm() {
     };
     // it serves
     let rt = tokio::runtime::Runtime::new().unwrap();
+    kiln_egress::install_crypto_provider();
     let health = rt.block_on(async {
         reqwest::get(format!("http://{addr}/v1/health"))
             .await
