@@ -470,7 +470,12 @@ async fn forward(
                 .ok_or_else(|| Refused::bad_request("Content-Length is not a number"))?,
         ),
     };
-    if declared.is_some_and(|n| n > service.max_request_bytes) {
+    if let Some(n) = declared.filter(|n| *n > service.max_request_bytes) {
+        // a client that sends its whole body before it reads the answer
+        // gets the 413, not a broken connection: read a bounded body away
+        if n <= service.max_request_bytes.saturating_add(DRAIN_MAX) {
+            drain(body).await;
+        }
         return Err(too_large_request(&service));
     }
 
@@ -740,6 +745,18 @@ struct Upload {
 /// discarded, so that a client that sends its whole body before it reads
 /// the answer gets the 413 instead of a broken connection.
 const DRAIN_MAX: u64 = 32 * 1024 * 1024;
+
+/// Reads a refused request's body away (at most its declared length, which
+/// hyper enforces, and for at most `DRAIN_TIME`).
+async fn drain(mut body: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
+}
+
+/// How long a refused body is read away at most.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 #[error("the request body exceeds the service's limit")]
