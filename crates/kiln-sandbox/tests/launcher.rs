@@ -52,8 +52,11 @@ async fn helpers_are_forked_by_the_launcher_and_spawned_once_it_is_gone() {
     let watch = async {
         let until = Instant::now() + Duration::from_secs(5);
         loop {
+            // A fresh fork still carries the launcher's argv for a moment
+            // before it renames itself; wait for the rename, not the fork.
             let kids = children_of(launcher);
-            if !kids.is_empty() || Instant::now() > until {
+            let renamed = kids.iter().any(|k| k.1.starts_with(b"sandbox-init\0"));
+            if renamed || Instant::now() > until {
                 return kids;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
