@@ -35,6 +35,8 @@ LANG_DIR = os.path.join(ROOT, "crates", "kiln-core", "src", "lang")
 WARM_DIR = os.path.join(LANG_DIR, "warm")
 PYTHON = "/usr/bin/python3"
 NODE = "/usr/bin/node"
+# the template's own modules (--template): the rich one's core, or none (lean)
+PRELOAD_MODULES = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 # kiln_core::lang: sitecustomize.py is staged for code that mentions these
 SITECUSTOMIZE_WHEN = ("matplotlib", "seaborn", "pylab")
 
@@ -88,10 +90,11 @@ class Workspace:
             f.write(case["code"])
         if case["lang"] == "py" and any(w in case["code"] for w in SITECUSTOMIZE_WHEN):
             os.makedirs(os.path.join(self.ws, ".kiln", "python"))
-            shutil.copy(
-                os.path.join(LANG_DIR, "sitecustomize.py"),
-                os.path.join(self.ws, ".kiln", "python", "sitecustomize.py"),
-            )
+            # as the language table stages it: the plot hook, then sitecustomize.py
+            with open(os.path.join(self.ws, ".kiln", "python", "sitecustomize.py"), "w") as out:
+                for name in ("kiln_plot.py", "sitecustomize.py"):
+                    with open(os.path.join(LANG_DIR, "python", name)) as f:
+                        out.write(f.read())
         self.before = {ENTRY[case["lang"]]}
 
     def env(self, lang):
@@ -203,12 +206,20 @@ for line in sys.stdin:
 class ForkServer:
     """The simulator process, started with the environment the Rust side gives the template."""
 
-    def __init__(self):
+    def __init__(self, modules=PRELOAD_MODULES):
         self.home = tempfile.mkdtemp(prefix="kiln-fid-zygote-")
         env = jail_env("py", "/mnt/data", os.path.join(self.home, "mpl"))
         del env["PYTHONPATH"]
+        # the preload as kiln_core::lang::warm::python_preload composes it
+        preload = os.path.join(self.home, "preload.py")
+        with open(preload, "w") as out:
+            with open(os.path.join(LANG_DIR, "python", "kiln_plot.py")) as f:
+                out.write(f.read())
+            out.write("\n_kiln_preload = (%s)\n\n" % "".join("%r, " % m for m in modules))
+            with open(os.path.join(WARM_DIR, "python_template.py")) as f:
+                out.write(f.read())
         self.proc = subprocess.Popen(
-            [PYTHON, "-u", "-c", SIMULATOR, os.path.join(WARM_DIR, "python_template.py")],
+            [PYTHON, "-u", "-c", SIMULATOR, preload],
             cwd=self.home,
             env=env,
             stdin=subprocess.PIPE,
@@ -329,7 +340,8 @@ def check(args):
         cases = json.load(f)
     if args.only:
         cases = [c for c in cases if any(o in c["name"] for o in args.only)]
-    server = ForkServer() if any(c["lang"] == "py" for c in cases) else None
+    modules = () if args.template == "lean" else PRELOAD_MODULES
+    server = ForkServer(modules) if any(c["lang"] == "py" for c in cases) else None
     if server:
         print(
             "template preload %.0f ms, fork-server RSS %.1f MiB"
@@ -413,6 +425,8 @@ def main():
     parser.add_argument("--node-mode", choices=("main", "preload"), default="preload",
                         help="start node_warm.js as the main module or as a --require preload")
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--template", choices=("rich", "lean"), default="rich",
+                        help="the simulated fork-server's template (rich: its data stack core)")
     parser.add_argument("--bench", type=int, metavar="N", help="measure latencies over N runs")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every difference")
     args = parser.parse_args()

@@ -22,13 +22,14 @@ set -euo pipefail
 # crates/kiln-core/src/lang.rs).
 LANGUAGES=(py js ts c cpp java php rs go d f90 r bash)
 
-# py: the interpreter plus the data stack LibreChat's models expect (plots need a font), and
+# py: the interpreter plus the data stack LibreChat's models expect (plots need a font, and
+# labels in Chinese, Japanese or Korean a CJK one: WenQuanYi Micro Hei, 5 MB, covers all three), and
 # the shared libpython the fork-server embeds (warm py jails fork a preloaded interpreter).
 PACKAGES_py=(
   python3 libpython3.11 python3-numpy python3-pandas python3-matplotlib python3-scipy python3-seaborn
   python3-sympy python3-sklearn python3-statsmodels python3-openpyxl python3-xlsxwriter
   python3-xlrd python3-docx python3-reportlab python3-pil python3-lxml python3-bs4
-  python3-tabulate python3-requests python3-pip fonts-dejavu-core
+  python3-tabulate python3-requests python3-pip fonts-dejavu-core fonts-wqy-microhei
 )
 # ... and from PyPI what Debian 12 does not package, pinned (module name=requirement). pip puts
 # it in /usr/local/lib/python3.11/dist-packages, which Debian's python3 searches.
@@ -191,6 +192,8 @@ pypi_missing() {
 mapfile -t pip_missing < <(pypi_missing)
 font_cache_missing=0
 compgen -G "$MPL_FONT_CACHE/fontlist-*.json" >/dev/null || font_cache_missing=1
+# a cache built before the CJK font was installed lacks it (kiln_plot.py falls back to it)
+((font_cache_missing)) || grep -qs "WenQuanYi" "$MPL_FONT_CACHE"/fontlist-*.json || font_cache_missing=1
 
 # ---- install -----------------------------------------------------------------------------
 if ((${#missing[@]} + ${#pip_missing[@]} + font_cache_missing > 0)); then

@@ -105,6 +105,56 @@ impl AnalysisDir {
     }
 }
 
+/// Scenario B2: a directory holding one snippet as `main.py`.
+pub struct ScriptDir {
+    dir: tempfile::TempDir,
+    output: Option<&'static str>,
+}
+
+impl ScriptDir {
+    pub fn new(script: &str, output: Option<&'static str>) -> anyhow::Result<ScriptDir> {
+        let dir = tempfile::Builder::new()
+            .prefix("kiln-bench-b2-")
+            .tempdir()
+            .context("create scenario B2 directory")?;
+        std::fs::write(dir.path().join("main.py"), script).context("write the snippet")?;
+        Ok(ScriptDir { dir, output })
+    }
+
+    /// Run the snippet once: its time and stdout. The output file of the
+    /// previous run is removed first (untimed) so its existence proves this
+    /// run wrote it.
+    pub fn run(&self, python: &Path) -> anyhow::Result<(Sample, String)> {
+        if let Some(name) = self.output {
+            match std::fs::remove_file(self.dir.path().join(name)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).context("remove the previous output"),
+            }
+        }
+        let (took, out) = spawn(python, &["main.py"], Some(self.dir.path()))?;
+        if !out.status.success() {
+            bail!(
+                "the snippet failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .chars()
+                    .take(500)
+                    .collect::<String>()
+            );
+        }
+        if let Some(name) = self.output
+            && !self.dir.path().join(name).is_file()
+        {
+            bail!("the snippet did not write {name}");
+        }
+        Ok((
+            Sample::single(took),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
+    }
+}
+
 /// Scenario D: one simulated user's directory; each request writes a fresh
 /// numbers file (the "upload") and runs the summing program on it.
 pub struct SumDir {

@@ -138,6 +138,50 @@ pub fn descendants(pid: u32) -> Descendants {
     d
 }
 
+/// One Python template's fork-server: its memory after start-up (the
+/// template itself, shared copy-on-write with every program forked from it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TemplateMemory {
+    pub template: String,
+    pub pid: u32,
+    pub rss_kib: u64,
+    pub pss_kib: u64,
+    /// Pages only it maps (what stopping it would free at once).
+    pub private_kib: u64,
+}
+
+/// A process's RSS, PSS and private memory from `smaps_rollup`.
+pub fn template_memory(template: &str, pid: u32) -> TemplateMemory {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |k: &str| kib_field(&rollup, k).unwrap_or(0);
+    TemplateMemory {
+        template: template.to_owned(),
+        pid,
+        rss_kib: field("Rss"),
+        pss_kib: field("Pss"),
+        private_kib: field("Private_Clean") + field("Private_Dirty"),
+    }
+}
+
+/// CPU milliseconds of a process and of its children it reaped (a
+/// fork-server reaps every program it forked: their fork, run and exit),
+/// from `/proc/<pid>/stat` (utime, stime, cutime, cstime in USER_HZ, 100 on
+/// Linux). `None` if the process is gone.
+pub fn cpu_ms_with_reaped_children(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_ms_of_stat(&stat)
+}
+
+fn cpu_ms_of_stat(stat: &str) -> Option<f64> {
+    // after ")": state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14)
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: Option<Vec<f64>> = (11..=14)
+        .map(|i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
+        .collect();
+    Some(ticks?.iter().sum::<f64>() * 10.0)
+}
+
 /// First line of a command's output (stdout, else stderr: `python --version`
 /// used to print on stderr), `None` if it cannot run or fails.
 fn command_line(program: &str, args: &[&str]) -> Option<String> {
@@ -191,6 +235,17 @@ mod tests {
             kib_field("MemTotal:       24684000 kB\n", "MemTotal"),
             Some(24_684_000)
         );
+    }
+
+    #[test]
+    fn cpu_of_a_stat_line_sums_own_and_reaped_children_ticks() {
+        // pid (comm with ) inside) state ppid pgrp session tty tpgid flags minflt cminflt majflt
+        // cmajflt utime stime cutime cstime ...
+        let stat = "42 (kiln (x)) S 1 42 42 0 -1 4194560 10 20 0 0 7 3 100 50 20 0 1 0";
+        assert_eq!(cpu_ms_of_stat(stat), Some(1600.0));
+        assert_eq!(cpu_ms_of_stat("42 (short) S 1"), None);
+        let own = cpu_ms_with_reaped_children(std::process::id());
+        assert!(own.is_some_and(|ms| ms >= 0.0), "{own:?}");
     }
 
     #[test]

@@ -93,10 +93,18 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let idle = server.rss();
     let pool_idle = machine::descendants(server.pid());
+    let templates = match kiln.metrics().await {
+        Ok(text) => prom::parse_zygote_pids(&text)
+            .iter()
+            .map(|(t, pid)| machine::template_memory(t, *pid))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
 
     let ctx = scenarios::Ctx {
         settings: &settings,
         kiln: &kiln,
+        template_cpu: Default::default(),
     };
     let all = async {
         let mut reports = Vec::new();
@@ -149,6 +157,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
             idle,
             after,
             pool_idle,
+            templates,
             health,
         },
         scenarios: reports,

@@ -29,6 +29,35 @@ impl PhaseTotals {
 /// Phase name → totals, summed over every other label (e.g. language).
 pub type Phases = BTreeMap<String, PhaseTotals>;
 
+/// The gauge the server sets to each Python template's fork-server pid.
+pub const ZYGOTE_PID_METRIC: &str = "kiln_zygote_pid";
+
+/// Template name → fork-server pid, from a Prometheus text exposition.
+pub fn parse_zygote_pids(text: &str) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim().strip_prefix(ZYGOTE_PID_METRIC) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
+            continue;
+        };
+        let (Some(template), Some(pid)) = (
+            label(labels, "template"),
+            value
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        if pid >= 1.0 && pid <= f64::from(u32::MAX) {
+            out.insert(template, pid as u32);
+        }
+    }
+    out
+}
+
 /// Extract the phase totals from a Prometheus text exposition. Lines of
 /// other metrics, comments and malformed lines are ignored.
 pub fn parse_phases(text: &str) -> Phases {
@@ -178,6 +207,17 @@ kiln_exec_phase_seconds_sum{phase="harvest"} not-a-number
             "malformed value is skipped: {p:?}"
         );
         assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn zygote_pids_are_read_per_template() {
+        let text = "# TYPE kiln_zygote_pid gauge\nkiln_zygote_pid{template=\"py\"} 1234\n\
+                    kiln_zygote_pid{template=\"py-lean\"} 99\nkiln_zygote_rss_bytes{template=\"py\"} 5\n\
+                    kiln_zygote_pid{other=\"x\"} 7\n";
+        let pids = parse_zygote_pids(text);
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        assert_eq!(pids["py"], 1234);
+        assert_eq!(pids["py-lean"], 99);
     }
 
     #[test]

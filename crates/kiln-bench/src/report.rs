@@ -2,13 +2,14 @@
 //! file holds, so runs can be compared later), the median-of-runs reduction,
 //! and the markdown rendering printed at the end.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::machine::{Descendants, MachineInfo, Rss};
+use crate::machine::{Descendants, MachineInfo, Rss, TemplateMemory};
 use crate::prom::{PHASES, Phases};
 use crate::stats::{median, ratio};
 
@@ -109,6 +110,10 @@ pub struct ScenarioReport {
     pub metrics: Vec<Metric>,
     /// The server's phase timings during this scenario (Kiln side only).
     pub phases: Phases,
+    /// CPU of each Python template's fork-server and the programs it forked
+    /// and reaped, over the measured runs, ms.
+    #[serde(default)]
+    pub template_cpu_ms: BTreeMap<String, f64>,
 }
 
 /// The server process's memory.
@@ -122,6 +127,9 @@ pub struct ServerReport {
     /// warm jails (reported apart from the server's own memory).
     #[serde(default)]
     pub pool_idle: Descendants,
+    /// Each Python template's fork-server when idle.
+    #[serde(default)]
+    pub templates: Vec<TemplateMemory>,
     /// The answer of `GET /v1/health` (languages and versions).
     pub health: Option<serde_json::Value>,
 }
@@ -252,6 +260,40 @@ impl Report {
             fmt_kib(self.server.pool_idle.pss_kib)
         );
 
+        if !self.server.templates.is_empty() {
+            s.push_str(
+                "\n| Python template (fork-server) | RSS | PSS | private |\n|---|---:|---:|---:|\n",
+            );
+            for t in &self.server.templates {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} |",
+                    t.template,
+                    fmt_kib(t.rss_kib),
+                    fmt_kib(t.pss_kib),
+                    fmt_kib(t.private_kib)
+                );
+            }
+        }
+        let cpu_rows: Vec<_> = self
+            .scenarios
+            .iter()
+            .flat_map(|sc| sc.template_cpu_ms.iter().map(move |(t, ms)| (sc, t, *ms)))
+            .filter(|(_, _, ms)| *ms > 0.0)
+            .collect();
+        if !cpu_rows.is_empty() {
+            s.push_str("\nCPU of each template's fork-server and of the programs it forked (fork, set-up, run, exit), over the measured runs:\n\n| Scenario | template | CPU | per execution of the scenario |\n|---|---|---:|---:|\n");
+            for (sc, t, ms) in cpu_rows {
+                let execs = sc.phases.get("queue").map_or(0.0, |p| p.count);
+                let per = if execs > 0.0 {
+                    format!("{:.2} ms", ms / execs)
+                } else {
+                    "—".to_owned()
+                };
+                let _ = writeln!(s, "| {} | {t} | {ms:.0} ms | {per} |", sc.id);
+            }
+        }
+
         s.push_str("\n### Where the time goes (server phases, mean ms per execution)\n\n");
         s.push_str("| Scenario | executions |");
         for p in PHASES {
@@ -358,6 +400,7 @@ mod tests {
                     peak_kib: Some(20480),
                 },
                 pool_idle: Descendants::default(),
+                templates: Vec::new(),
                 after: Rss {
                     rss_kib: Some(40960),
                     peak_kib: None,
@@ -396,6 +439,7 @@ mod tests {
                     ),
                 ],
                 phases: phases.clone(),
+                template_cpu_ms: BTreeMap::from([("py-lean".to_owned(), 3000.0)]),
             }],
             phases_total: phases,
             notes: vec!["noisy".into()],

@@ -3,14 +3,16 @@
 //! and reduces the per-run statistics to their medians. The server's phase
 //! timings are scraped around the measured runs.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::baseline::{self, AnalysisDir, SumDir};
+use crate::baseline::{self, AnalysisDir, ScriptDir, SumDir};
 use crate::client::{ExecResponse, KilnClient, file_ref};
+use crate::machine;
 use crate::measure::{RunOutcome, Sample, Tickets, baseline_workers, kiln_workers};
 use crate::prom::{self, Phases};
 use crate::report::{Better, Metric, ScenarioReport, Tally, Unit};
@@ -22,18 +24,52 @@ use crate::workload::{self, SplitMix64};
 pub struct Ctx<'a> {
     pub settings: &'a Settings,
     pub kiln: &'a KilnClient,
+    /// The fork-servers' CPU (template → ms, reaped programs included) at
+    /// each [`Ctx::phases`] scrape: a scenario's scrapes bracket its
+    /// measured runs.
+    pub template_cpu: std::sync::Mutex<Vec<BTreeMap<String, f64>>>,
 }
 
 impl Ctx<'_> {
-    /// The server's phase totals now (empty, with a warning, if unavailable).
+    /// The server's phase totals now (empty, with a warning, if unavailable);
+    /// notes the fork-servers' CPU at the same moment.
     pub async fn phases(&self) -> Phases {
         match self.kiln.metrics().await {
-            Ok(text) => prom::parse_phases(&text),
+            Ok(text) => {
+                let cpu = prom::parse_zygote_pids(&text)
+                    .into_iter()
+                    .filter_map(|(t, pid)| Some((t, machine::cpu_ms_with_reaped_children(pid)?)))
+                    .collect();
+                self.template_cpu
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(cpu);
+                prom::parse_phases(&text)
+            }
             Err(e) => {
                 eprintln!("warning: cannot scrape metrics: {e:#}");
                 Phases::new()
             }
         }
+    }
+
+    /// CPU per template between the first and the last scrape since
+    /// `mark` (the count of scrapes before the scenario).
+    fn template_cpu_since(&self, mark: usize) -> BTreeMap<String, f64> {
+        let all = self.template_cpu.lock().unwrap_or_else(|p| p.into_inner());
+        let (Some(first), Some(last)) = (all.get(mark), all.last()) else {
+            return BTreeMap::new();
+        };
+        last.iter()
+            .filter_map(|(t, after)| Some((t.clone(), after - first.get(t)?)))
+            .collect()
+    }
+
+    fn scrapes(&self) -> usize {
+        self.template_cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 }
 
@@ -41,6 +77,7 @@ impl Ctx<'_> {
 /// refused) is reported with one failure and no metrics.
 pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
     let (id, title, baseline) = describe(sc, ctx.settings);
+    let mark = ctx.scrapes();
     let result = match sc {
         Scenario::A => {
             hello(
@@ -54,6 +91,7 @@ pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
             .await
         }
         Scenario::B => analysis(ctx).await,
+        Scenario::B2 => snippets(ctx).await,
         Scenario::C => {
             let (clients, total) = (ctx.settings.c_clients, ctx.settings.c_requests);
             hello(ctx, "C", "py", workload::PY_HELLO, clients, total).await
@@ -92,6 +130,7 @@ pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
         baseline_tally,
         metrics,
         phases,
+        template_cpu_ms: ctx.template_cpu_since(mark),
     }
 }
 
@@ -113,6 +152,14 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
             format!(
                 "the same script run by `{py}` on the host in a temp dir holding the 1,000-row CSV, {} times",
                 s.b_requests
+            ),
+        ),
+        Scenario::B2 => (
+            "B2",
+            "seaborn, scikit-learn, statsmodels snippets, 1 client".into(),
+            format!(
+                "each snippet run by `{py}` on the host in a temp dir, {} times per snippet",
+                s.b2_requests
             ),
         ),
         Scenario::C => (
@@ -369,6 +416,57 @@ async fn analysis(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
         runs.verified(),
     ];
     Ok(runs.into_measured(metrics, phases))
+}
+
+/// B2: each analysis snippet, one client; per snippet a p50 latency. Kiln's
+/// answer must equal the baseline's (same script, same machine).
+async fn snippets(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
+    let s = ctx.settings;
+    let python = s.python.as_path();
+    let mut metrics = Vec::new();
+    let mut all = Runs::default();
+    let before = ctx.phases().await;
+    for (name, script, output) in workload::SNIPPETS {
+        let dir = ScriptDir::new(script, *output)?;
+        let (_, expected) =
+            blocking(|| dir.run(python)).with_context(|| format!("{name}: baseline"))?;
+        let body = json!({"lang": "py", "code": script});
+        let (body, expected) = (&body, expected.as_str());
+        let kiln = ctx.kiln;
+        let kiln_one = move |_: usize, _: usize| async move {
+            let (took, r) = kiln.exec(body).await?;
+            if r.stdout != expected {
+                bail!(
+                    "{name}: expected stdout {expected:?}, got {:?}; stderr: {:?}",
+                    r.stdout,
+                    r.stderr.chars().take(500).collect::<String>()
+                );
+            }
+            if let Some(file) = output
+                && !r.files.iter().any(|f| f.name == *file)
+            {
+                bail!("{name}: {file} missing from the files");
+            }
+            Ok(Sample::single(took))
+        };
+        let base_one = |_: usize, _: usize| dir.run(python).map(|(sample, _)| sample);
+        let warmup = s.warmup.min(1);
+        if warmup > 0 {
+            kiln_workers(1, Tickets::shared(warmup), &kiln_one).await;
+        }
+        let mut runs = Runs::default();
+        for run in 0..s.runs {
+            let k = kiln_workers(1, Tickets::shared(s.b2_requests), &kiln_one).await;
+            let b = blocking(|| baseline_workers(1, Tickets::shared(s.b2_requests), base_one));
+            runs.push("B2", run, s.runs, k, b);
+        }
+        metrics.push(runs.latency(&format!("{name} p50"), 50.0));
+        all.kiln.append(&mut runs.kiln);
+        all.baseline.append(&mut runs.baseline);
+    }
+    let phases = prom::delta(&before, &ctx.phases().await);
+    metrics.push(all.verified());
+    Ok(all.into_measured(metrics, phases))
 }
 
 /// D, Kiln side: one upload + exec pair of user `user`, verified.

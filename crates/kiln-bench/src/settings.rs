@@ -19,8 +19,9 @@ pub struct Cli {
     #[arg(long, env = "KILN_BENCH_KILN", default_value = "target/release/kiln")]
     pub kiln: PathBuf,
     /// Scenarios to run, comma-separated: A (py hello), B (pandas + plot),
-    /// C (py hello, concurrent), D (25 users upload + exec), E (js hello).
-    #[arg(long, value_delimiter = ',', default_value = "A,B,C,D,E")]
+    /// B2 (seaborn, scikit-learn, statsmodels snippets), C (py hello,
+    /// concurrent), D (25 users upload + exec), E (js hello).
+    #[arg(long, value_delimiter = ',', default_value = "A,B,B2,C,D,E")]
     pub scenarios: Vec<String>,
     /// Small counts and one run: a smoke test for CI.
     #[arg(long)]
@@ -37,6 +38,9 @@ pub struct Cli {
     /// B: requests (default 30, quick 3).
     #[arg(long)]
     pub b_requests: Option<usize>,
+    /// B2: requests per snippet (default 8, quick 2).
+    #[arg(long)]
+    pub b2_requests: Option<usize>,
     /// C: total requests (default 300, quick 30).
     #[arg(long)]
     pub c_requests: Option<usize>,
@@ -82,6 +86,7 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 pub enum Scenario {
     A,
     B,
+    B2,
     C,
     D,
     E,
@@ -92,10 +97,11 @@ impl Scenario {
         Ok(match s.trim().to_ascii_uppercase().as_str() {
             "A" => Scenario::A,
             "B" => Scenario::B,
+            "B2" => Scenario::B2,
             "C" => Scenario::C,
             "D" => Scenario::D,
             "E" => Scenario::E,
-            other => bail!("unknown scenario {other:?} (choose from A,B,C,D,E)"),
+            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E)"),
         })
     }
 }
@@ -110,6 +116,7 @@ pub struct Settings {
     pub warmup: usize,
     pub a_requests: usize,
     pub b_requests: usize,
+    pub b2_requests: usize,
     pub c_requests: usize,
     pub c_clients: usize,
     pub d_users: usize,
@@ -148,6 +155,7 @@ impl Settings {
             warmup: pick(cli.warmup, 10, 2),
             a_requests: pick(cli.a_requests, 200, 20),
             b_requests: pick(cli.b_requests, 30, 3),
+            b2_requests: pick(cli.b2_requests, 8, 2),
             c_requests: pick(cli.c_requests, 300, 30),
             c_clients: pick(cli.c_clients, 10, 10),
             d_users: pick(cli.d_users, 25, 5),
@@ -163,6 +171,7 @@ impl Settings {
             ("--runs", s.runs),
             ("--a-requests", s.a_requests),
             ("--b-requests", s.b_requests),
+            ("--b2-requests", s.b2_requests),
             ("--c-requests", s.c_requests),
             ("--c-clients", s.c_clients),
             ("--d-users", s.d_users),
@@ -200,6 +209,7 @@ mod tests {
             vec![
                 Scenario::A,
                 Scenario::B,
+                Scenario::B2,
                 Scenario::C,
                 Scenario::D,
                 Scenario::E

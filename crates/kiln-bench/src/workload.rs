@@ -28,6 +28,51 @@ plt.savefig("plot.png")
 print(df["sales"].sum())
 "#;
 
+/// Scenario B2: typical analysis snippets (name, script, the file it must
+/// write). Each prints a deterministic answer; Kiln's must equal the
+/// baseline's. The data is generated or bundled (scikit-learn's iris): no
+/// network.
+pub const SNIPPETS: &[(&str, &str, Option<&str>)] = &[
+    (
+        "seaborn heatmap",
+        r#"import numpy as np
+import seaborn as sns
+import matplotlib.pyplot as plt
+data = (np.arange(144).reshape(12, 12) * 7) % 11
+ax = sns.heatmap(data, annot=True, cmap="viridis")
+ax.set_title("heatmap")
+plt.savefig("heatmap.png")
+print("cells", data.size, "sum", int(data.sum()))
+"#,
+        Some("heatmap.png"),
+    ),
+    (
+        "sklearn random forest",
+        r#"from sklearn.datasets import load_iris
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.model_selection import train_test_split
+X, y = load_iris(return_X_y=True)
+X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, random_state=0)
+clf = RandomForestClassifier(n_estimators=50, random_state=0).fit(X_train, y_train)
+print(f"accuracy {clf.score(X_test, y_test):.3f}")
+"#,
+        None,
+    ),
+    (
+        "statsmodels OLS",
+        r#"import numpy as np
+import statsmodels.api as sm
+rng = np.random.default_rng(0)
+x = rng.normal(size=200)
+y = 2.0 * x + 1.0 + rng.normal(scale=0.5, size=200)
+res = sm.OLS(y, sm.add_constant(x)).fit()
+print(res.summary().tables[1])
+print(f"r2 {res.rsquared:.4f}")
+"#,
+        None,
+    ),
+];
+
 const REGIONS: [&str; 4] = ["north", "south", "east", "west"];
 
 fn sales(day: u64) -> u64 {

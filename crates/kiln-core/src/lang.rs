@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use crate::limits::Limits;
 
+pub mod pyimports;
+
 /// The workspace as the jail sees it (also the working directory).
 pub const WORKSPACE: &str = "/mnt/data";
 /// Support files, relative to the workspace.
@@ -95,13 +97,65 @@ pub enum WarmRecipe {
         argv: &'static [&'static str],
         etc_files: &'static [(&'static str, &'static str)],
     },
-    /// The program process is a fork of the fork-server: `interpreter`'s
-    /// shared library, embedded, ran `preload` once.
+    /// The program process is a fork of a fork-server: `interpreter`'s
+    /// shared library, embedded, ran one of `templates`' preloads once.
+    /// Which template a run forks is chosen from its code
+    /// ([`Language::warm_profile_for`]).
     Embedded {
         interpreter: &'static str,
-        preload: &'static str,
+        templates: &'static [EmbeddedTemplate],
     },
 }
+
+/// One preloaded template of an [`WarmRecipe::Embedded`] runtime (one
+/// fork-server each).
+#[derive(Debug)]
+pub struct EmbeddedTemplate {
+    /// Which one the import scan picks it for.
+    pub kind: pyimports::PyTemplate,
+    /// Its warm profile.
+    pub profile: &'static str,
+    /// Modules it imports on top of the stdlib set every template holds.
+    pub modules: &'static [&'static str],
+}
+
+impl EmbeddedTemplate {
+    /// The source the fork-server runs once (see [`warm::python_preload`]).
+    pub fn preload(&self) -> String {
+        warm::python_preload(self.modules)
+    }
+}
+
+/// The Python templates: the lean one's fork and exit are cheap, the rich
+/// one holds what analysis code imports (each of these takes 0.2 to 2 s to
+/// import cold).
+const PY_TEMPLATES: &[EmbeddedTemplate] = &[
+    EmbeddedTemplate {
+        kind: pyimports::PyTemplate::Rich,
+        profile: "py",
+        modules: &[
+            "numpy",
+            "pandas",
+            "matplotlib",
+            "matplotlib.pyplot",
+            "seaborn",
+            "scipy.stats",
+            "sklearn.ensemble",
+            "sklearn.linear_model",
+            "sklearn.model_selection",
+            "sklearn.datasets",
+            "sklearn.metrics",
+            "sklearn.preprocessing",
+            "statsmodels.api",
+            "statsmodels.formula.api",
+        ],
+    },
+    EmbeddedTemplate {
+        kind: pyimports::PyTemplate::Lean,
+        profile: "py-lean",
+        modules: &[],
+    },
+];
 
 /// The warm profile of runtimes without a recipe of their own.
 pub const WARM_EXEC: &str = "exec";
@@ -111,10 +165,16 @@ pub mod warm {
     /// Preloaded once by the Python fork-server (after the plot hook shared
     /// with cold runs); defines `_kiln_zygote.run`, which runs one program in
     /// a fresh fork exactly like `python3 -u main.py`.
-    pub const PYTHON_TEMPLATE: &str = concat!(
-        include_str!("lang/python/kiln_plot.py"),
-        include_str!("lang/warm/python_template.py")
-    );
+    pub const PYTHON_TEMPLATE: &str = include_str!("lang/warm/python_template.py");
+    /// The plot hook shared with cold runs, prepended to every template.
+    pub const PYTHON_PLOT_HOOK: &str = include_str!("lang/python/kiln_plot.py");
+
+    /// The fork-server's preload for a template that also imports `modules`
+    /// (the hook, the module list, the template).
+    pub fn python_preload(modules: &[&str]) -> String {
+        let list: String = modules.iter().map(|m| format!("{m:?}, ")).collect();
+        format!("{PYTHON_PLOT_HOOK}\n_kiln_preload = ({list})\n\n{PYTHON_TEMPLATE}")
+    }
     /// Started in a parked `js` jail at `/etc/kiln/node_warm.js`: reads the
     /// go on stdin, then runs the user's `index.js` as node's main module.
     pub const NODE_BOOTSTRAP: &str = include_str!("lang/warm/node_warm.js");
@@ -169,7 +229,7 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         common_name: "python",
         warm: Some(WarmRecipe::Embedded {
             interpreter: "/usr/bin/python3",
-            preload: warm::PYTHON_TEMPLATE,
+            templates: PY_TEMPLATES,
         }),
     },
     LanguageSpec {
@@ -554,6 +614,41 @@ impl Language {
         }
     }
 
+    /// The warm profile an execution of `code` takes: [`Self::warm_profile`],
+    /// or for a runtime with several embedded templates the one its imports
+    /// need (see [`pyimports`]).
+    pub fn warm_profile_for(&self, code: &str) -> &'static str {
+        match &self.0.warm {
+            Some(WarmRecipe::Embedded { templates, .. }) if templates.len() > 1 => {
+                let kind = pyimports::choose_template(code);
+                templates
+                    .iter()
+                    .find(|t| t.kind == kind)
+                    .map_or_else(|| self.warm_profile(), |t| t.profile)
+            }
+            _ => self.warm_profile(),
+        }
+    }
+
+    /// The other embedded templates' profiles of the runtime whose template
+    /// `profile` is: where a run goes when its own template is not up (a
+    /// template runs any program; only its speed differs).
+    pub fn sibling_profiles(profile: &str) -> Vec<&'static str> {
+        Language::all()
+            .filter_map(|l| match &l.0.warm {
+                Some(WarmRecipe::Embedded { templates, .. }) => Some(*templates),
+                _ => None,
+            })
+            .find(|ts| ts.iter().any(|t| t.profile == profile))
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| t.profile)
+                    .filter(|p| *p != profile)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The prestart argv of its warm recipe, placeholders filled.
     pub fn prestart_argv(&self, limits: &Limits) -> Option<Vec<String>> {
         match &self.0.warm {
@@ -886,11 +981,57 @@ mod tests {
             .next()
             .unwrap()
             .contents;
-        assert!(cold.starts_with(hook) && warm::PYTHON_TEMPLATE.starts_with(hook));
+        let warm: Vec<String> = PY_TEMPLATES.iter().map(EmbeddedTemplate::preload).collect();
+        assert!(cold.starts_with(hook) && warm.iter().all(|w| w.starts_with(hook)));
         // neither file defines a show() of its own
-        for text in [&cold[hook.len()..], &warm::PYTHON_TEMPLATE[hook.len()..]] {
+        for text in
+            std::iter::once(&cold[hook.len()..]).chain(warm.iter().map(|w| &w[hook.len()..]))
+        {
             assert!(!text.contains("def show("), "a second plt.show() hook");
-            assert!(text.contains("_kiln_patch_pyplot("));
+            assert!(text.contains("_kiln_patch_pyplot(") || text.contains("_kiln_hook_pyplot("));
+        }
+    }
+
+    #[test]
+    fn python_runs_take_the_template_their_imports_need() {
+        let py = Language::resolve("py").unwrap();
+        assert_eq!(py.warm_profile_for("print('hello')"), "py-lean");
+        assert_eq!(
+            py.warm_profile_for("import json\nprint(json.dumps(1))"),
+            "py-lean"
+        );
+        assert_eq!(py.warm_profile_for("import pandas as pd"), "py");
+        assert_eq!(py.warm_profile_for("__import__('os')"), "py");
+        // the rich template is the runtime's own profile (the default)
+        assert_eq!(py.warm_profile(), "py");
+        // other runtimes ignore the code
+        let js = Language::resolve("js").unwrap();
+        assert_eq!(js.warm_profile_for("require('fs')"), "js");
+        assert_eq!(Language::sibling_profiles("py-lean"), ["py"]);
+        assert_eq!(Language::sibling_profiles("py"), ["py-lean"]);
+        assert!(Language::sibling_profiles("js").is_empty());
+    }
+
+    #[test]
+    fn the_rich_template_preloads_its_modules_and_the_lean_one_none() {
+        let rich = PY_TEMPLATES.iter().find(|t| t.profile == "py").unwrap();
+        let lean = PY_TEMPLATES
+            .iter()
+            .find(|t| t.profile == "py-lean")
+            .unwrap();
+        assert!(
+            rich.preload()
+                .contains("_kiln_preload = (\"numpy\", \"pandas\"")
+        );
+        assert!(rich.preload().contains("\"statsmodels.api\""));
+        assert!(lean.preload().contains("\n_kiln_preload = ()\n"));
+        // every module a template preloads is one the scan sends to it
+        for m in rich.modules {
+            assert_eq!(
+                pyimports::choose_template(&format!("import {m}")),
+                rich.kind,
+                "{m}"
+            );
         }
     }
 

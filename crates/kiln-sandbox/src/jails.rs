@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use kiln_core::lang::{WARM_EXEC, WarmRecipe};
+use kiln_core::lang::pyimports::PyTemplate;
+use kiln_core::lang::{EmbeddedTemplate, WARM_EXEC, WarmRecipe};
 use kiln_core::{Language, Limits, Nanoid};
 use tokio_util::sync::CancellationToken;
 
@@ -134,11 +135,12 @@ impl JailSource {
                 parked: None,
             });
         };
-        let profile = if pool.has_profile(profile) {
-            profile
-        } else {
-            WARM_EXEC
-        };
+        // a runtime's other template runs the same program (only its speed
+        // differs), a generic jail runs it the cold way
+        let profile = std::iter::once(profile)
+            .chain(Language::sibling_profiles(profile))
+            .find(|p| pool.has_profile(p))
+            .unwrap_or(WARM_EXEC);
         let got = match pool.get(profile).await {
             // a runtime's own warm jail failed (the fork-server died, say):
             // a generic one runs the same program the cold way
@@ -254,51 +256,69 @@ fn prestart_spec(lang: Language, limits: &Limits) -> Option<ParkSpec> {
             .iter()
             .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
             .collect(),
-        seccomp_profile: crate::seccomp::DEFAULT_PROFILE.to_owned(),
+        ..ParkSpec::exec()
     })
 }
 
-/// Where the fork-server may write while its preload runs.
+/// Where the fork-servers may write while their preload runs, and which
+/// templates to start.
 #[derive(Debug, Clone)]
 pub struct ZygoteStart {
     /// A host directory for the interpreter's configuration caches
-    /// (matplotlib's); the forks get the jail's own.
+    /// (matplotlib's), one subdirectory per template; the forks get the
+    /// jail's own.
     pub config_dir: PathBuf,
+    /// Only this template (every run takes it, whatever it imports);
+    /// `None`: all of them, each run taking the one its imports need.
+    pub only: Option<PyTemplate>,
 }
 
-/// Starts the fork-server for the (first) runtime with an `Embedded`
-/// recipe, then adds its warm profile to `pool`.
+/// Starts a fork-server for each template of the (first) runtime with an
+/// `Embedded` recipe, the smallest first, and adds each one's warm profile
+/// to `pool` once it is up.
 async fn start_embedded(sandbox: &Sandbox, pool: &WarmPool, limits: &Limits, z: ZygoteStart) {
-    let Some((lang, interpreter, preload)) = Language::all().find_map(|l| match &l.spec().warm {
+    let Some((lang, interpreter, templates)) = Language::all().find_map(|l| match &l.spec().warm {
         Some(WarmRecipe::Embedded {
             interpreter,
-            preload,
-        }) => Some((l, *interpreter, *preload)),
+            templates,
+        }) => Some((l, *interpreter, *templates)),
         _ => None,
     }) else {
         return;
     };
-    match start_zygote(sandbox, lang, interpreter, preload, limits, &z).await {
-        Ok(info) => {
-            metrics::gauge!("kiln_zygote_rss_bytes").set(info.rss_bytes as f64);
-            tracing::info!(
-                pid = info.pid,
-                preload_ms = info.preload_ms,
-                rss_mib = info.rss_bytes / (1024 * 1024),
-                "{} fork-server ready: {} runs fork a preloaded interpreter",
-                lang.name(),
-                lang.name()
-            );
-            pool.add_profile(
-                lang.name(),
-                ParkSpec {
-                    mode: ParkMode::Embedded,
-                    ..ParkSpec::exec()
-                },
-            );
+    let mut templates: Vec<&EmbeddedTemplate> = templates
+        .iter()
+        .filter(|t| z.only.is_none_or(|only| t.kind == only))
+        .collect();
+    templates.sort_by_key(|t| t.modules.len());
+    for template in templates {
+        let name = template.profile;
+        match start_zygote(sandbox, lang, interpreter, template, limits, &z).await {
+            Ok(info) => {
+                metrics::gauge!("kiln_zygote_rss_bytes", "template" => name)
+                    .set(info.rss_bytes as f64);
+                // (kiln-bench reads each template's memory and CPU through it)
+                metrics::gauge!("kiln_zygote_pid", "template" => name).set(f64::from(info.pid));
+                tracing::info!(
+                    pid = info.pid,
+                    preload_ms = info.preload_ms,
+                    rss_mib = info.rss_bytes / (1024 * 1024),
+                    "{name} fork-server ready: {} runs it suits fork a preloaded interpreter",
+                    lang.name()
+                );
+                pool.add_profile(
+                    name,
+                    ParkSpec {
+                        mode: ParkMode::Embedded,
+                        template: name.to_owned(),
+                        ..ParkSpec::exec()
+                    },
+                );
+            }
+            Err(e) => tracing::warn!(error = %e,
+                "{name} fork-server unavailable: its {} runs take another template or a fresh interpreter",
+                lang.name()),
         }
-        Err(e) => tracing::warn!(error = %e,
-            "{} fork-server unavailable: {} runs start a fresh interpreter", lang.name(), lang.name()),
     }
 }
 
@@ -306,20 +326,21 @@ async fn start_zygote(
     sandbox: &Sandbox,
     lang: Language,
     interpreter: &str,
-    preload: &str,
+    template: &EmbeddedTemplate,
     limits: &Limits,
     z: &ZygoteStart,
 ) -> Result<ZygoteInfo, SandboxError> {
     let libpython = find_libpython(Path::new(interpreter))?;
     // matplotlib wants a writable config dir while the template imports it
-    std::fs::create_dir_all(&z.config_dir)
-        .map_err(|e| SandboxError::io("create", &z.config_dir, e))?;
+    // (one per template: two preloads never write the same files)
+    let config_dir = z.config_dir.join(template.profile);
+    std::fs::create_dir_all(&config_dir).map_err(|e| SandboxError::io("create", &config_dir, e))?;
     let cfg = ZygoteConfig {
         libpython,
-        preload: preload.to_owned(),
-        env: zygote_env(lang, limits, &z.config_dir),
+        preload: template.preload(),
+        env: zygote_env(lang, limits, &config_dir),
     };
-    sandbox.start_zygote(&cfg).await
+    sandbox.start_zygote(template.profile, &cfg).await
 }
 
 /// The variables of a run's environment in the same order, so a fork only

@@ -41,8 +41,9 @@ struct Inner {
     closed: AtomicBool,
     /// Compiled seccomp profiles by name (empty when degraded without).
     filters: HashMap<String, Vec<BpfInsns>>,
-    /// The fork-server for embedded warm jails, once started.
-    zygote: std::sync::OnceLock<Zygote>,
+    /// The fork-servers for embedded warm jails by template name, once
+    /// started.
+    zygotes: std::sync::RwLock<HashMap<String, Zygote>>,
     /// Forks jail helpers; `None` if it could not start (helpers are
     /// spawned then).
     launcher: Option<Launcher>,
@@ -282,7 +283,7 @@ impl Sandbox {
                 areas,
                 closed: AtomicBool::new(false),
                 filters,
-                zygote: std::sync::OnceLock::new(),
+                zygotes: std::sync::RwLock::new(HashMap::new()),
                 launcher,
             }),
         })
@@ -485,12 +486,13 @@ impl Sandbox {
         spec_line.push(b'\n');
         let parked = async {
             let zygote = match park.mode {
-                ParkMode::Embedded => match self.inner.zygote.get() {
+                ParkMode::Embedded => match self.zygotes().get(&park.template) {
                     Some(z) => Some(z.client()?),
                     None => {
-                        return Err(SandboxError::Request(
-                            "no fork-server for embedded warm jails".to_owned(),
-                        ));
+                        return Err(SandboxError::Request(format!(
+                            "no fork-server for the embedded template {:?}",
+                            park.template
+                        )));
                     }
                 },
                 _ => None,
@@ -603,23 +605,40 @@ impl Sandbox {
         drop(lease);
     }
 
-    /// Starts the fork-server (`helper __zygote`) with `cfg` and waits for
-    /// its preload. Once it runs, [`ParkMode::Embedded`] jails can be built.
-    pub async fn start_zygote(&self, cfg: &ZygoteConfig) -> Result<ZygoteInfo, SandboxError> {
-        if let Some(z) = self.inner.zygote.get() {
+    /// Starts the fork-server (`helper __zygote`) of the template named
+    /// `template` with `cfg` and waits for its preload. Once it runs,
+    /// [`ParkMode::Embedded`] jails whose [`ParkSpec::template`] names it
+    /// can be built.
+    pub async fn start_zygote(
+        &self,
+        template: &str,
+        cfg: &ZygoteConfig,
+    ) -> Result<ZygoteInfo, SandboxError> {
+        if let Some(z) = self.zygotes().get(template) {
             return Ok(z.info().clone());
         }
         let z = Zygote::start(&self.inner.cfg.helper, cfg).await?;
-        let info = z.info().clone();
+        let mut zygotes = self
+            .inner
+            .zygotes
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         // A concurrent start lost the race: its process goes with `z`.
-        let _ = self.inner.zygote.set(z);
-        Ok(info)
+        Ok(zygotes
+            .entry(template.to_owned())
+            .or_insert(z)
+            .info()
+            .clone())
     }
 
-    /// Whether the fork-server runs and answers (embedded warm jails are
-    /// possible).
-    pub fn has_zygote(&self) -> bool {
-        self.inner.zygote.get().is_some_and(Zygote::alive)
+    fn zygotes(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Zygote>> {
+        self.inner.zygotes.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the fork-server of `template` runs and answers (its
+    /// embedded warm jails are possible).
+    pub fn has_zygote(&self, template: &str) -> bool {
+        self.zygotes().get(template).is_some_and(Zygote::alive)
     }
 
     /// The jail launcher's pid while it answers (`None`: every helper is
@@ -632,9 +651,21 @@ impl Sandbox {
             .map(Launcher::pid)
     }
 
-    /// What the fork-server reported at start-up, if it runs.
-    pub fn zygote_info(&self) -> Option<&ZygoteInfo> {
-        self.inner.zygote.get().map(Zygote::info)
+    /// What the fork-server of `template` reported at start-up, if it
+    /// runs.
+    pub fn zygote_info(&self, template: &str) -> Option<ZygoteInfo> {
+        self.zygotes().get(template).map(|z| z.info().clone())
+    }
+
+    /// Every fork-server started (alive or not), by template name, sorted.
+    pub fn zygote_infos(&self) -> Vec<(String, ZygoteInfo)> {
+        let mut all: Vec<_> = self
+            .zygotes()
+            .iter()
+            .map(|(name, z)| (name.clone(), z.info().clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
     }
 }
 
@@ -649,6 +680,9 @@ pub struct ParkSpec {
     /// Files under `/etc/kiln/` in the jail (a runtime's bootstrap).
     pub etc_files: Vec<(String, String)>,
     pub seccomp_profile: String,
+    /// [`ParkMode::Embedded`]: the name of the template (fork-server) the
+    /// program is forked from.
+    pub template: String,
 }
 
 impl ParkSpec {
@@ -660,6 +694,7 @@ impl ParkSpec {
             env: Vec::new(),
             etc_files: Vec::new(),
             seccomp_profile: seccomp::DEFAULT_PROFILE.to_owned(),
+            template: String::new(),
         }
     }
 }

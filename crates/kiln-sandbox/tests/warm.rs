@@ -149,6 +149,7 @@ async fn a_prestarted_program_reads_the_go_on_stdin_and_sees_its_etc_files() {
             ("../escape".into(), "refused".into()),
         ],
         seccomp_profile: "default".into(),
+        ..ParkSpec::exec()
     };
     let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
     let req = go(&jail, &["/bin/ignored"], limits());
@@ -197,17 +198,21 @@ async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_othe
         }
     };
     let info = sb
-        .start_zygote(&ZygoteConfig {
-            libpython,
-            preload: PRELOAD.into(),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        })
+        .start_zygote(
+            "py",
+            &ZygoteConfig {
+                libpython,
+                preload: PRELOAD.into(),
+                env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            },
+        )
         .await
         .expect("fork-server starts");
     assert!(info.rss_bytes > 0);
-    assert!(sb.has_zygote());
+    assert!(sb.has_zygote("py"));
     let spec = ParkSpec {
         mode: ParkMode::Embedded,
+        template: "py".into(),
         ..ParkSpec::exec()
     };
     let slot = sb.acquire_slot().await;

@@ -78,15 +78,19 @@ async fn the_fork_server_reaps_any_child_and_its_death_takes_its_programs() {
         }
     };
     let info = sb
-        .start_zygote(&ZygoteConfig {
-            libpython,
-            preload: PRELOAD.into(),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        })
+        .start_zygote(
+            "py",
+            &ZygoteConfig {
+                libpython,
+                preload: PRELOAD.into(),
+                env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            },
+        )
         .await
         .expect("fork-server starts");
     let spec = ParkSpec {
         mode: ParkMode::Embedded,
+        template: "py".into(),
         ..ParkSpec::exec()
     };
     let slot = sb.acquire_slot().await;

@@ -98,6 +98,11 @@ pub struct Config {
     /// Start the Python fork-server: warm `py` jails are forks of an
     /// interpreter that imported numpy, pandas and matplotlib once.
     pub python_zygote: bool,
+    /// Which preloaded Python templates the fork-servers hold: `auto` (a
+    /// lean one, the interpreter and common stdlib modules, and a rich one,
+    /// the data stack too; each run forks the one its imports need), `lean`
+    /// or `rich` (only that one, for every run).
+    pub python_template: String,
     /// How long a finished run stays retrievable at `/v1/runs/{run_id}`, seconds.
     pub run_retention_secs: u64,
     /// Most memory finished runs kept for retrieval may hold, MiB (the oldest go first).
@@ -172,6 +177,7 @@ impl Default for Config {
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,
+            python_template: "auto".into(),
             run_retention_secs: 600,
             run_retention_mb: 64,
             rate_limit_runs: 0,
@@ -270,10 +276,24 @@ impl Config {
         if self.egress_max_concurrent == 0 || self.egress_max_per_run == 0 {
             bail!("egress_max_concurrent and egress_max_per_run must be at least 1");
         }
+        self.python_template_only()?;
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");
         }
         Ok(())
+    }
+
+    /// The one Python template to start (`None`: all, chosen per run).
+    pub fn python_template_only(
+        &self,
+    ) -> anyhow::Result<Option<kiln_core::lang::pyimports::PyTemplate>> {
+        use kiln_core::lang::pyimports::PyTemplate;
+        match self.python_template.as_str() {
+            "auto" => Ok(None),
+            "lean" => Ok(Some(PyTemplate::Lean)),
+            "rich" => Ok(Some(PyTemplate::Rich)),
+            other => bail!("python_template must be auto, lean or rich, not {other:?}"),
+        }
     }
 
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {

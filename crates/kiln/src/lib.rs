@@ -93,6 +93,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         // (embedded py) starts in the background
         let zygote = config.python_zygote.then(|| ZygoteStart {
             config_dir: zygote_config_dir(&data),
+            only: config.python_template_only().unwrap_or(None),
         });
         JailSource::warm(
             sandbox,

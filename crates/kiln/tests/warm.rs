@@ -159,12 +159,47 @@ fn outcome(v: &Value) -> Value {
 }
 
 async fn warm_server() -> kiln::testing::TestServer {
-    let s = server().await;
-    assert!(
-        s.wait_warm("py", Duration::from_secs(90)).await,
-        "the fork-server must be up (libpython and the data stack are installed by scripts/install-runtimes.sh)"
-    );
+    warm_server_with("auto").await
+}
+
+/// A warm server whose fork-servers hold `template` (`auto`: both).
+async fn warm_server_with(template: &str) -> kiln::testing::TestServer {
+    let s = server_with(|c| c.python_template = template.to_owned()).await;
+    let profiles: &[&str] = match template {
+        "lean" => &["py-lean"],
+        "rich" => &["py"],
+        _ => &["py-lean", "py"],
+    };
+    for profile in profiles {
+        assert!(
+            s.wait_warm(profile, Duration::from_secs(120)).await,
+            "the {profile} fork-server must be up (libpython and the data stack are installed by scripts/install-runtimes.sh)"
+        );
+    }
     s
+}
+
+/// Runs every case on `warm` and on `cold`; the differences, if any.
+async fn differences(
+    warm: &kiln::testing::TestServer,
+    cold: &kiln::testing::TestServer,
+) -> Vec<String> {
+    let mut differences = Vec::new();
+    for (name, lang, code, args) in CASES {
+        let body = json!({"lang": lang, "code": code, "args": args});
+        let (ws, w) = exec_raw(warm, body.clone()).await;
+        let (cs, c) = exec_raw(cold, body).await;
+        assert_eq!((ws, cs), (200, 200), "{name}: {w} / {c}");
+        let (w, c) = (outcome(&w), outcome(&c));
+        if w != c {
+            differences.push(format!("{name}:\n  warm {w}\n  cold {c}"));
+        }
+    }
+    differences
+}
+
+fn py_cases() -> u64 {
+    CASES.iter().filter(|c| c.1 == "py").count() as u64
 }
 
 #[tokio::test]
@@ -172,29 +207,123 @@ async fn warm_and_cold_runs_give_identical_results() {
     let warm = warm_server().await;
     let cold = server_with(|c| c.warm_jails = 0).await;
     assert!(cold.warm.is_none());
-    let mut differences = Vec::new();
-    for (name, lang, code, args) in CASES {
-        let body = json!({"lang": lang, "code": code, "args": args});
-        let (ws, w) = exec_raw(&warm, body.clone()).await;
-        let (cs, c) = exec_raw(&cold, body).await;
-        assert_eq!((ws, cs), (200, 200), "{name}: {w} / {c}");
-        let (w, c) = (outcome(&w), outcome(&c));
-        if w != c {
-            differences.push(format!("{name}:\n  warm {w}\n  cold {c}"));
-        }
-    }
+    let differences = differences(&warm, &cold).await;
     assert!(differences.is_empty(), "{}", differences.join("\n"));
     let stats = warm.warm.as_ref().expect("pool").stats();
-    let py = &stats["py"];
+    // each program took the template its imports need
+    let (lean, rich) = (&stats["py-lean"], &stats["py"]);
+    assert_eq!(
+        lean.hits + lean.misses + rich.hits + rich.misses,
+        py_cases(),
+        "every py case ran in an embedded jail: {stats:?}"
+    );
     assert!(
-        py.hits + py.misses >= 20,
-        "py ran in embedded jails: {py:?}"
+        lean.hits + lean.misses >= 15,
+        "stdlib-only programs forked the lean template: {lean:?}"
+    );
+    assert!(
+        rich.hits + rich.misses >= 1,
+        "pandas forked the rich template: {rich:?}"
     );
     let js = &stats["js"];
     assert!(
         js.hits + js.misses >= 5,
         "js ran in pre-started jails: {js:?}"
     );
+}
+
+/// A wrong guess costs time, never behaviour: every program, whatever it
+/// imports, gives the same result in either template as in a cold run.
+#[tokio::test]
+async fn every_template_runs_every_case_like_a_cold_run() {
+    let cold = server_with(|c| c.warm_jails = 0).await;
+    for (template, profile) in [("lean", "py-lean"), ("rich", "py")] {
+        let warm = warm_server_with(template).await;
+        let differences = differences(&warm, &cold).await;
+        assert!(
+            differences.is_empty(),
+            "{template} template:\n{}",
+            differences.join("\n")
+        );
+        let stats = warm.warm.as_ref().expect("pool").stats();
+        let ran = &stats[profile];
+        assert_eq!(ran.hits + ran.misses, py_cases(), "{template}: {stats:?}");
+        drop(warm);
+    }
+}
+
+/// Code the import scan cannot see through (an import by a computed name)
+/// runs in the lean template, which then imports pandas and pyplot itself:
+/// slower, but with the same result as a cold run, plt.show() hook included.
+#[tokio::test]
+async fn a_lean_chosen_run_that_imports_pandas_dynamically_still_works() {
+    let code = "imp = getattr(__builtins__, '__imp' + 'ort__')\n\
+                pd = imp('pandas')\n\
+                plt = imp('matplotlib.pyplot', fromlist=['show'])\n\
+                df = pd.DataFrame({'x': [1, 2, 3], 'y': [2, 4, 8]})\n\
+                print(df['y'].sum())\n\
+                df.plot(x='x', y='y')\n\
+                plt.show()";
+    let py = kiln_core::Language::resolve("py").expect("py");
+    assert_eq!(
+        py.warm_profile_for(code),
+        "py-lean",
+        "the scan must be fooled"
+    );
+    let warm = warm_server().await;
+    let cold = server_with(|c| c.warm_jails = 0).await;
+    let w = exec(&warm, json!({"lang": "py", "code": code})).await;
+    let c = exec(&cold, json!({"lang": "py", "code": code})).await;
+    assert_eq!(w["stdout"], "14\n", "{w}");
+    assert_eq!(outcome(&w), outcome(&c));
+    assert_eq!(outcome(&w)["files"], json!(["plot_1.png"]), "{w}");
+    let stats = warm.warm.as_ref().expect("pool").stats();
+    let lean = &stats["py-lean"];
+    assert_eq!(lean.hits + lean.misses, 1, "{stats:?}");
+}
+
+/// Labels in Chinese, Japanese and Korean are drawn with a CJK font's
+/// glyphs (no "Glyph ... missing" warning), and the picture differs from
+/// the same text drawn without the fallback (boxes), cold and warm.
+#[tokio::test]
+async fn plots_draw_chinese_japanese_and_korean_labels_with_real_glyphs() {
+    let code = r#"import warnings
+import matplotlib.pyplot as plt
+from matplotlib import font_manager as fm
+warnings.simplefilter("always")
+
+def draw():
+    fig, ax = plt.subplots(figsize=(4, 1))
+    ax.set_title("中文标题 日本語のラベル 한국어 라벨")
+    fig.canvas.draw()
+    return bytes(fig.canvas.buffer_rgba())
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    real = draw()
+    plt.show()
+print("missing glyphs:", [str(w.message) for w in caught if "Glyph" in str(w.message)])
+print("cjk font in the fallback list:", any("wqy" in p.lower() or "cjk" in p.lower() for p in fm.fontManager._find_fonts_by_props(fm.FontProperties())))
+fm.FontManager._find_fonts_by_props = fm.FontManager._find_fonts_by_props.__wrapped__
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    boxes = draw()
+print("without it, glyphs are missing:", any("Glyph" in str(w.message) for w in caught))
+print("the real glyphs differ from boxes:", real != boxes)
+"#;
+    let expected = "missing glyphs: []\ncjk font in the fallback list: True\n\
+                    without it, glyphs are missing: True\nthe real glyphs differ from boxes: True\n";
+    let warm = warm_server_with("rich").await;
+    let cold = server_with(|c| c.warm_jails = 0).await;
+    for (kind, s) in [("warm", &warm), ("cold", &cold)] {
+        let r = exec(s, json!({"lang": "py", "code": code})).await;
+        assert_eq!(r["stdout"], expected, "{kind}: {r}");
+        assert!(
+            !r["stderr"].as_str().unwrap_or("").contains("Glyph"),
+            "{kind}: {r}"
+        );
+        assert_eq!(outcome(&r)["files"], json!(["plot_1.png"]), "{kind}: {r}");
+    }
 }
 
 #[tokio::test]

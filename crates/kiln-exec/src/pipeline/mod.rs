@@ -122,7 +122,8 @@ impl Executor {
         });
         let profile = match services {
             Some(_) => kiln_sandbox::COLD_PROFILE,
-            None => lang.warm_profile(),
+            // py: the template its imports need
+            None => lang.warm_profile_for(&req.code),
         };
 
         // workspace: a jail (parked, or built per step), the output

@@ -11,8 +11,9 @@
 # main.py (in the current directory) as __main__, then shuts down the way
 # CPython's Py_FinalizeEx does and ends the process with os._exit(status).
 #
-# What the preload does: imports the data stack (numpy, pandas, matplotlib on
-# Agg, pyplot) and common stdlib modules, seeds matplotlib's font cache, makes
+# What the preload does: imports common stdlib modules and this template's own
+# modules (_kiln_preload, set in front of this file by the language table: the
+# rich template's data stack, none for the lean one), seeds matplotlib's font cache, makes
 # plt.show() save plot_<n>.png (like sitecustomize.py), then gc.freeze()s it
 # all so the children share the pages. It never runs user code.
 #
@@ -55,7 +56,7 @@ def _kiln_template():
         "subprocess sys tempfile textwrap threading time traceback types typing "
         "unicodedata urllib.parse uuid warnings weakref zipfile"
     ).split()
-    data_stack = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
+    data_stack = _kiln_preload  # this template's own modules, set in front of this file
 
     # The jail's values, read once at import by numpy's BLAS and matplotlib. A
     # BLAS thread started here would not survive the fork.
@@ -95,6 +96,8 @@ def _kiln_template():
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         _kiln_patch_pyplot(plt, lambda: output_dir[0])
+    else:  # a template without pyplot patches it when a program imports it, as cold runs do
+        _kiln_hook_pyplot(lambda: output_dir[0])
 
     # sys.unraisablehook takes only this struct type; it is not exported, so
     # catch one instance of it.
@@ -563,4 +566,4 @@ def _kiln_template():
 
 
 _kiln_template()
-del _kiln_template, _kiln_patch_pyplot, _kiln_seed_font_cache
+del _kiln_template, _kiln_patch_pyplot, _kiln_seed_font_cache, _kiln_hook_pyplot, _kiln_preload
