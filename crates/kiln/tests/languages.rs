@@ -733,6 +733,37 @@ async fn r_plots_go_to_png_files_through_cairo() {
     }
 }
 
+/// R's Cairo devices take their fonts from fontconfig: inside a jail it
+/// resolves Chinese, Japanese and Korean text to the CJK font of the runtime
+/// set, and a plot titled in all three renders without a warning.
+#[tokio::test]
+async fn r_plots_find_a_cjk_font_through_fontconfig() {
+    if !runtime_present("r") {
+        return;
+    }
+    let s = server().await;
+    let fc = run(
+        &s,
+        "bash",
+        "for lang in zh-cn ja ko; do fc-match -f '%{family[0]}\\n' \"sans:lang=$lang\"; done",
+    )
+    .await;
+    assert_eq!(
+        fc["stdout"], "WenQuanYi Micro Hei\nWenQuanYi Micro Hei\nWenQuanYi Micro Hei\n",
+        "{fc}"
+    );
+    let r = run(
+        &s,
+        "r",
+        "png('cjk.png', width = 480, height = 240)\n\
+         plot(1:3, main = '中文标题 日本語のラベル 한국어 라벨')\n\
+         invisible(dev.off())",
+    )
+    .await;
+    assert_eq!(r["stderr"], "", "{r}");
+    assert_eq!(names(&r), ["cjk.png"], "{r}");
+}
+
 #[tokio::test]
 async fn java_runs_whatever_the_public_class_is_called() {
     if !runtime_present("java") {
