@@ -126,10 +126,21 @@ impl EmbeddedTemplate {
     }
 }
 
-/// The Python templates: the lean one's fork and exit are cheap, the rich
-/// one holds what analysis code imports (each of these takes 0.2 to 2 s to
-/// import cold).
+/// The Python templates, smallest first: the bigger a template, the more
+/// CPU a run's fork and exit cost (the lean one's are cheap), and the more
+/// of what analysis code imports is already loaded (each of the rich one's
+/// own modules takes 0.2 to 2 s to import cold).
 const PY_TEMPLATES: &[EmbeddedTemplate] = &[
+    EmbeddedTemplate {
+        kind: pyimports::PyTemplate::Lean,
+        profile: "py-lean",
+        modules: &[],
+    },
+    EmbeddedTemplate {
+        kind: pyimports::PyTemplate::Data,
+        profile: "py-data",
+        modules: &["numpy", "pandas", "matplotlib", "matplotlib.pyplot"],
+    },
     EmbeddedTemplate {
         kind: pyimports::PyTemplate::Rich,
         profile: "py",
@@ -149,11 +160,6 @@ const PY_TEMPLATES: &[EmbeddedTemplate] = &[
             "statsmodels.api",
             "statsmodels.formula.api",
         ],
-    },
-    EmbeddedTemplate {
-        kind: pyimports::PyTemplate::Lean,
-        profile: "py-lean",
-        modules: &[],
     },
 ];
 
@@ -631,22 +637,31 @@ impl Language {
     }
 
     /// The other embedded templates' profiles of the runtime whose template
-    /// `profile` is: where a run goes when its own template is not up (a
-    /// template runs any program; only its speed differs).
+    /// `profile` is, in the order a run should take them when its own
+    /// template is not up: the bigger ones from the nearest (they hold what
+    /// it imports), then the smaller ones from the nearest (any template
+    /// runs any program; only its speed differs).
     pub fn sibling_profiles(profile: &str) -> Vec<&'static str> {
-        Language::all()
+        let Some(ts) = Language::all()
             .filter_map(|l| match &l.0.warm {
                 Some(WarmRecipe::Embedded { templates, .. }) => Some(*templates),
                 _ => None,
             })
             .find(|ts| ts.iter().any(|t| t.profile == profile))
-            .map(|ts| {
-                ts.iter()
-                    .map(|t| t.profile)
-                    .filter(|p| *p != profile)
-                    .collect()
-            })
-            .unwrap_or_default()
+        else {
+            return Vec::new();
+        };
+        let own = ts.iter().find(|t| t.profile == profile).map(|t| t.kind);
+        let mut bigger: Vec<&EmbeddedTemplate> = ts.iter().filter(|t| Some(t.kind) > own).collect();
+        let mut smaller: Vec<&EmbeddedTemplate> =
+            ts.iter().filter(|t| Some(t.kind) < own).collect();
+        bigger.sort_by_key(|t| t.kind);
+        smaller.sort_by_key(|t| std::cmp::Reverse(t.kind));
+        bigger
+            .into_iter()
+            .chain(smaller)
+            .map(|t| t.profile)
+            .collect()
     }
 
     /// The prestart argv of its warm recipe, placeholders filled.
@@ -1000,36 +1015,48 @@ mod tests {
             py.warm_profile_for("import json\nprint(json.dumps(1))"),
             "py-lean"
         );
-        assert_eq!(py.warm_profile_for("import pandas as pd"), "py");
+        assert_eq!(py.warm_profile_for("import pandas as pd"), "py-data");
+        assert_eq!(py.warm_profile_for("import seaborn"), "py");
         assert_eq!(py.warm_profile_for("__import__('os')"), "py");
         // the rich template is the runtime's own profile (the default)
         assert_eq!(py.warm_profile(), "py");
         // other runtimes ignore the code
         let js = Language::resolve("js").unwrap();
         assert_eq!(js.warm_profile_for("require('fs')"), "js");
-        assert_eq!(Language::sibling_profiles("py-lean"), ["py"]);
-        assert_eq!(Language::sibling_profiles("py"), ["py-lean"]);
+        assert_eq!(Language::sibling_profiles("py-lean"), ["py-data", "py"]);
+        assert_eq!(Language::sibling_profiles("py-data"), ["py", "py-lean"]);
+        assert_eq!(Language::sibling_profiles("py"), ["py-data", "py-lean"]);
         assert!(Language::sibling_profiles("js").is_empty());
     }
 
     #[test]
-    fn the_rich_template_preloads_its_modules_and_the_lean_one_none() {
-        let rich = PY_TEMPLATES.iter().find(|t| t.profile == "py").unwrap();
-        let lean = PY_TEMPLATES
-            .iter()
-            .find(|t| t.profile == "py-lean")
-            .unwrap();
+    fn each_template_preloads_its_modules_and_the_lean_one_none() {
+        let get = |p: &str| PY_TEMPLATES.iter().find(|t| t.profile == p).unwrap();
+        let (lean, data, rich) = (get("py-lean"), get("py-data"), get("py"));
         assert!(
             rich.preload()
                 .contains("_kiln_preload = (\"numpy\", \"pandas\"")
         );
         assert!(rich.preload().contains("\"statsmodels.api\""));
+        assert!(data.preload().contains(
+            "\n_kiln_preload = (\"numpy\", \"pandas\", \"matplotlib\", \"matplotlib.pyplot\", )\n"
+        ));
         assert!(lean.preload().contains("\n_kiln_preload = ()\n"));
-        // every module a template preloads is one the scan sends to it
-        for m in rich.modules {
+        // a bigger template holds everything a smaller one does
+        for m in data.modules {
+            assert!(rich.modules.contains(m), "{m}");
+        }
+        // the scan sends every module a template preloads to that template or a smaller one
+        for t in PY_TEMPLATES {
+            for m in t.modules {
+                let chosen = pyimports::choose_template(&format!("import {m}"));
+                assert!(chosen <= t.kind, "{m}: {chosen:?} for {:?}", t.kind);
+            }
+        }
+        for m in data.modules {
             assert_eq!(
                 pyimports::choose_template(&format!("import {m}")),
-                rich.kind,
+                data.kind,
                 "{m}"
             );
         }

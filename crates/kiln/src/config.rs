@@ -99,9 +99,11 @@ pub struct Config {
     /// interpreter that imported numpy, pandas and matplotlib once.
     pub python_zygote: bool,
     /// Which preloaded Python templates the fork-servers hold: `auto` (a
-    /// lean one, the interpreter and common stdlib modules, and a rich one,
-    /// the data stack too; each run forks the one its imports need), `lean`
-    /// or `rich` (only that one, for every run).
+    /// lean one, the interpreter and common stdlib modules; a data one with
+    /// numpy, pandas and matplotlib; a rich one with seaborn, scipy,
+    /// scikit-learn and statsmodels too; each run forks the smallest its
+    /// imports need), or `lean`, `data` or `rich` (only that one, for every
+    /// run).
     pub python_template: String,
     /// How long a finished run stays retrievable at `/v1/runs/{run_id}`, seconds.
     pub run_retention_secs: u64,
@@ -173,7 +175,7 @@ impl Default for Config {
             insecure_allow_degraded_sandbox: false,
             log_format: "text".into(),
             jail_helper: None,
-            warm_jails: 4,
+            warm_jails: 5,
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,
@@ -291,8 +293,9 @@ impl Config {
         match self.python_template.as_str() {
             "auto" => Ok(None),
             "lean" => Ok(Some(PyTemplate::Lean)),
+            "data" => Ok(Some(PyTemplate::Data)),
             "rich" => Ok(Some(PyTemplate::Rich)),
-            other => bail!("python_template must be auto, lean or rich, not {other:?}"),
+            other => bail!("python_template must be auto, lean, data or rich, not {other:?}"),
         }
     }
 

@@ -43,6 +43,9 @@ pub struct Kiln {
 /// Open storage, probe and set up the sandbox, build the executor and the
 /// run registry.
 pub async fn build(config: Config) -> anyhow::Result<Kiln> {
+    // the recorder first: what starts in the background (the fork-servers'
+    // gauges) records before `serve` runs
+    let _ = metrics_handle();
     let data = &config.data_dir;
     std::fs::create_dir_all(data).with_context(|| format!("create data dir {}", data.display()))?;
     let data = data

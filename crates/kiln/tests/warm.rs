@@ -107,6 +107,13 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &[],
     ),
     (
+        "seaborn and scikit-learn",
+        "py",
+        "import seaborn as sns\nfrom sklearn.linear_model import LinearRegression\n\
+         print(sns.__name__, LinearRegression().fit([[0], [1], [2]], [1, 3, 5]).coef_.round(6).tolist())",
+        &[],
+    ),
+    (
         "input is eof",
         "py",
         "try:\n    input()\nexcept EOFError:\n    print('eof')",
@@ -167,8 +174,9 @@ async fn warm_server_with(template: &str) -> kiln::testing::TestServer {
     let s = server_with(|c| c.python_template = template.to_owned()).await;
     let profiles: &[&str] = match template {
         "lean" => &["py-lean"],
+        "data" => &["py-data"],
         "rich" => &["py"],
-        _ => &["py-lean", "py"],
+        _ => &["py-lean", "py-data", "py"],
     };
     for profile in profiles {
         assert!(
@@ -210,20 +218,21 @@ async fn warm_and_cold_runs_give_identical_results() {
     let differences = differences(&warm, &cold).await;
     assert!(differences.is_empty(), "{}", differences.join("\n"));
     let stats = warm.warm.as_ref().expect("pool").stats();
-    // each program took the template its imports need
-    let (lean, rich) = (&stats["py-lean"], &stats["py"]);
-    assert_eq!(
-        lean.hits + lean.misses + rich.hits + rich.misses,
-        py_cases(),
-        "every py case ran in an embedded jail: {stats:?}"
-    );
+    // each program took the template the scan picks for it, and every one of the three
+    // took some
+    let py = kiln_core::Language::resolve("py").expect("py");
+    for profile in ["py-lean", "py-data", "py"] {
+        let expected = CASES
+            .iter()
+            .filter(|c| c.1 == "py" && py.warm_profile_for(c.2) == profile)
+            .count() as u64;
+        let ran = stats[profile].hits + stats[profile].misses;
+        assert_eq!(ran, expected, "{profile}: {stats:?}");
+        assert!(ran >= 1, "{profile}: {stats:?}");
+    }
     assert!(
-        lean.hits + lean.misses >= 15,
-        "stdlib-only programs forked the lean template: {lean:?}"
-    );
-    assert!(
-        rich.hits + rich.misses >= 1,
-        "pandas forked the rich template: {rich:?}"
+        stats["py-lean"].hits + stats["py-lean"].misses >= 15,
+        "{stats:?}"
     );
     let js = &stats["js"];
     assert!(
@@ -237,7 +246,7 @@ async fn warm_and_cold_runs_give_identical_results() {
 #[tokio::test]
 async fn every_template_runs_every_case_like_a_cold_run() {
     let cold = server_with(|c| c.warm_jails = 0).await;
-    for (template, profile) in [("lean", "py-lean"), ("rich", "py")] {
+    for (template, profile) in [("lean", "py-lean"), ("data", "py-data"), ("rich", "py")] {
         let warm = warm_server_with(template).await;
         let differences = differences(&warm, &cold).await;
         assert!(
@@ -313,7 +322,7 @@ print("the real glyphs differ from boxes:", real != boxes)
 "#;
     let expected = "missing glyphs: []\ncjk font in the fallback list: True\n\
                     without it, glyphs are missing: True\nthe real glyphs differ from boxes: True\n";
-    let warm = warm_server_with("rich").await;
+    let warm = warm_server_with("data").await;
     let cold = server_with(|c| c.warm_jails = 0).await;
     for (kind, s) in [("warm", &warm), ("cold", &cold)] {
         let r = exec(s, json!({"lang": "py", "code": code})).await;

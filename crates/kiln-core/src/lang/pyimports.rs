@@ -1,11 +1,13 @@
 //! Which warm Python template a program should be forked from, decided by a
 //! static scan of its imports.
 //!
-//! The fork-server keeps two templates (see `warm/python_template.py`): a
-//! lean one (the interpreter and the stdlib modules scripts use most) and a
-//! rich one (the data stack on top). Forking and tearing down the rich one
-//! costs more, so a program that imports only the standard library runs in
-//! the lean one. The scan is deliberately simple and errs towards rich:
+//! Kiln keeps three templates, one fork-server each (see
+//! `warm/python_template.py`): a lean one (the interpreter and the stdlib
+//! modules scripts use most), a data one (numpy, pandas, matplotlib on top)
+//! and a rich one (seaborn, scipy, scikit-learn, statsmodels too). Forking
+//! and tearing down a bigger template costs more CPU per run, so a program
+//! runs in the smallest one that holds what it imports. The scan is
+//! deliberately simple and errs towards rich:
 //! every `import a.b` / `from a.b import c` anywhere (inside functions,
 //! `try`, after `;` or `:`) counts, strings and comments are skipped, and
 //! anything that imports by name at run time (`__import__`, `importlib`,
@@ -15,15 +17,20 @@
 
 use std::collections::BTreeSet;
 
-/// The two templates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The templates, smallest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PyTemplate {
     /// The interpreter and common stdlib modules.
     Lean,
-    /// Lean plus the data stack (numpy, pandas, matplotlib, seaborn, scipy,
-    /// scikit-learn, statsmodels).
+    /// Lean plus numpy, pandas and matplotlib ([`DATA_MODULES`]).
+    Data,
+    /// Data plus seaborn, scipy, scikit-learn and statsmodels: every other
+    /// module, and any program the scan cannot see through.
     Rich,
 }
+
+/// Top-level modules the data template holds (or imports cheaply).
+pub const DATA_MODULES: &[&str] = &["numpy", "pandas", "matplotlib", "mpl_toolkits", "pylab"];
 
 /// What a scan found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,18 +43,22 @@ pub struct PyImports {
 }
 
 impl PyImports {
-    /// The template that holds (or cheaply imports) everything found.
+    /// The smallest template that holds (or cheaply imports) everything
+    /// found.
     pub fn template(&self) -> PyTemplate {
-        if self.dynamic
-            || self
-                .modules
-                .iter()
-                .any(|m| !is_stdlib(m) || RUNS_IMPORTS_BY_NAME.contains(&m.as_str()))
-        {
-            PyTemplate::Rich
-        } else {
-            PyTemplate::Lean
+        if self.dynamic {
+            return PyTemplate::Rich;
         }
+        self.modules
+            .iter()
+            .map(|m| match m.as_str() {
+                m if RUNS_IMPORTS_BY_NAME.contains(&m) => PyTemplate::Rich,
+                m if is_stdlib(m) => PyTemplate::Lean,
+                m if DATA_MODULES.contains(&m) => PyTemplate::Data,
+                _ => PyTemplate::Rich,
+            })
+            .max()
+            .unwrap_or(PyTemplate::Lean)
     }
 }
 
@@ -505,10 +516,21 @@ mod tests {
     }
 
     #[test]
-    fn third_party_or_unknown_modules_take_the_rich_template() {
+    fn numpy_pandas_and_matplotlib_take_the_data_template() {
         for code in [
             "import pandas as pd",
             "import os\nfrom matplotlib import pyplot",
+            "import numpy as np\nimport json\nfrom mpl_toolkits.mplot3d import Axes3D",
+        ] {
+            assert_eq!(choose_template(code), PyTemplate::Data, "{code}");
+        }
+    }
+
+    #[test]
+    fn other_third_party_or_unknown_modules_take_the_rich_template() {
+        for code in [
+            "import pandas as pd\nimport seaborn as sns",
+            "import statsmodels.api as sm",
             "def f():\n    import sklearn",
             "import my_helper_module",
             "import requests",
