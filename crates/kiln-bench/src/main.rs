@@ -134,7 +134,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
             machine.nproc
         ),
         "Kiln latency is client-side: HTTP request sent → whole response read, over loopback with a pooled connection; baseline latency is spawn → exit with output read.".into(),
-        "Every answer is verified (stdout value, and for B that plot.png is among the outputs); failed requests are excluded from latencies and counted in `verified`.".into(),
+        "Every answer is verified (stdout value, and for B that plot.png is among the outputs; for B2 stdout equal to the baseline's and the heatmap among the outputs); failed requests are excluded from latencies and counted in `verified`.".into(),
     ];
     if settings.scenarios.contains(&Scenario::D) {
         notes.push(

@@ -82,9 +82,6 @@ const RUNS_IMPORTS_BY_NAME: &[&str] = &[
     "pkgutil",
     "imp",
     "zipimport",
-    "code",
-    "multiprocessing",
-    "concurrent",
 ];
 
 /// Names that import (or run code that may import) by name at run time.

@@ -278,9 +278,10 @@ async fn a_run_stages_the_code_runs_it_and_stores_its_outputs() {
     let run_usage = r.usage.run.expect("run step usage");
     assert_eq!(run_usage.cpu, Some(Duration::from_millis(7)));
     assert!(r.usage.compile.is_none());
-    // the py warm profile, the run argv from the language table
+    // the warm profile of the template its imports need (stdlib only: the
+    // lean one), the run argv from the language table
     let seen = f.jails.seen.lock().unwrap();
-    assert_eq!(seen[0].0, "py");
+    assert_eq!(seen[0].0, "py-lean");
     assert_eq!(seen[0].1, [vec!["/usr/bin/python3", "-u", "main.py"]]);
     // events: queued, started, output, file, done — output as the result
     let ev = events(&run);
@@ -335,8 +336,10 @@ async fn plotting_code_gets_the_plot_hook_and_compiled_code_a_build_dir() {
         "a successful compile's output is not the result's"
     );
     assert!(r.usage.compile.is_some() && r.usage.run.is_some());
-    // both steps in one jail, taken as the generic warm profile
+    // pyplot: the data template's profile; both of c's steps in one jail,
+    // taken as the generic warm profile
     let seen = f.jails.seen.lock().unwrap();
+    assert_eq!(seen[0].0, "py-data");
     assert_eq!(seen[1].0, "exec");
     assert_eq!(seen[1].1.len(), 2);
     let ev = events(&run);
