@@ -93,13 +93,6 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let idle = server.rss();
     let pool_idle = machine::descendants(server.pid());
-    let templates = match kiln.metrics().await {
-        Ok(text) => prom::parse_zygote_pids(&text)
-            .iter()
-            .map(|(t, pid)| machine::template_memory(t, *pid))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
 
     let ctx = scenarios::Ctx {
         settings: &settings,
@@ -125,6 +118,15 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     };
 
     let after = server.rss();
+    // the templates after the run: the rich one's preload may outlast the idle wait, and a
+    // fork-server's own memory does not grow with runs (it never runs user code)
+    let templates = match kiln.metrics().await {
+        Ok(text) => prom::parse_zygote_pids(&text)
+            .iter()
+            .map(|(t, pid)| machine::template_memory(t, *pid))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
     let phases_total = ctx.phases().await;
     let stopped = server.stop(opts.stop_timeout).await;
 

@@ -127,7 +127,7 @@ pub struct ServerReport {
     /// warm jails (reported apart from the server's own memory).
     #[serde(default)]
     pub pool_idle: Descendants,
-    /// Each Python template's fork-server when idle.
+    /// Each Python template's fork-server, read after the last scenario.
     #[serde(default)]
     pub templates: Vec<TemplateMemory>,
     /// The answer of `GET /v1/health` (languages and versions).
@@ -262,7 +262,7 @@ impl Report {
 
         if !self.server.templates.is_empty() {
             s.push_str(
-                "\n| Python template (fork-server) | RSS | PSS | private |\n|---|---:|---:|---:|\n",
+                "\n| Python template (fork-server, after the run) | RSS | PSS | private |\n|---|---:|---:|---:|\n",
             );
             for t in &self.server.templates {
                 let _ = writeln!(
