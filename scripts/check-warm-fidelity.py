@@ -35,7 +35,7 @@ LANG_DIR = os.path.join(ROOT, "crates", "kiln-core", "src", "lang")
 WARM_DIR = os.path.join(LANG_DIR, "warm")
 PYTHON = "/usr/bin/python3"
 NODE = "/usr/bin/node"
-# the template's own modules (--template): the rich one's core, or none (lean)
+# the template's own modules (--template): the data template's, or none (lean)
 PRELOAD_MODULES = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 # kiln_core::lang: sitecustomize.py is staged for code that mentions these
 SITECUSTOMIZE_WHEN = ("matplotlib", "seaborn", "pylab")
@@ -425,8 +425,8 @@ def main():
     parser.add_argument("--node-mode", choices=("main", "preload"), default="preload",
                         help="start node_warm.js as the main module or as a --require preload")
     parser.add_argument("--timeout", type=float, default=60.0)
-    parser.add_argument("--template", choices=("rich", "lean"), default="rich",
-                        help="the simulated fork-server's template (rich: its data stack core)")
+    parser.add_argument("--template", choices=("data", "lean"), default="data",
+                        help="the simulated fork-server's template (numpy, pandas, matplotlib; or none)")
     parser.add_argument("--bench", type=int, metavar="N", help="measure latencies over N runs")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every difference")
     args = parser.parse_args()
