@@ -219,6 +219,7 @@ impl Harness {
             .block_on(Store::open(StoreConfig {
                 dir: dir.path().to_path_buf(),
                 retention: Duration::from_secs(3600),
+                budget: Default::default(),
             }))
             .expect("open the harness's store");
         let state = |require_identity: bool| {

@@ -56,7 +56,7 @@ impl Default for ApiConfig {
             require_identity: false,
             max_upload_bytes: 25 * 1024 * 1024,
             max_batch_files: 200,
-            max_json_bytes: 50 * 1024 * 1024,
+            max_json_bytes: 10 * 1024 * 1024,
             tenant: "local".to_owned(),
             max_run_files: 10,
             metrics_require_key: false,

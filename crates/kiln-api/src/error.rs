@@ -86,6 +86,13 @@ pub enum ApiError {
     /// Reading the request body failed (client went away, bad framing).
     #[error("reading the request body failed: {0}")]
     ReadBody(String),
+    /// A store budget (the caller's quota, the disk's free-space floor)
+    /// refused the bytes (507).
+    #[error("storage refused: {0}")]
+    InsufficientStorage(StoreError),
+    /// The client paused sending the body longer than allowed.
+    #[error("the request body stalled")]
+    BodyTimeout,
     /// New work refused because the server is shutting down.
     #[error("service is shutting down")]
     ShuttingDown,
@@ -138,6 +145,24 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The message a client is shown for the storage refusals.
+    pub fn message(&self) -> String {
+        match self {
+            ApiError::InsufficientStorage(StoreError::QuotaExceeded { quota }) => format!(
+                "Storage quota exceeded: your stored files may take at most {} MiB; \
+                 delete some or wait for them to expire",
+                quota / (1024 * 1024)
+            ),
+            ApiError::InsufficientStorage(_) => {
+                "Insufficient storage on the server; try again later".to_owned()
+            }
+            other => other.status_and_body().1["error"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+
     /// Status and JSON body of the envelope.
     pub fn status_and_body(&self) -> (StatusCode, Value) {
         use ApiError::*;
@@ -183,6 +208,8 @@ impl ApiError {
             }
             UnsupportedContentType(msg) => plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, msg),
             ReadBody(_) => plain(StatusCode::BAD_REQUEST, "Could not read the request body"),
+            BodyTimeout => plain(StatusCode::REQUEST_TIMEOUT, "Request body timed out"),
+            InsufficientStorage(_) => plain(StatusCode::INSUFFICIENT_STORAGE, &self.message()),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
             SessionLookup { .. } | Panic(_) => {
@@ -233,6 +260,17 @@ fn exec_envelope(e: &ExecError) -> (StatusCode, Value) {
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": "Internal server error" }),
         ),
+        ExecError::Busy { retry_after } => {
+            let secs = retry_seconds(*retry_after);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({
+                    "error": "server_busy",
+                    "message": format!("Too many executions waiting. Please retry in {secs} seconds."),
+                    "retry_after_seconds": secs,
+                }),
+            )
+        }
         ExecError::RateLimited { retry_after } => {
             let secs = retry_seconds(*retry_after);
             (
@@ -261,7 +299,10 @@ impl IntoResponse for ApiError {
             tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
         }
         let mut resp = (status, Json(body)).into_response();
-        if let ApiError::Exec(ExecError::RateLimited { retry_after }) = &self {
+        if let ApiError::Exec(
+            ExecError::RateLimited { retry_after } | ExecError::Busy { retry_after },
+        ) = &self
+        {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(retry_seconds(*retry_after)),

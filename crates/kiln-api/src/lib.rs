@@ -31,6 +31,7 @@ pub mod middleware;
 pub mod openapi;
 pub mod proxy;
 pub mod runs;
+pub mod server;
 pub mod sse;
 
 pub use codeapi::{exec, files, health, upload};

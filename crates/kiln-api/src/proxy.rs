@@ -132,6 +132,17 @@ impl From<ExecError> for ProxyError {
                     )
                 }
             }
+            ExecError::Busy { retry_after } => {
+                let secs = retry_seconds(retry_after);
+                ProxyError {
+                    retry_after: Some(secs),
+                    ..ProxyError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        format!("Too many runs waiting. Please retry in {secs} seconds."),
+                    )
+                }
+            }
             ExecError::ShuttingDown => ProxyError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -419,6 +430,7 @@ impl Face for Proxy {
         (status = 408, description = "The run timed out: its partial output and stats", body = RunResponse),
         (status = 429, description = "Too many runs", body = ProxyErrorBody),
         (status = 500, description = "Internal fault", body = ProxyErrorBody),
+        (status = 503, description = "Too many runs waiting, or shutting down (`Retry-After`)", body = ProxyErrorBody),
     )
 )]
 pub async fn run(
@@ -428,6 +440,9 @@ pub async fn run(
 ) -> Result<Response, ProxyError> {
     if state.shutdown.is_cancelled() {
         return Err(ExecError::ShuttingDown.into());
+    }
+    if let Some(retry_after) = state.runs.saturated() {
+        return Err(ExecError::Busy { retry_after }.into());
     }
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
     // the error names the field: `code: invalid type: integer 5, expected a string`
@@ -670,6 +685,13 @@ pub async fn upload(
                     }
                     Err(StoreError::BodyRead(_)) => {
                         return Err(ProxyError::bad("invalid multipart body"));
+                    }
+                    Err(e @ (StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. })) => {
+                        return Err(ProxyError::new(
+                            StatusCode::INSUFFICIENT_STORAGE,
+                            "insufficient_storage",
+                            crate::error::ApiError::InsufficientStorage(e).message(),
+                        ));
                     }
                     Err(e) => return Err(ProxyError::internal(e)),
                 };

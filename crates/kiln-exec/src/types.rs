@@ -99,6 +99,9 @@ pub struct Truncation {
     pub size: u32,
     pub path: u32,
     pub unreadable: u32,
+    /// Past a storage budget: the run's output total, the owner's quota or
+    /// the disk's free-space floor.
+    pub storage: u32,
     /// Up to 20 skipped relative paths.
     pub skipped: Vec<String>,
     pub skipped_count: u32,
@@ -143,6 +146,9 @@ pub enum ExecError {
     /// The caller started too many runs recently (429).
     #[error("rate limited: retry in {}s", retry_after.as_secs())]
     RateLimited { retry_after: Duration },
+    /// Too many runs are waiting for their turn already (503).
+    #[error("busy: retry in {}s", retry_after.as_secs())]
+    Busy { retry_after: Duration },
 }
 
 /// What the run registry needs from an executor: run one execution to its

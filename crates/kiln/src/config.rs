@@ -67,6 +67,16 @@ pub struct Config {
     pub max_output_files: usize,
     /// Largest output file harvested, MiB.
     pub max_output_file_mb: u64,
+    /// Most bytes all new outputs of one run may total, MiB (logical sizes:
+    /// a sparse file counts in full); outputs past it are skipped and listed.
+    pub max_run_output_mb: u64,
+    /// Most bytes one user's stored files (uploads and outputs, until they
+    /// expire) may total, MiB; past it uploads get 507 and outputs are
+    /// skipped. 0: no quota.
+    pub user_storage_mb: u64,
+    /// Free space the data dir's filesystem always keeps, MiB: a file that
+    /// would go below it is refused (uploads 507, outputs skipped). 0: none.
+    pub min_free_disk_mb: u64,
     /// How long stored files are kept, hours (LibreChat assumes ≥ 24).
     pub retention_hours: u64,
     /// How often expired files are collected, seconds.
@@ -130,6 +140,18 @@ pub struct Config {
     pub egress_max_per_run: usize,
     /// How long the egress ledger keeps a call, days.
     pub egress_ledger_days: u64,
+    /// Seconds a client has to send a request head (also the idle limit of
+    /// a kept-alive connection between requests).
+    pub http_header_timeout_secs: u64,
+    /// Longest pause, seconds, between two pieces of a request body (408 beyond).
+    pub http_body_idle_timeout_secs: u64,
+    /// Connections served at once; more get 503 with `Retry-After` and are closed.
+    pub max_connections: usize,
+    /// Largest JSON request body, MiB (413 beyond).
+    pub max_json_mb: u64,
+    /// Runs that may wait for an execution slot; more are refused with 503
+    /// and `Retry-After` instead of queueing without bound. 0: no bound.
+    pub max_queued_runs: usize,
 }
 
 impl Default for Config {
@@ -158,6 +180,9 @@ impl Default for Config {
             max_batch_files: 200,
             max_output_files: 50,
             max_output_file_mb: 10,
+            max_run_output_mb: 100,
+            user_storage_mb: 2048,
+            min_free_disk_mb: 1024,
             retention_hours: 24,
             gc_interval_secs: 600,
             shutdown_grace_secs: 20,
@@ -185,6 +210,11 @@ impl Default for Config {
             egress_max_concurrent: 8,
             egress_max_per_run: 4,
             egress_ledger_days: 90,
+            http_header_timeout_secs: 10,
+            http_body_idle_timeout_secs: 30,
+            max_connections: 512,
+            max_json_mb: 10,
+            max_queued_runs: 64,
         }
     }
 }
@@ -312,6 +342,15 @@ impl Config {
         })
     }
 
+    /// Limits on the bytes the store keeps.
+    pub fn storage_budget(&self) -> kiln_store::StorageBudget {
+        kiln_store::StorageBudget {
+            owner_quota_bytes: (self.user_storage_mb > 0)
+                .then(|| self.user_storage_mb.saturating_mul(1024 * 1024)),
+            min_free_bytes: self.min_free_disk_mb.saturating_mul(1024 * 1024),
+        }
+    }
+
     /// Settings of the run registry.
     pub fn runs(&self) -> kiln_exec::RunsConfig {
         kiln_exec::RunsConfig {
@@ -325,6 +364,7 @@ impl Config {
                     Duration::from_secs(self.rate_limit_window_secs),
                 )
             }),
+            max_waiting: self.max_queued_runs,
         }
     }
 

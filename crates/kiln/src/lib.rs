@@ -52,6 +52,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let store = Store::open(StoreConfig {
         dir: data.join("store"),
         retention: Duration::from_secs(config.retention_hours * 3600),
+        budget: config.storage_budget(),
     })
     .await
     .context("open store")?;
@@ -85,6 +86,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         walk: WalkLimits {
             max_output_files: config.max_output_files,
             max_file_bytes: config.max_output_file_mb * 1024 * 1024,
+            max_total_bytes: config.max_run_output_mb * 1024 * 1024,
         },
         egress: build_egress(&config, &store)?,
     };
@@ -254,7 +256,14 @@ pub async fn serve(
         max_batch_files: kiln.config.max_batch_files,
         max_run_files: kiln.config.max_run_files,
         metrics_require_key: kiln.config.metrics_require_key,
+        max_json_bytes: usize::try_from(kiln.config.max_json_mb * 1024 * 1024)
+            .unwrap_or(usize::MAX),
         ..kiln_api::ApiConfig::default()
+    };
+    let conn_limits = kiln_api::server::ConnLimits {
+        header_timeout: Duration::from_secs(kiln.config.http_header_timeout_secs.max(1)),
+        body_idle_timeout: Duration::from_secs(kiln.config.http_body_idle_timeout_secs.max(1)),
+        max_connections: kiln.config.max_connections.max(1),
     };
     let stop_new = CancellationToken::new();
     let runs = kiln.runs.clone();
@@ -334,9 +343,7 @@ pub async fn serve(
             runs.close();
         }
     };
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(graceful)
-        .into_future();
+    let server = kiln_api::server::serve(listener, app, conn_limits, graceful);
     tokio::pin!(server);
     let result = tokio::select! {
         r = &mut server => {

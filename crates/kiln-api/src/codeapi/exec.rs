@@ -1,9 +1,10 @@
 //! `POST /exec`: LibreChat's request JSON → [`ExecRequest`], a run started
 //! in the registry, and its [`ExecResult`] → the response JSON (spec §5).
 //!
-//! The body is parsed by hand from a `serde_json::Value` so that every
-//! validation failure carries the message clients expect and unknown fields
-//! are ignored. Bodies are never logged: old clients put the API key in them.
+//! The body is parsed by hand from the JSON values of its known fields
+//! ([`parse_object`]: unknown fields are skipped unbuilt and the number of
+//! values is bounded, so a body costs a small multiple of its size) so
+//! that every validation failure carries the message clients expect. Bodies are never logged: old clients put the API key in them.
 //!
 //! Kiln's additions, invisible to LibreChat: with `Accept:
 //! text/event-stream` the run streams as Server-Sent Events ([`crate::sse`]);
@@ -34,7 +35,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::body::{read_limited, require_json};
+use crate::body::{parse_object, read_limited, require_json};
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
 use crate::identity::{Caller, header_user_id, resolve_caller};
@@ -99,7 +100,7 @@ pub struct FileRefBody {
         (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
         (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
         (status = 429, description = "Rate limited", body = crate::error::CodedError),
-        (status = 503, description = "Sandbox unavailable or shutting down", body = crate::error::CodedError),
+        (status = 503, description = "Sandbox unavailable, too many runs waiting (`Retry-After`), or shutting down", body = crate::error::CodedError),
     )
 )]
 pub async fn exec(
@@ -111,6 +112,11 @@ pub async fn exec(
         return Err(ApiError::ShuttingDown);
     }
     require_json(&headers)?;
+    // Refuse before reading the body: a full queue must not also hold
+    // every waiting client's body in memory.
+    if let Some(retry_after) = state.runs.saturated() {
+        return Err(ExecError::Busy { retry_after }.into());
+    }
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
     let parsed = parse_exec(&state.config, &headers, &bytes)?;
     tracing::info!(
@@ -178,6 +184,18 @@ pub struct ParsedExec {
     pub detach: bool,
 }
 
+/// The fields of an `/exec` body Kiln reads; any other is skipped unbuilt.
+const EXEC_FIELDS: &[&str] = &[
+    "lang",
+    "code",
+    "args",
+    "timeout",
+    "user_id",
+    "entity_id",
+    "files",
+    "detach",
+];
+
 /// The handler's parser: an `/exec` body's bytes → the caller, the request
 /// and Kiln's options.
 pub fn parse_exec(
@@ -185,13 +203,7 @@ pub fn parse_exec(
     headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<ParsedExec, ApiError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|_| ApiError::BadRequest("Invalid JSON body".to_owned()))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::BadRequest(
-            "Request body must be a JSON object".to_owned(),
-        ));
-    };
+    let obj = parse_object(bytes, EXEC_FIELDS)?;
     let top = parse_top(&obj)?;
     let caller = resolve_caller(config, &[header_user_id(headers)?, top.user_id.as_deref()])?;
     let files = parse_files(obj.get("files"), &caller)?;
@@ -525,7 +537,7 @@ pub struct ModifiedFrom {
 pub struct ArtifactTruncation {
     /// Always `artifact_truncated`.
     pub code: &'static str,
-    /// Counts per reason (`max_files`, `depth`, `size`, `path`, `unreadable`), non-zero ones only.
+    /// Counts per reason (`max_files`, `depth`, `size`, `path`, `unreadable`, and Kiln's `storage`: past the run's output total, the user's quota or the disk's floor), non-zero ones only.
     pub reasons: std::collections::BTreeMap<&'static str, u32>,
     /// Up to 20 skipped paths.
     pub skipped: Vec<String>,
@@ -580,6 +592,7 @@ impl From<&ExecResult> for ExecResponse {
                     ("size", t.size),
                     ("path", t.path),
                     ("unreadable", t.unreadable),
+                    ("storage", t.storage),
                 ]
                 .into_iter()
                 .filter(|(_, n)| *n > 0)

@@ -91,6 +91,7 @@ pub struct UploadResponse {
         (status = 200, description = "OK", body = UploadResponse),
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 507, description = "The caller's storage quota is used up, or the server's disk is at its floor", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload(
@@ -272,6 +273,8 @@ impl Form {
 /// The session of this request, once its first valid file part arrived.
 struct Scope {
     key: SessionKey,
+    /// The uploader, whose quota the files count against.
+    owner: SessionKey,
     read_only: bool,
     created: bool,
 }
@@ -364,6 +367,7 @@ async fn receive_parts(
                 let caller = resolve_caller(config, &[header_user_id(headers)?, form.user_hint()])?;
                 scope.insert(Scope {
                     key: form.session_key(&caller)?,
+                    owner: caller.principal.user_key(),
                     read_only: form.read_only()?,
                     created: false,
                 })
@@ -389,7 +393,7 @@ async fn receive_parts(
         if !scope.created {
             state
                 .store
-                .create_session(session, &scope.key)
+                .create_session_owned(session, &scope.key, &scope.owner)
                 .await
                 .map_err(|source| ApiError::CreateSession {
                     session: session.clone(),
@@ -430,6 +434,14 @@ async fn receive_parts(
                 Mode::Batch => results.push(FileResult::Failed {
                     filename: name.as_str().to_owned(),
                     error: "File size limit exceeded".to_owned(),
+                }),
+            },
+            Err(e @ (StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. })) => match mode
+            {
+                Mode::Single => return Err(ApiError::InsufficientStorage(e)),
+                Mode::Batch => results.push(FileResult::Failed {
+                    filename: name.as_str().to_owned(),
+                    error: ApiError::InsufficientStorage(e).message(),
                 }),
             },
             // The multipart body itself broke: the whole request is bad.

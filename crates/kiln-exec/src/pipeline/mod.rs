@@ -52,6 +52,7 @@ impl Default for ExecConfig {
             walk: WalkLimits {
                 max_output_files: 50,
                 max_file_bytes: 10 * 1024 * 1024,
+                max_total_bytes: 100 * 1024 * 1024,
             },
             egress: None,
         }

@@ -146,6 +146,7 @@ async fn fixture(programs: Vec<Program>) -> Fixture {
     let store = Store::open(StoreConfig {
         dir: dir.path().join("store"),
         retention: Duration::from_secs(3600),
+        budget: Default::default(),
     })
     .await
     .unwrap();

@@ -282,6 +282,9 @@ pub struct RunsConfig {
     pub keep_finished_bytes: usize,
     /// At most this many starts per caller in this window; `None`: no limit.
     pub rate_limit: Option<(u32, Duration)>,
+    /// Most runs started but not yet executing (waiting for their turn);
+    /// further starts are refused with `Busy`. `0`: no bound.
+    pub max_waiting: usize,
 }
 
 impl Default for RunsConfig {
@@ -291,6 +294,7 @@ impl Default for RunsConfig {
             keep_finished: Duration::from_secs(600),
             keep_finished_bytes: 64 * 1024 * 1024,
             rate_limit: None,
+            max_waiting: 0,
         }
     }
 }
@@ -485,6 +489,10 @@ impl Runs {
         if inner.closed.load(Ordering::SeqCst) || inner.kill_all.is_cancelled() {
             return Err(ExecError::ShuttingDown);
         }
+        if let Some(retry_after) = self.saturated() {
+            metrics::counter!("kiln_runs_refused_total", "reason" => "queue_full").increment(1);
+            return Err(ExecError::Busy { retry_after });
+        }
         if let Some(rate) = &inner.rate {
             rate.check(caller.principal.user_key().as_str(), Instant::now())
                 .map_err(|retry_after| ExecError::RateLimited { retry_after })?;
@@ -534,6 +542,25 @@ impl Runs {
         );
         Ok(Watch {
             handle: RunHandle(record),
+        })
+    }
+
+    /// When as many runs wait for their turn as `max_waiting` allows: a
+    /// guess at how long until one may start (a turn per slot, a second
+    /// each, 1–30 s). Faces ask before they read a large body.
+    pub fn saturated(&self) -> Option<Duration> {
+        let inner = &self.inner;
+        let max = inner.cfg.max_waiting;
+        if max == 0 {
+            return None;
+        }
+        let waiting = inner
+            .active
+            .load(Ordering::SeqCst)
+            .saturating_sub(inner.queue.running());
+        (waiting >= max).then(|| {
+            let turns = waiting / inner.queue.capacity() + 1;
+            Duration::from_secs(turns.clamp(1, 30) as u64)
         })
     }
 
