@@ -87,6 +87,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             max_file_bytes: config.max_output_file_mb * 1024 * 1024,
         },
         egress: build_egress(&config, &store)?,
+        access: kiln_core::access::Policy {
+            require_identity: config.require_identity,
+        },
     };
     let jails = if config.warm_jails > 0 {
         // warm profiles come from the language table; the fork-server
@@ -247,13 +250,17 @@ pub async fn serve(
         auth: match auth {
             Auth::None => kiln_api::AuthMode::None,
             Auth::ApiKey => kiln_api::AuthMode::ApiKey,
+            Auth::Jwt => kiln_api::AuthMode::Jwt,
+            Auth::ApiKeyOrJwt => kiln_api::AuthMode::ApiKeyOrJwt,
         },
+        jwt: kiln.config.jwt_verifier()?.map(std::sync::Arc::new),
         api_key: kiln.config.api_key.clone(),
         require_identity: kiln.config.require_identity,
         max_upload_bytes: kiln.config.max_upload_mb * 1024 * 1024,
         max_batch_files: kiln.config.max_batch_files,
         max_run_files: kiln.config.max_run_files,
         metrics_require_key: kiln.config.metrics_require_key,
+        rate_limits: kiln.config.rate_rules()?,
         ..kiln_api::ApiConfig::default()
     };
     let stop_new = CancellationToken::new();
@@ -262,6 +269,7 @@ pub async fn serve(
         store: kiln.store.clone(),
         runs: runs.clone(),
         sessions: Arc::clone(&kiln.sessions),
+        rates: Arc::new(kiln_api::rate::RateLimits::new(api_config.rate_limits)),
         config: Arc::new(api_config),
         health: Arc::new(kiln_api::HealthInfo {
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -334,6 +342,8 @@ pub async fn serve(
             runs.close();
         }
     };
+    // peer addresses key the rate limits of identity-less callers
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(graceful)
         .into_future();
@@ -428,6 +438,8 @@ fn log_startup(config: &Config) -> anyhow::Result<()> {
         ),
         Auth::None => info!("auth: none (loopback only)"),
         Auth::ApiKey => info!("auth: api-key (X-API-Key or Authorization: Bearer)"),
+        Auth::Jwt => info!("auth: jwt (LibreChat's CodeAPI token as Authorization: Bearer)"),
+        Auth::ApiKeyOrJwt => info!("auth: api-key or jwt"),
     }
     let l = config.limits();
     info!(

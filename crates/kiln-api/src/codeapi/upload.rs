@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
-use crate::identity::{Caller, derive_key, entity_keys, header_user_id, resolve_caller};
+use crate::identity::{Caller, Identity, derive_key, entity_keys, header_user_id, resolve_caller};
 
 /// Longest accepted value of a non-file form field.
 const MAX_FIELD_BYTES: usize = 4096;
@@ -95,11 +95,12 @@ pub struct UploadResponse {
 )]
 pub async fn upload(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
-    let outcome = receive(&state, &headers, multipart, Mode::Single).await?;
+    let outcome = receive(&state, &identity, &headers, multipart, Mode::Single).await?;
     let files: Vec<UploadedFile> = outcome
         .results
         .iter()
@@ -136,11 +137,12 @@ pub async fn upload(
 )]
 pub async fn upload_batch(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
-    let outcome = receive(&state, &headers, multipart, Mode::Batch).await?;
+    let outcome = receive(&state, &identity, &headers, multipart, Mode::Batch).await?;
     let succeeded = outcome
         .results
         .iter()
@@ -278,13 +280,23 @@ struct Scope {
 
 async fn receive(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     mut multipart: Multipart,
     mode: Mode,
 ) -> Result<Outcome, ApiError> {
     let session = Nanoid::random();
     let mut stored: Vec<Nanoid> = Vec::new();
-    let result = receive_parts(state, headers, &mut multipart, mode, &session, &mut stored).await;
+    let result = receive_parts(
+        state,
+        identity,
+        headers,
+        &mut multipart,
+        mode,
+        &session,
+        &mut stored,
+    )
+    .await;
     match result {
         Ok((results, limit_reached)) => {
             tracing::info!(session = %session, files = results.len(), stored = stored.len(),
@@ -314,6 +326,7 @@ async fn discard(state: &AppState, session: &Nanoid, stored: &[Nanoid]) {
 
 async fn receive_parts(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     multipart: &mut Multipart,
     mode: Mode,
@@ -361,7 +374,11 @@ async fn receive_parts(
         let scope = match scope {
             Some(ref mut s) => s,
             None => {
-                let caller = resolve_caller(config, &[header_user_id(headers)?, form.user_hint()])?;
+                let caller = resolve_caller(
+                    config,
+                    identity,
+                    &[header_user_id(headers)?, form.user_hint()],
+                )?;
                 scope.insert(Scope {
                     key: form.session_key(&caller)?,
                     read_only: form.read_only()?,
