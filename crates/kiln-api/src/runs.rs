@@ -280,6 +280,7 @@ pub async fn run_events(
         (status = 200, description = "The run had already ended", body = RunView),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn cancel_run(

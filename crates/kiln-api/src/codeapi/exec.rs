@@ -102,7 +102,8 @@ pub struct FileRefBody {
         (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::runs::RunStarted),
         (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
         (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
-        (status = 429, description = "Rate limited", body = crate::error::CodedError),
+        (status = 401, description = "Missing or invalid credentials (API key or LibreChat's JWT)", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`; `retry_after_seconds`)", body = crate::error::CodedError),
         (status = 503, description = "Sandbox unavailable or shutting down", body = crate::error::CodedError),
     )
 )]

@@ -79,6 +79,8 @@ async fn authorized(
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn download(
@@ -207,6 +209,8 @@ impl Detail {
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn list(
@@ -292,6 +296,8 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn object(
@@ -346,6 +352,8 @@ pub async fn object(
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn delete(
@@ -404,6 +412,8 @@ pub async fn delete(
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn delete_object(

@@ -91,6 +91,8 @@ pub struct UploadResponse {
         (status = 200, description = "OK", body = UploadResponse),
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload(
@@ -133,6 +135,8 @@ pub async fn upload(
         (status = 200, description = "Some or all files stored", body = Object),
         (status = 400, description = "No file stored", body = Object),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload_batch(
