@@ -53,6 +53,15 @@ pub enum ApiError {
     /// Missing or wrong API key.
     #[error("missing or invalid credentials")]
     Unauthenticated,
+    /// Auth `jwt` and no `Authorization: Bearer`.
+    #[error("bearer token required")]
+    BearerRequired,
+    /// A bearer token that failed verification (the reason is logged).
+    #[error("invalid bearer token: {0}")]
+    InvalidBearer(#[from] crate::jwt::Reject),
+    /// Auth `jwt` without a usable verifier.
+    #[error("JWT auth is misconfigured")]
+    JwtMisconfigured,
     /// `require_identity` is on and the request carries no identity.
     #[error("request carries no user identity")]
     IdentityRequired,
@@ -139,6 +148,12 @@ pub enum ApiError {
     /// No run of that id (or it is no longer kept).
     #[error("run {0} not found")]
     RunNotFound(Nanoid),
+    /// A rate limit of §4 refused the request.
+    #[error("rate limited ({class:?})")]
+    RateLimited {
+        class: crate::rate::Class,
+        verdict: crate::rate::Verdict,
+    },
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),
@@ -189,6 +204,16 @@ impl ApiError {
                 }),
             ),
             Unauthenticated => plain(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            BearerRequired => plain(StatusCode::UNAUTHORIZED, "Bearer token is required"),
+            RateLimited { class, verdict } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                crate::rate::refusal_body(*class, verdict),
+            ),
+            InvalidBearer(_) => plain(StatusCode::UNAUTHORIZED, "Invalid bearer token"),
+            JwtMisconfigured => plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "CodeAPI JWT auth is misconfigured",
+            ),
             IdentityRequired => plain(StatusCode::UNAUTHORIZED, "Authentication is required"),
             SessionForbidden { .. } => plain(StatusCode::FORBIDDEN, "Unauthorized"),
             FileNotFound { .. } => plain(StatusCode::NOT_FOUND, "File not found"),
@@ -299,6 +324,9 @@ impl IntoResponse for ApiError {
             tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
         }
         let mut resp = (status, Json(body)).into_response();
+        if let ApiError::RateLimited { verdict, .. } = &self {
+            crate::rate::stamp(resp.headers_mut(), verdict);
+        }
         if let ApiError::Exec(
             ExecError::RateLimited { retry_after } | ExecError::Busy { retry_after },
         ) = &self

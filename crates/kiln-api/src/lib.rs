@@ -19,17 +19,20 @@
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500; then, per authenticated route, API-key auth (each face answers a
-//! failure in its own envelope).
+//! 500; then, per authenticated route, authentication (API key or
+//! LibreChat's JWT; each face answers a failure in its own envelope) and,
+//! on LibreChat's routes, the per-principal rate limits of [`rate`].
 
 pub mod body;
 pub mod codeapi;
 pub mod config;
 pub mod error;
 pub mod identity;
+pub mod jwt;
 pub mod middleware;
 pub mod openapi;
 pub mod proxy;
+pub mod rate;
 pub mod runs;
 pub mod server;
 pub mod sse;
@@ -74,6 +77,11 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run))
         .routes(routes!(runs::run_events))
         .routes(routes!(runs::cancel_run))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate::limit,
+        ))
+        // outer: authentication runs first, so limits count principals
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::auth,

@@ -42,7 +42,7 @@ use crate::body::read_limited;
 use crate::codeapi::files::{file_response, iso8601};
 use crate::config::AppState;
 use crate::error::{ApiError, retry_seconds};
-use crate::identity::{Caller, authorize, header_user_id, resolve_caller};
+use crate::identity::{Caller, Identity, authorize, header_user_id, resolve_caller};
 use crate::sse::{self, Early, Face};
 
 /// An error of this face: `{"detail": <message>, "error": <code>}`.
@@ -202,21 +202,39 @@ impl From<OpenError> for ProxyError {
     }
 }
 
-/// The 401 of this face (API-key auth failed).
-pub fn unauthorized(key_sent: bool) -> Response {
-    let detail = if key_sent {
-        "Invalid API key"
-    } else {
-        "Missing API key (send it in the x-api-key header)"
+/// The 401 of this face (authentication failed with `e`).
+pub fn unauthorized(e: ApiError, key_sent: bool) -> Response {
+    let (status, detail) = match e {
+        ApiError::Unauthenticated if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),
+        ApiError::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            "Missing API key (send it in the x-api-key header)",
+        ),
+        ApiError::BearerRequired => (StatusCode::UNAUTHORIZED, "Bearer token is required"),
+        ApiError::JwtMisconfigured => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "CodeAPI JWT auth is misconfigured",
+        ),
+        _ => (StatusCode::UNAUTHORIZED, "Invalid bearer token"),
     };
-    ProxyError::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).into_response()
+    let code = if status.is_server_error() {
+        "internal_error"
+    } else {
+        "unauthorized"
+    };
+    ProxyError::new(status, code, detail).into_response()
 }
 
 /// The caller: the `User-Id` header, else anonymous (the API key alone
 /// identifies nobody).
-fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ProxyError> {
+fn caller(
+    state: &AppState,
+    identity: &Identity,
+    headers: &HeaderMap,
+) -> Result<Caller, ProxyError> {
     Ok(resolve_caller(
         &state.config,
+        identity,
         &[header_user_id(headers).map_err(ProxyError::from)?],
     )?)
 }
@@ -435,6 +453,7 @@ impl Face for Proxy {
 )]
 pub async fn run(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ProxyError> {
@@ -449,7 +468,7 @@ pub async fn run(
     let body: RunBody =
         serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
             .map_err(|e| ProxyError::bad(format!("invalid body: {e}")))?;
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let lang = Language::resolve(&body.language).ok_or_else(|| {
         ProxyError::bad(format!(
             "language: unsupported language {:?}",
@@ -554,7 +573,7 @@ async fn inputs(
                 id: m.file_id,
                 storage_session_id: m.session_id,
                 name,
-                kind: Kind::User,
+                kind: Some(Kind::User),
                 resource_id: None,
                 version: None,
                 entity_id: None,
@@ -620,11 +639,12 @@ pub struct UploadedFile {
 )]
 pub async fn upload(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     query: Result<Query<SessionParam>, QueryRejection>,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let mut session_name = query
         .map_err(|_| ProxyError::bad("invalid query string"))?
         .0
@@ -741,10 +761,11 @@ pub struct FileList {
 )]
 pub async fn list(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     query: Result<Query<SessionParam>, QueryRejection>,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let name = query
         .map_err(|_| ProxyError::bad("invalid query string"))?
         .0
@@ -791,10 +812,11 @@ fn path_id(p: FilePath) -> Result<String, ProxyError> {
 )]
 pub async fn download(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: FilePath,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let id = path_id(path)?;
     let meta = readable(&state, &caller, &id).await?;
     let stream = match state.store.read(&meta).await {
@@ -830,10 +852,11 @@ pub struct Deleted {
 )]
 pub async fn delete(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: FilePath,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let id = path_id(path)?;
     let meta = readable(&state, &caller, &id).await?;
     let deleted = state

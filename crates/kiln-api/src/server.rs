@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -84,7 +85,7 @@ pub async fn serve(
     tokio::pin!(shutdown);
 
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -107,7 +108,10 @@ pub async fn serve(
         let svc = app
             .clone()
             .map_request(move |req: http::Request<Incoming>| {
-                req.map(|b| Body::new(TimeoutBody::new(idle, b)))
+                let mut req = req.map(|b| Body::new(TimeoutBody::new(idle, b)));
+                // the peer address keys the rate limits of identity-less callers
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req
             });
         let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
         let conn = graceful.watch(conn);

@@ -89,6 +89,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             max_total_bytes: config.max_run_output_mb * 1024 * 1024,
         },
         egress: build_egress(&config, &store)?,
+        access: kiln_core::access::Policy {
+            require_identity: config.require_identity,
+        },
     };
     let jails = if config.warm_jails > 0 {
         // warm profiles come from the language table; the fork-server
@@ -249,7 +252,10 @@ pub async fn serve(
         auth: match auth {
             Auth::None => kiln_api::AuthMode::None,
             Auth::ApiKey => kiln_api::AuthMode::ApiKey,
+            Auth::Jwt => kiln_api::AuthMode::Jwt,
+            Auth::ApiKeyOrJwt => kiln_api::AuthMode::ApiKeyOrJwt,
         },
+        jwt: kiln.config.jwt_verifier()?.map(std::sync::Arc::new),
         api_key: kiln.config.api_key.clone(),
         require_identity: kiln.config.require_identity,
         max_upload_bytes: kiln.config.max_upload_mb * 1024 * 1024,
@@ -258,6 +264,7 @@ pub async fn serve(
         metrics_require_key: kiln.config.metrics_require_key,
         max_json_bytes: usize::try_from(kiln.config.max_json_mb * 1024 * 1024)
             .unwrap_or(usize::MAX),
+        rate_limits: kiln.config.rate_rules()?,
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -271,6 +278,7 @@ pub async fn serve(
         store: kiln.store.clone(),
         runs: runs.clone(),
         sessions: Arc::clone(&kiln.sessions),
+        rates: Arc::new(kiln_api::rate::RateLimits::new(api_config.rate_limits)),
         config: Arc::new(api_config),
         health: Arc::new(kiln_api::HealthInfo {
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -435,6 +443,8 @@ fn log_startup(config: &Config) -> anyhow::Result<()> {
         ),
         Auth::None => info!("auth: none (loopback only)"),
         Auth::ApiKey => info!("auth: api-key (X-API-Key or Authorization: Bearer)"),
+        Auth::Jwt => info!("auth: jwt (LibreChat's CodeAPI token as Authorization: Bearer)"),
+        Auth::ApiKeyOrJwt => info!("auth: api-key or jwt"),
     }
     let l = config.limits();
     info!(

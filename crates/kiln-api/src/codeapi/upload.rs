@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
-use crate::identity::{Caller, derive_key, entity_keys, header_user_id, resolve_caller};
+use crate::identity::{Caller, Identity, derive_key, entity_keys, header_user_id, resolve_caller};
 
 /// Longest accepted value of a non-file form field.
 const MAX_FIELD_BYTES: usize = 4096;
@@ -91,16 +91,19 @@ pub struct UploadResponse {
         (status = 200, description = "OK", body = UploadResponse),
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
         (status = 507, description = "The caller's storage quota is used up, or the server's disk is at its floor", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
-    let outcome = receive(&state, &headers, multipart, Mode::Single).await?;
+    let outcome = receive(&state, &identity, &headers, multipart, Mode::Single).await?;
     let files: Vec<UploadedFile> = outcome
         .results
         .iter()
@@ -133,15 +136,18 @@ pub async fn upload(
         (status = 200, description = "Some or all files stored", body = Object),
         (status = 400, description = "No file stored", body = Object),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload_batch(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
-    let outcome = receive(&state, &headers, multipart, Mode::Batch).await?;
+    let outcome = receive(&state, &identity, &headers, multipart, Mode::Batch).await?;
     let succeeded = outcome
         .results
         .iter()
@@ -281,13 +287,23 @@ struct Scope {
 
 async fn receive(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     mut multipart: Multipart,
     mode: Mode,
 ) -> Result<Outcome, ApiError> {
     let session = Nanoid::random();
     let mut stored: Vec<Nanoid> = Vec::new();
-    let result = receive_parts(state, headers, &mut multipart, mode, &session, &mut stored).await;
+    let result = receive_parts(
+        state,
+        identity,
+        headers,
+        &mut multipart,
+        mode,
+        &session,
+        &mut stored,
+    )
+    .await;
     match result {
         Ok((results, limit_reached)) => {
             tracing::info!(session = %session, files = results.len(), stored = stored.len(),
@@ -317,6 +333,7 @@ async fn discard(state: &AppState, session: &Nanoid, stored: &[Nanoid]) {
 
 async fn receive_parts(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     multipart: &mut Multipart,
     mode: Mode,
@@ -364,7 +381,11 @@ async fn receive_parts(
         let scope = match scope {
             Some(ref mut s) => s,
             None => {
-                let caller = resolve_caller(config, &[header_user_id(headers)?, form.user_hint()])?;
+                let caller = resolve_caller(
+                    config,
+                    identity,
+                    &[header_user_id(headers)?, form.user_hint()],
+                )?;
                 scope.insert(Scope {
                     key: form.session_key(&caller)?,
                     owner: caller.principal.user_key(),

@@ -43,6 +43,9 @@ pub struct ExecConfig {
     /// The egress gateway, when the operator configured services: a run
     /// whose principal may use one gets a grant and a channel to it.
     pub egress: Option<kiln_egress::Gateway>,
+    /// The deployment's access policy, for by-reference inputs that claim
+    /// no scope (the same rule a download without a claim follows).
+    pub access: kiln_core::access::Policy,
 }
 
 impl Default for ExecConfig {
@@ -55,6 +58,7 @@ impl Default for ExecConfig {
                 max_total_bytes: 100 * 1024 * 1024,
             },
             egress: None,
+            access: kiln_core::access::Policy::default(),
         }
     }
 }
@@ -104,7 +108,8 @@ impl Executor {
         let cancelled = run.token();
 
         // authorize: inputs are checked before any resource is taken
-        let inputs = authorize::inputs(&inner.store, run.caller(), req.files).await?;
+        let inputs =
+            authorize::inputs(&inner.store, inner.cfg.access, run.caller(), req.files).await?;
         authorize::outputs(&inner.store, run.caller(), &req.outputs).await?;
         let _turn = phase("queue", run.queue_turn()).await?;
 
