@@ -9,6 +9,8 @@ use kiln_exec::{Runs, RunsConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{History, Operations};
+
 /// How callers authenticate.
 ///
 /// Kept `non_exhaustive`: LibreChat-minted JWTs are the next mode.
@@ -46,6 +48,8 @@ pub struct ApiConfig {
     /// `/metrics` asks for the API key too (with auth `api-key`); off, a
     /// scraper needs no key and the port should then stay private.
     pub metrics_require_key: bool,
+    /// Serve the operator's web console at `/console/`.
+    pub console: bool,
 }
 
 impl Default for ApiConfig {
@@ -60,6 +64,7 @@ impl Default for ApiConfig {
             tenant: "local".to_owned(),
             max_run_files: 10,
             metrics_require_key: false,
+            console: true,
         }
     }
 }
@@ -76,6 +81,8 @@ impl std::fmt::Debug for ApiConfig {
             .field("max_json_bytes", &self.max_json_bytes)
             .field("tenant", &self.tenant)
             .field("max_run_files", &self.max_run_files)
+            .field("metrics_require_key", &self.metrics_require_key)
+            .field("console", &self.console)
             .finish()
     }
 }
@@ -145,6 +152,10 @@ pub struct AppState {
     /// Cancelled when the server begins shutting down: new runs are refused
     /// with 503 (runs already in flight are left to finish).
     pub shutdown: CancellationToken,
+    /// What the sandbox knows, for `/admin/status` (`None`: not reported).
+    pub ops: Option<Arc<dyn Operations>>,
+    /// The last hour of key numbers (filled by [`crate::admin::spawn_sampler`]).
+    pub history: Arc<History>,
 }
 
 impl AppState {
@@ -167,6 +178,8 @@ impl AppState {
             health: Arc::new(health),
             metrics: None,
             shutdown: CancellationToken::new(),
+            ops: None,
+            history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
         }
     }
 }

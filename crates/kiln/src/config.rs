@@ -113,6 +113,9 @@ pub struct Config {
     pub max_run_files: usize,
     /// `/metrics` asks for the API key as well (with auth `api-key`).
     pub metrics_require_key: bool,
+    /// Serve the operator's web console at `/console/` (behind the API key
+    /// like the API; see docs/console.md).
+    pub console: bool,
     /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
     /// as a minimal init that reaps orphans and forwards signals, and run
     /// the server as its child.
@@ -179,6 +182,7 @@ impl Default for Config {
             session_ttl_secs: 3600,
             max_run_files: 10,
             metrics_require_key: false,
+            console: true,
             pid1_init: true,
             services: BTreeMap::new(),
             services_file: None,

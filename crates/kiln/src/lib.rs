@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod doctor;
+mod ops;
 pub mod testing;
 
 use std::os::unix::ffi::OsStrExt;
@@ -254,6 +255,7 @@ pub async fn serve(
         max_batch_files: kiln.config.max_batch_files,
         max_run_files: kiln.config.max_run_files,
         metrics_require_key: kiln.config.metrics_require_key,
+        console: kiln.config.console,
         ..kiln_api::ApiConfig::default()
     };
     let stop_new = CancellationToken::new();
@@ -269,7 +271,10 @@ pub async fn serve(
         }),
         metrics: metrics_handle(),
         shutdown: stop_new.clone(),
+        ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
+        history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
     };
+    let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
     let app = kiln_api::router(state);
 
     // garbage collection of expired files, and of idle seed-000 sessions
@@ -364,6 +369,7 @@ pub async fn serve(
         }
     };
     gc.abort();
+    sampler.abort();
     runs.wait_idle(Duration::from_secs(10)).await;
     if let Some(pool) = kiln.jails.warm_pool() {
         pool.shutdown().await;

@@ -584,6 +584,19 @@ impl Runs {
         self.table().runs.get(id).cloned().map(RunHandle)
     }
 
+    /// Every run running or still kept, newest first (the operator's
+    /// console lists them).
+    pub fn list(&self) -> Vec<RunHandle> {
+        self.expire();
+        let mut runs: Vec<RunHandle> = self.table().runs.values().cloned().map(RunHandle).collect();
+        runs.sort_by(|a, b| {
+            b.0.created
+                .cmp(&a.0.created)
+                .then_with(|| a.0.id.as_str().cmp(b.0.id.as_str()))
+        });
+        runs
+    }
+
     /// The execution queue.
     pub fn queue(&self) -> &RunQueue {
         &self.inner.queue

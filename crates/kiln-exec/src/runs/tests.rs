@@ -282,3 +282,27 @@ async fn a_panicking_execution_ends_its_run_with_an_internal_error() {
     assert_eq!(w.info().phase, Phase::Failed);
     assert_eq!(runs.active(), 0);
 }
+
+#[tokio::test]
+async fn the_list_holds_running_and_kept_runs_newest_first_and_drops_expired_ones() {
+    let runs = runs_with(
+        Act::Quick,
+        RunsConfig {
+            keep_finished: Duration::from_millis(300),
+            ..RunsConfig::default()
+        },
+    );
+    let first = runs
+        .start(caller("alice"), req(), StartOptions::default())
+        .unwrap();
+    first.outcome().await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = runs
+        .start(caller("bob"), req(), StartOptions::default())
+        .unwrap();
+    second.outcome().await;
+    let ids: Vec<Nanoid> = runs.list().iter().map(|h| h.id().clone()).collect();
+    assert_eq!(ids, [second.id().clone(), first.id().clone()]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(runs.list().is_empty(), "expired runs are not listed");
+}
