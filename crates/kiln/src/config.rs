@@ -116,6 +116,9 @@ pub struct Config {
     /// Serve the operator's web console at `/console/` (behind the API key
     /// like the API; see docs/console.md).
     pub console: bool,
+    /// Where each ended run's audit record goes: `stderr` (the `kiln::audit`
+    /// target of the log), a file path (JSON lines, appended), or `off`.
+    pub audit_log: String,
     /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
     /// as a minimal init that reaps orphans and forwards signals, and run
     /// the server as its child.
@@ -183,6 +186,7 @@ impl Default for Config {
             max_run_files: 10,
             metrics_require_key: false,
             console: true,
+            audit_log: "stderr".into(),
             pid1_init: true,
             services: BTreeMap::new(),
             services_file: None,
@@ -329,6 +333,8 @@ impl Config {
                     Duration::from_secs(self.rate_limit_window_secs),
                 )
             }),
+            // opened by `build` (a file sink is IO)
+            audit: None,
         }
     }
 

@@ -70,7 +70,7 @@ pub(crate) async fn harvest(
             read_only: false,
         };
         match store_output(store, ws, obj).await {
-            Ok(()) => {
+            Ok(bytes) => {
                 let f = OutputFile {
                     id: file_id,
                     name: g.name,
@@ -79,7 +79,7 @@ pub(crate) async fn harvest(
                     modified_from: g.modified_from,
                     entity_id: None,
                 };
-                run.file_stored(&f);
+                run.file_stored(&f, bytes);
                 h.files.push(f);
             }
             Err(e) => {
@@ -108,7 +108,8 @@ pub(crate) async fn harvest(
 }
 
 /// Opens one output without following links and streams it into the store.
-async fn store_output(store: &Store, ws: &Arc<Workspace>, obj: NewObject) -> Result<(), String> {
+/// Stores one output; returns its size.
+async fn store_output(store: &Store, ws: &Arc<Workspace>, obj: NewObject) -> Result<u64, String> {
     let name = obj.name.as_str().to_owned();
     let opened = blocking(ws, move |ws| ws.open_regular(&name))
         .await
@@ -121,7 +122,7 @@ async fn store_output(store: &Store, ws: &Arc<Workspace>, obj: NewObject) -> Res
     store
         .put_stream(obj, body.map_err(std::io::Error::other), len)
         .await
-        .map(|_| ())
+        .map(|meta| meta.size)
         .map_err(|e| e.to_string())
 }
 
