@@ -19,7 +19,7 @@ fn main() {
     let bundle = std::fs::read(&source).unwrap_or_default();
     if bundle.is_empty() {
         println!(
-            "cargo::warning=console editor bundle not found at {} (run scripts/build-console.sh); the console uses a plain textarea",
+            "cargo::warning=console editor bundle missing or empty at {} (run scripts/build-console.sh); the console uses a plain textarea",
             source.display()
         );
     }

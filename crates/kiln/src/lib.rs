@@ -7,6 +7,7 @@ pub mod audit;
 pub mod config;
 pub mod doctor;
 mod ops;
+pub mod remote;
 pub mod testing;
 
 use std::os::unix::ffi::OsStrExt;
@@ -688,7 +689,7 @@ pub async fn exec_file(
 }
 
 /// Writes `text` to our stdout or stderr at once.
-fn write_through(stream: Stream, text: &str) {
+pub(crate) fn write_through(stream: Stream, text: &str) {
     use std::io::Write as _;
     let _ = match stream {
         Stream::Stdout => {
