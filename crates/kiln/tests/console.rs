@@ -443,14 +443,11 @@ async fn a_browser_logs_in_runs_python_that_prints_plots_and_writes_a_csv_and_se
         !output.contains("printed after the pause") && !state.starts_with("done"),
         "the first line was shown before the run ended: {output:?} / {state:?}"
     );
-    assert!(
-        !c.find(Locator::Css("#cancel"))
+    assert_eq!(
+        c.execute("return document.getElementById('cancel').disabled", vec![])
             .await
-            .unwrap()
-            .prop("disabled")
-            .await
-            .unwrap()
-            .is_some_and(|d| d == "true"),
+            .unwrap(),
+        false,
         "cancel is offered while the run goes"
     );
     wait_for(
@@ -511,6 +508,50 @@ async fn a_browser_logs_in_runs_python_that_prints_plots_and_writes_a_csv_and_se
     assert!(!key_in_page(c.current_url().await.unwrap().as_str()));
     assert!(!key_in_page(&c.source().await.unwrap()));
 
+    // a long run is stopped by Cancel
+    editor.click().await.unwrap();
+    editor.send_keys(&select_all).await.unwrap();
+    editor
+        .send_keys(&fantoccini::key::Key::Delete.to_string())
+        .await
+        .unwrap();
+    editor
+        .send_keys("import time\nprint('waiting', flush=True)\ntime.sleep(60)\n")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#run"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(
+        &c,
+        "the long run to start",
+        "document.getElementById('output').textContent.includes('waiting')",
+        Duration::from_secs(30),
+    )
+    .await;
+    let cancel_clicked = Instant::now();
+    c.find(Locator::Css("#cancel"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let ended = wait_for(
+        &c,
+        "the cancelled run to end",
+        "document.getElementById('run-state').textContent.startsWith('done') && document.getElementById('run-state').textContent",
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(
+        ended.as_str().unwrap_or_default().contains("SG"),
+        "cancelled: {ended}"
+    );
+    let cancel_took = cancel_clicked.elapsed();
+
     // the operations view lists the run with its principal
     c.goto(&format!("{}/console/#operations", s.base_url))
         .await
@@ -564,9 +605,10 @@ async fn a_browser_logs_in_runs_python_that_prints_plots_and_writes_a_csv_and_se
     .await;
 
     eprintln!(
-        "console browser test: editor {kind}, first line {:?} after Run, run shown done after {:?}, whole flow {:?}; screenshot {}",
+        "console browser test: editor {kind}, first line {:?} after Run, run shown done after {:?}, cancel took {:?}, whole flow {:?}; screenshot {}",
         first_line,
         whole,
+        cancel_took,
         t0.elapsed(),
         shot.display()
     );
