@@ -9,6 +9,8 @@ use kiln_exec::{Runs, RunsConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{History, Operations};
+
 /// How callers authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -65,6 +67,8 @@ pub struct ApiConfig {
     pub metrics_require_key: bool,
     /// Per-principal rate limits of LibreChat's routes (spec §4).
     pub rate_limits: crate::rate::RateRules,
+    /// Serve the operator's web console at `/console/`.
+    pub console: bool,
 }
 
 impl Default for ApiConfig {
@@ -81,6 +85,7 @@ impl Default for ApiConfig {
             max_run_files: 10,
             metrics_require_key: false,
             rate_limits: crate::rate::RateRules::default(),
+            console: true,
         }
     }
 }
@@ -99,6 +104,8 @@ impl std::fmt::Debug for ApiConfig {
             .field("tenant", &self.tenant)
             .field("max_run_files", &self.max_run_files)
             .field("rate_limits", &self.rate_limits)
+            .field("metrics_require_key", &self.metrics_require_key)
+            .field("console", &self.console)
             .finish()
     }
 }
@@ -170,6 +177,10 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The rate limiters of [`ApiConfig::rate_limits`].
     pub rates: Arc<crate::rate::RateLimits>,
+    /// What the sandbox knows, for `/admin/status` (`None`: not reported).
+    pub ops: Option<Arc<dyn Operations>>,
+    /// The last hour of key numbers (filled by [`crate::admin::spawn_sampler`]).
+    pub history: Arc<History>,
 }
 
 impl AppState {
@@ -193,6 +204,8 @@ impl AppState {
             health: Arc::new(health),
             metrics: None,
             shutdown: CancellationToken::new(),
+            ops: None,
+            history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
         }
     }
 }

@@ -25,6 +25,14 @@ pub const EXECUTION_PROFILE: HeaderName = HeaderName::from_static("x-codeapi-exe
 /// The request id header (generated when absent, echoed on the response).
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The request's id (set by the request-id layer), for the audit log.
+pub fn request_id(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 /// Check `X-CodeAPI-Expected-Profile` before anything else and stamp
 /// `X-CodeAPI-Execution-Profile: default` on every response.
 pub async fn profile(req: Request, next: Next) -> axum::response::Response {

@@ -498,7 +498,11 @@ pub async fn run(
         timeout_ms,
         outputs: Outputs::Workspace(session.clone()),
     };
-    let watch = state.runs.start(caller, req, StartOptions::default())?;
+    let opts = StartOptions {
+        request_id: crate::middleware::request_id(&headers),
+        ..StartOptions::default()
+    };
+    let watch = state.runs.start(caller, req, opts)?;
     let face = Arc::new(Proxy {
         state: state.clone(),
         session_name: body.session_id,

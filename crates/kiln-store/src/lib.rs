@@ -48,6 +48,7 @@ mod error;
 mod gc;
 mod ledger;
 mod meta;
+mod usage;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +63,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio_util::io::ReaderStream;
 
 pub use error::StoreError;
+pub use usage::StoredBytes;
 
 use crate::blobs::{Blobs, READ_CHUNK, open_untrusted_regular, run_blocking};
 use crate::meta::Meta;

@@ -778,3 +778,33 @@ async fn below_the_free_space_floor_a_put_is_refused_and_leaves_nothing() {
     assert_eq!(names, ["empty", "mib"]);
     assert_eq!(files_under(&dir.path().join("blobs")).len(), 2);
 }
+
+#[tokio::test]
+async fn stored_bytes_are_summed_per_owner_largest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let alice1 = new_session(&store).await;
+    let alice2 = new_session(&store).await;
+    let bob = Nanoid::random();
+    store
+        .create_session(&bob, &SessionKey::from_stored("local:user:bob".to_owned()))
+        .await
+        .unwrap();
+    for (sid, name, content) in [
+        (&alice1, "a.txt", &b"12345"[..]),
+        (&alice2, "b.txt", &b"123"[..]),
+        (&bob, "c.txt", &b"1234567890"[..]),
+    ] {
+        store
+            .put_stream(new_object(sid, name), body(&[content]), 1024)
+            .await
+            .unwrap();
+    }
+    let rows = store.stored_by_owner(10).await.unwrap();
+    let got: Vec<(&str, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.owner.as_str(), r.bytes, r.files))
+        .collect();
+    assert_eq!(got, [("local:user:bob", 10, 1), ("local:user:alice", 8, 2)]);
+    assert_eq!(store.stored_by_owner(1).await.unwrap().len(), 1);
+}

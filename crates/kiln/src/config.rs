@@ -162,6 +162,12 @@ pub struct Config {
     pub max_run_files: usize,
     /// `/metrics` asks for the API key as well (with auth `api-key`).
     pub metrics_require_key: bool,
+    /// Serve the operator's web console at `/console/` (behind the API key
+    /// like the API; see docs/console.md).
+    pub console: bool,
+    /// Where each ended run's audit record goes: `stderr` (the `kiln::audit`
+    /// target of the log), a file path (JSON lines, appended), or `off`.
+    pub audit_log: String,
     /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
     /// as a minimal init that reaps orphans and forwards signals, and run
     /// the server as its child.
@@ -261,6 +267,8 @@ impl Default for Config {
             session_ttl_secs: 3600,
             max_run_files: 10,
             metrics_require_key: false,
+            console: true,
+            audit_log: "stderr".into(),
             pid1_init: true,
             services: BTreeMap::new(),
             services_file: None,
@@ -523,6 +531,8 @@ impl Config {
                 )
             }),
             max_waiting: self.max_queued_runs,
+            // opened by `build` (a file sink is IO)
+            audit: None,
         }
     }
 

@@ -155,9 +155,14 @@ async fn run(
     parsed: ParsedExec,
 ) -> Result<Response, ApiError> {
     let detach = parsed.detach;
-    let watch = state
-        .runs
-        .start(parsed.caller, parsed.req, StartOptions { detach })?;
+    let watch = state.runs.start(
+        parsed.caller,
+        parsed.req,
+        StartOptions {
+            detach,
+            request_id: crate::middleware::request_id(headers),
+        },
+    )?;
     if sse::wants_events(headers) {
         let run = watch.handle().clone();
         return Ok(sse::respond(run, Arc::new(CodeApi), Early::HttpError, watch).await);

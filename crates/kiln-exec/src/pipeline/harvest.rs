@@ -71,7 +71,7 @@ pub(crate) async fn harvest(
             read_only: false,
         };
         match store_output(store, ws, obj).await {
-            Ok(()) => {
+            Ok(bytes) => {
                 let f = OutputFile {
                     id: file_id,
                     name: g.name,
@@ -80,7 +80,7 @@ pub(crate) async fn harvest(
                     modified_from: g.modified_from,
                     entity_id: None,
                 };
-                run.file_stored(&f);
+                run.file_stored(&f, bytes);
                 h.files.push(f);
             }
             // a storage budget, not a failure: reported like the walker's caps
@@ -113,11 +113,12 @@ pub(crate) async fn harvest(
 }
 
 /// Opens one output without following links and streams it into the store.
+/// Stores one output; returns its size.
 async fn store_output(
     store: &Store,
     ws: &Arc<Workspace>,
     obj: NewObject,
-) -> Result<(), StoreError> {
+) -> Result<u64, StoreError> {
     let name = obj.name.as_str().to_owned();
     let path = name.clone();
     let opened = blocking(ws, move |ws| ws.open_regular(&name))
@@ -137,7 +138,7 @@ async fn store_output(
     store
         .put_stream(obj, body.map_err(std::io::Error::other), len)
         .await
-        .map(|_| ())
+        .map(|meta| meta.size)
 }
 
 /// A workspace session keeps one object per name: the outputs just stored

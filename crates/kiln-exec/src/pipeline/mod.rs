@@ -150,6 +150,7 @@ impl Executor {
             stage::stage(&inner.store, &ws, inputs, lang, &req.code),
         )
         .await?;
+        run.inputs_staged(staged.iter().map(|(name, s)| (name.clone(), s.size)));
 
         // run
         let steps = phase(
