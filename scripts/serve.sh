@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/serve.sh — the README's first command: start Kiln from a checkout.
 #
-# Owns: installing missing jail runtimes when it can (root, or sudo), then building and
+# Owns: installing missing jail runtimes when it can (root, or sudo), building the web
+# console's editor bundle when npm is there (scripts/build-console.sh), then building and
 # running `kiln serve` in release mode. Arguments go to `kiln serve`
 # (e.g. scripts/serve.sh --listen 0.0.0.0:8000 --data-dir /var/lib/kiln).
 set -euo pipefail
@@ -13,4 +14,6 @@ if ! scripts/install-runtimes.sh; then
   echo "serve: could not install every runtime (see above); starting anyway —" >&2
   echo "       languages whose runtime is missing will be unavailable (check: kiln doctor)." >&2
 fi
+# the console's CodeMirror editor (npm + esbuild); without npm the console uses a textarea
+scripts/build-console.sh || echo "serve: the console's editor bundle was not built; the console uses a textarea" >&2
 exec cargo run --release --locked -p kiln -- serve "$@"

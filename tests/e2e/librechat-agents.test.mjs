@@ -23,6 +23,7 @@ import {
   ToolNode,
   createBashExecutionTool,
   createCodeExecutionTool,
+  createToolSearch,
 } from '@librechat/agents';
 
 const KILN_URL = (process.env.KILN_URL || process.env.LIBRECHAT_CODE_BASEURL || '').replace(/\/+$/, '');
@@ -254,5 +255,24 @@ describe('LibreChat code tools against Kiln', () => {
     const msg = await agent.call('execute_code', { lang: 'js', code });
     assertToolSucceeded(msg);
     assert.match(msg.content, /^stdout:\njs sum 6$/m);
+  });
+
+  // tool_search in its default code_interpreter mode posts a generated JS search to /exec with no
+  // credentials at all, even on LibreChat versions that send a key: it works when auth is none.
+  it('f) tool_search (code_interpreter mode) runs its regex search on Kiln', {
+    timeout: STEP_TIMEOUT_MS,
+    skip: API_KEY ? 'tool_search sends no credentials; needs a Kiln with auth none' : false,
+  }, async () => {
+    const toolRegistry = new Map([
+      ['create_expense_report', { name: 'create_expense_report', description: 'Files an expense report for a trip', defer_loading: true }],
+      ['send_email', { name: 'send_email', description: 'Sends an email', defer_loading: true }],
+      ['expense_summary', { name: 'expense_summary', description: 'Totals expenses by month', defer_loading: true }],
+    ]);
+    const search = createToolSearch({ toolRegistry, baseUrl: KILN_URL });
+    const msg = await search.invoke({ id: 'call_e2e_ts', name: 'tool_search', args: { query: 'expense.*report' }, type: 'tool_call' });
+    assert.ok(!msg.artifact?.metadata?.error, `tool_search failed:\n${msg.content}`);
+    const names = msg.artifact.tool_references.map((r) => r.tool_name);
+    assert.deepEqual(names, ['create_expense_report'], msg.content);
+    assert.equal(msg.artifact.metadata.total_searched, 3);
   });
 });

@@ -9,9 +9,9 @@ use kiln_exec::{Runs, RunsConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{History, Operations};
+
 /// How callers authenticate.
-///
-/// Kept `non_exhaustive`: LibreChat-minted JWTs are the next mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AuthMode {
@@ -21,6 +21,22 @@ pub enum AuthMode {
     None,
     /// A shared key, accepted from `X-API-Key` or `Authorization: Bearer`.
     ApiKey,
+    /// LibreChat's CodeAPI token (`Authorization: Bearer <JWT>`, spec
+    /// §2.2); the caller is the token's, and nothing else names it.
+    Jwt,
+    /// Either: the shared key (identity from the request's hints, as with
+    /// `ApiKey`) or a token (identity from the token alone).
+    ApiKeyOrJwt,
+}
+
+impl AuthMode {
+    pub fn accepts_key(self) -> bool {
+        matches!(self, AuthMode::ApiKey | AuthMode::ApiKeyOrJwt)
+    }
+
+    pub fn accepts_jwt(self) -> bool {
+        matches!(self, AuthMode::Jwt | AuthMode::ApiKeyOrJwt)
+    }
 }
 
 /// Knobs of the HTTP layer. `Default` gives the documented defaults.
@@ -30,6 +46,9 @@ pub struct ApiConfig {
     /// The shared key for [`AuthMode::ApiKey`]; compared in constant time.
     /// With `ApiKey` and no key every authenticated route answers 401.
     pub api_key: Option<String>,
+    /// Verifies tokens for [`AuthMode::Jwt`] / [`AuthMode::ApiKeyOrJwt`];
+    /// without one those modes answer 500 (misconfigured).
+    pub jwt: Option<Arc<crate::jwt::JwtVerifier>>,
     /// Refuse identity-less requests (no `User-Id`, body `user_id` or
     /// `kind=user&id=`) with 401 instead of treating them as `anonymous`.
     pub require_identity: bool,
@@ -46,6 +65,10 @@ pub struct ApiConfig {
     /// `/metrics` asks for the API key too (with auth `api-key`); off, a
     /// scraper needs no key and the port should then stay private.
     pub metrics_require_key: bool,
+    /// Per-principal rate limits of LibreChat's routes (spec §4).
+    pub rate_limits: crate::rate::RateRules,
+    /// Serve the operator's web console at `/console/`.
+    pub console: bool,
 }
 
 impl Default for ApiConfig {
@@ -53,13 +76,16 @@ impl Default for ApiConfig {
         ApiConfig {
             auth: AuthMode::None,
             api_key: None,
+            jwt: None,
             require_identity: false,
             max_upload_bytes: 25 * 1024 * 1024,
             max_batch_files: 200,
-            max_json_bytes: 50 * 1024 * 1024,
+            max_json_bytes: 10 * 1024 * 1024,
             tenant: "local".to_owned(),
             max_run_files: 10,
             metrics_require_key: false,
+            rate_limits: crate::rate::RateRules::default(),
+            console: true,
         }
     }
 }
@@ -70,12 +96,16 @@ impl std::fmt::Debug for ApiConfig {
         f.debug_struct("ApiConfig")
             .field("auth", &self.auth)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("jwt", &self.jwt)
             .field("require_identity", &self.require_identity)
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("max_batch_files", &self.max_batch_files)
             .field("max_json_bytes", &self.max_json_bytes)
             .field("tenant", &self.tenant)
             .field("max_run_files", &self.max_run_files)
+            .field("rate_limits", &self.rate_limits)
+            .field("metrics_require_key", &self.metrics_require_key)
+            .field("console", &self.console)
             .finish()
     }
 }
@@ -145,6 +175,12 @@ pub struct AppState {
     /// Cancelled when the server begins shutting down: new runs are refused
     /// with 503 (runs already in flight are left to finish).
     pub shutdown: CancellationToken,
+    /// The rate limiters of [`ApiConfig::rate_limits`].
+    pub rates: Arc<crate::rate::RateLimits>,
+    /// What the sandbox knows, for `/admin/status` (`None`: not reported).
+    pub ops: Option<Arc<dyn Operations>>,
+    /// The last hour of key numbers (filled by [`crate::admin::spawn_sampler`]).
+    pub history: Arc<History>,
 }
 
 impl AppState {
@@ -163,10 +199,13 @@ impl AppState {
                 std::time::Duration::from_secs(3600),
             )),
             store,
+            rates: Arc::new(crate::rate::RateLimits::new(config.rate_limits)),
             config: Arc::new(config),
             health: Arc::new(health),
             metrics: None,
             shutdown: CancellationToken::new(),
+            ops: None,
+            history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
         }
     }
 }

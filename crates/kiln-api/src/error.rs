@@ -53,6 +53,15 @@ pub enum ApiError {
     /// Missing or wrong API key.
     #[error("missing or invalid credentials")]
     Unauthenticated,
+    /// Auth `jwt` and no `Authorization: Bearer`.
+    #[error("bearer token required")]
+    BearerRequired,
+    /// A bearer token that failed verification (the reason is logged).
+    #[error("invalid bearer token: {0}")]
+    InvalidBearer(#[from] crate::jwt::Reject),
+    /// Auth `jwt` without a usable verifier.
+    #[error("JWT auth is misconfigured")]
+    JwtMisconfigured,
     /// `require_identity` is on and the request carries no identity.
     #[error("request carries no user identity")]
     IdentityRequired,
@@ -86,6 +95,13 @@ pub enum ApiError {
     /// Reading the request body failed (client went away, bad framing).
     #[error("reading the request body failed: {0}")]
     ReadBody(String),
+    /// A store budget (the caller's quota, the disk's free-space floor)
+    /// refused the bytes (507).
+    #[error("storage refused: {0}")]
+    InsufficientStorage(StoreError),
+    /// The client paused sending the body longer than allowed.
+    #[error("the request body stalled")]
+    BodyTimeout,
     /// New work refused because the server is shutting down.
     #[error("service is shutting down")]
     ShuttingDown,
@@ -132,12 +148,36 @@ pub enum ApiError {
     /// No run of that id (or it is no longer kept).
     #[error("run {0} not found")]
     RunNotFound(Nanoid),
+    /// A rate limit of §4 refused the request.
+    #[error("rate limited ({class:?})")]
+    RateLimited {
+        class: crate::rate::Class,
+        verdict: crate::rate::Verdict,
+    },
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),
 }
 
 impl ApiError {
+    /// The message a client is shown for the storage refusals.
+    pub fn message(&self) -> String {
+        match self {
+            ApiError::InsufficientStorage(StoreError::QuotaExceeded { quota }) => format!(
+                "Storage quota exceeded: your stored files may take at most {} MiB; \
+                 delete some or wait for them to expire",
+                quota / (1024 * 1024)
+            ),
+            ApiError::InsufficientStorage(_) => {
+                "Insufficient storage on the server; try again later".to_owned()
+            }
+            other => other.status_and_body().1["error"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+
     /// Status and JSON body of the envelope.
     pub fn status_and_body(&self) -> (StatusCode, Value) {
         use ApiError::*;
@@ -164,6 +204,16 @@ impl ApiError {
                 }),
             ),
             Unauthenticated => plain(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            BearerRequired => plain(StatusCode::UNAUTHORIZED, "Bearer token is required"),
+            RateLimited { class, verdict } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                crate::rate::refusal_body(*class, verdict),
+            ),
+            InvalidBearer(_) => plain(StatusCode::UNAUTHORIZED, "Invalid bearer token"),
+            JwtMisconfigured => plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "CodeAPI JWT auth is misconfigured",
+            ),
             IdentityRequired => plain(StatusCode::UNAUTHORIZED, "Authentication is required"),
             SessionForbidden { .. } => plain(StatusCode::FORBIDDEN, "Unauthorized"),
             FileNotFound { .. } => plain(StatusCode::NOT_FOUND, "File not found"),
@@ -183,6 +233,8 @@ impl ApiError {
             }
             UnsupportedContentType(msg) => plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, msg),
             ReadBody(_) => plain(StatusCode::BAD_REQUEST, "Could not read the request body"),
+            BodyTimeout => plain(StatusCode::REQUEST_TIMEOUT, "Request body timed out"),
+            InsufficientStorage(_) => plain(StatusCode::INSUFFICIENT_STORAGE, &self.message()),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
             SessionLookup { .. } | Panic(_) => {
@@ -233,6 +285,17 @@ fn exec_envelope(e: &ExecError) -> (StatusCode, Value) {
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": "Internal server error" }),
         ),
+        ExecError::Busy { retry_after } => {
+            let secs = retry_seconds(*retry_after);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({
+                    "error": "server_busy",
+                    "message": format!("Too many executions waiting. Please retry in {secs} seconds."),
+                    "retry_after_seconds": secs,
+                }),
+            )
+        }
         ExecError::RateLimited { retry_after } => {
             let secs = retry_seconds(*retry_after);
             (
@@ -261,7 +324,13 @@ impl IntoResponse for ApiError {
             tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
         }
         let mut resp = (status, Json(body)).into_response();
-        if let ApiError::Exec(ExecError::RateLimited { retry_after }) = &self {
+        if let ApiError::RateLimited { verdict, .. } = &self {
+            crate::rate::stamp(resp.headers_mut(), verdict);
+        }
+        if let ApiError::Exec(
+            ExecError::RateLimited { retry_after } | ExecError::Busy { retry_after },
+        ) = &self
+        {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(retry_seconds(*retry_after)),

@@ -1,9 +1,11 @@
 //! Who is calling ([`Caller`]) and whether they may read a storage session
 //! ([`authorize_session`]), for every face.
 //!
-//! Identity sources, first hit wins: `User-Id` header → (for `/exec`) body
-//! `user_id` → `kind=user` + `id` (query, or upload form) → none. Without any
-//! the caller is "identity-less" and acts as user `anonymous`.
+//! Identity sources, first hit wins: a verified token ([`Identity`], set by
+//! the auth middleware; when there is one, nothing else is asked) →
+//! `User-Id` header → (for `/exec`) body `user_id` → `kind=user` + `id`
+//! (query, or upload form) → none. Without any the caller is
+//! "identity-less" and acts as user `anonymous`.
 //!
 //! Whether a caller may read a session is the one access rule of
 //! `kiln_core::access` (the executor asks the same rule about by-reference
@@ -21,9 +23,38 @@ pub use kiln_core::access::{ANONYMOUS, Caller};
 use crate::config::ApiConfig;
 use crate::error::ApiError;
 
-/// The caller from candidate user ids in priority order (`None` = source
-/// absent). Enforces `require_identity`.
-pub fn resolve_caller(config: &ApiConfig, candidates: &[Option<&str>]) -> Result<Caller, ApiError> {
+/// The caller a verified token named, if the request carried one: the
+/// auth middleware puts it in the request's extensions, handlers extract it.
+/// With one, the request's identity hints are never read, so with JWT the
+/// identity is a security boundary.
+#[derive(Debug, Clone, Default)]
+pub struct Identity(pub Option<Caller>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Identity {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<Identity>()
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+/// The caller: the verified one, else the first of the candidate user ids
+/// in priority order (`None` = source absent). Enforces `require_identity`.
+pub fn resolve_caller(
+    config: &ApiConfig,
+    verified: &Identity,
+    candidates: &[Option<&str>],
+) -> Result<Caller, ApiError> {
+    if let Some(c) = &verified.0 {
+        return Ok(c.clone());
+    }
     if let Some(c) = candidates.iter().flatten().next() {
         check_user_id(c)?;
         return Ok(Caller::identified(&config.tenant, c));
@@ -83,9 +114,19 @@ impl ScopeQuery {
         }
     }
 
-    /// The caller of a session route: `User-Id`, then `kind=user&id=`.
-    pub fn caller(&self, config: &ApiConfig, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        resolve_caller(config, &[header_user_id(headers)?, self.user_hint()])
+    /// The caller of a session route: the verified one, else `User-Id`,
+    /// then `kind=user&id=`.
+    pub fn caller(
+        &self,
+        config: &ApiConfig,
+        verified: &Identity,
+        headers: &HeaderMap,
+    ) -> Result<Caller, ApiError> {
+        resolve_caller(
+            config,
+            verified,
+            &[header_user_id(headers)?, self.user_hint()],
+        )
     }
 
     /// The claim these parameters make: `kind` (with `id`, `version`) or
@@ -211,17 +252,29 @@ mod tests {
 
     #[test]
     fn resolve_takes_the_first_present_source() {
-        let c = resolve_caller(&cfg(), &[None, Some("bob"), Some("carol")]).unwrap();
+        let c = resolve_caller(
+            &cfg(),
+            &Identity::default(),
+            &[None, Some("bob"), Some("carol")],
+        )
+        .unwrap();
         assert_eq!(c, Caller::identified("local", "bob"));
-        let c = resolve_caller(&cfg(), &[None, None]).unwrap();
+        let c = resolve_caller(&cfg(), &Identity::default(), &[None, None]).unwrap();
         assert_eq!(c, Caller::anonymous("local"));
         assert!(!c.identified);
     }
 
     #[test]
+    fn a_verified_caller_wins_over_every_hint() {
+        let token = Identity(Some(Caller::identified("t1", "alice")));
+        let c = resolve_caller(&cfg(), &token, &[Some("mallory")]).unwrap();
+        assert_eq!(c, Caller::identified("t1", "alice"));
+    }
+
+    #[test]
     fn resolve_rejects_malformed_ids_and_enforces_require_identity() {
         assert!(matches!(
-            resolve_caller(&cfg(), &[Some("a/b")]),
+            resolve_caller(&cfg(), &Identity::default(), &[Some("a/b")]),
             Err(ApiError::BadRequest(_))
         ));
         let strict = ApiConfig {
@@ -229,7 +282,7 @@ mod tests {
             ..cfg()
         };
         assert!(matches!(
-            resolve_caller(&strict, &[None]),
+            resolve_caller(&strict, &Identity::default(), &[None]),
             Err(ApiError::IdentityRequired)
         ));
     }

@@ -8,7 +8,8 @@
 //! | LibreChat (codeapi) | `POST /exec`, `POST /upload`, `POST /upload/batch`, `GET /download/{session_id}/{file_id}`, `GET /files/{session_id}`, `GET|DELETE /sessions/{session_id}/objects/{file_id}`, `DELETE /files/{session_id}/{file_id}`, `GET /health` | [`codeapi`] |
 //! | Kiln's runs | `GET /runs/{run_id}`, `GET /runs/{run_id}/events`, `POST /runs/{run_id}/cancel` | [`runs`] |
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
-//! | Operations | `GET /metrics`, `GET /openapi.json` (root only) | [`codeapi::health`], [`openapi`] |
+//! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs` (behind the key) | [`codeapi::health`], [`openapi`], [`admin`] |
+//! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
 //!
 //! Streaming (`Accept: text/event-stream` on the run-starting routes, and
 //! `/runs/{run_id}/events`) is [`sse`], shared by the faces. The OpenAPI
@@ -19,18 +20,24 @@
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500; then, per authenticated route, API-key auth (each face answers a
-//! failure in its own envelope).
+//! 500; then, per authenticated route, authentication (API key or
+//! LibreChat's JWT; each face answers a failure in its own envelope) and,
+//! on LibreChat's routes, the per-principal rate limits of [`rate`].
 
+pub mod admin;
 pub mod body;
 pub mod codeapi;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod identity;
+pub mod jwt;
 pub mod middleware;
 pub mod openapi;
 pub mod proxy;
+pub mod rate;
 pub mod runs;
+pub mod server;
 pub mod sse;
 
 pub use codeapi::{exec, files, health, upload};
@@ -73,6 +80,13 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run))
         .routes(routes!(runs::run_events))
         .routes(routes!(runs::cancel_run))
+        .routes(routes!(admin::status))
+        .routes(routes!(admin::runs))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate::limit,
+        ))
+        // outer: authentication runs first, so limits count principals
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::auth,
@@ -139,8 +153,14 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(middleware::profile))
         .layer(CatchPanicLayer::custom(middleware::panic_response));
 
+    let console = if state.config.console {
+        console::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
         .nest("/v1", api.clone())
+        .merge(console)
         .merge(api)
         .merge(root)
         .route("/v1/openapi.json", get(openapi::openapi_json))

@@ -16,6 +16,7 @@ use tower_http::request_id::{MakeRequestId, RequestId};
 
 use crate::config::{AppState, AuthMode};
 use crate::error::{ApiError, PROFILE};
+use crate::identity::{Caller, Identity};
 
 /// Request header naming the profile the client expects.
 pub const EXPECTED_PROFILE: HeaderName = HeaderName::from_static("x-codeapi-expected-profile");
@@ -23,6 +24,14 @@ pub const EXPECTED_PROFILE: HeaderName = HeaderName::from_static("x-codeapi-expe
 pub const EXECUTION_PROFILE: HeaderName = HeaderName::from_static("x-codeapi-execution-profile");
 /// The request id header (generated when absent, echoed on the response).
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's id (set by the request-id layer), for the audit log.
+pub fn request_id(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
 
 /// Check `X-CodeAPI-Expected-Profile` before anything else and stamp
 /// `X-CodeAPI-Execution-Profile: default` on every response.
@@ -54,61 +63,115 @@ fn check_profile(req: &Request) -> Result<(), ApiError> {
     }
 }
 
-/// Whether the request passes API-key authentication (always, with auth
-/// `none`). The key is compared in constant time and never logged.
-pub fn authenticated(state: &AppState, req: &Request) -> bool {
-    match state.config.auth {
-        AuthMode::None => true,
-        AuthMode::ApiKey => match state.config.api_key.as_deref() {
-            Some(expected) => presented_keys(req).any(|k| key_matches(k, expected)),
-            None => false,
-        },
+/// Authenticates the request under the configured mode: the verified
+/// caller of a token, an empty [`Identity`] when the mode is `none` or the
+/// shared key matched, or the refusal. Keys are compared in constant time;
+/// neither keys nor tokens are ever logged.
+///
+/// - `api-key`: a matching `X-API-Key` or `Bearer` value, else 401
+///   `Unauthorized`.
+/// - `jwt`: a `Bearer` token that verifies (§2.2), else 401 `Bearer token
+///   is required` / `Invalid bearer token`.
+/// - `api-key,jwt`: a matching key; else a `Bearer` value is verified as a
+///   token; else `Unauthorized` when a wrong `X-API-Key` was sent, `Bearer
+///   token is required` when nothing was.
+///
+/// `/health` is outside every mode.
+pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiError> {
+    let mode = state.config.auth;
+    if mode == AuthMode::None {
+        return Ok(Identity::default());
+    }
+    if mode.accepts_key()
+        && let Some(expected) = state.config.api_key.as_deref()
+        && presented_keys(req).any(|k| key_matches(k, expected))
+    {
+        return Ok(Identity::default());
+    }
+    if !mode.accepts_jwt() {
+        return Err(ApiError::Unauthenticated);
+    }
+    let Some(verifier) = state.config.jwt.as_deref() else {
+        return Err(ApiError::JwtMisconfigured);
+    };
+    let Some(token) = bearer(req) else {
+        return Err(
+            if mode.accepts_key() && req.headers().contains_key("x-api-key") {
+                ApiError::Unauthenticated
+            } else {
+                ApiError::BearerRequired
+            },
+        );
+    };
+    let token = std::str::from_utf8(token).map_err(|_| crate::jwt::Reject::Malformed)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    match verifier.verify(token, now) {
+        Ok(p) => Ok(Identity(Some(Caller::identified(&p.tenant, &p.user_id)))),
+        Err(reason) => {
+            tracing::info!(%reason, "bearer token refused");
+            Err(reason.into())
+        }
     }
 }
 
-/// API-key authentication for LibreChat's and Kiln's routes it wraps (not
-/// `/health`, `/metrics`).
+/// Authentication for LibreChat's and Kiln's routes it wraps (not
+/// `/health`, `/metrics`); the verified caller goes into the request's
+/// extensions for the handlers' [`Identity`] extractor.
 pub async fn auth(
     State(state): State<AppState>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> axum::response::Response {
-    if authenticated(&state, &req) {
-        next.run(req).await
-    } else {
-        ApiError::Unauthenticated.into_response()
+    match authenticate(&state, &req) {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
     }
 }
 
 /// The same check for seed 000's routes, answered in that face's envelope.
 pub async fn proxy_auth(
     State(state): State<AppState>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> axum::response::Response {
-    if authenticated(&state, &req) {
-        next.run(req).await
-    } else {
-        let sent = presented_keys(&req).next().is_some();
-        crate::proxy::unauthorized(sent)
+    match authenticate(&state, &req) {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(e) => {
+            let sent = presented_keys(&req).next().is_some();
+            crate::proxy::unauthorized(e, sent)
+        }
     }
+}
+
+/// The `Authorization: Bearer` value, if any.
+fn bearer(req: &Request) -> Option<&[u8]> {
+    req.headers()
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter()
+        .find_map(|v| {
+            let v = v.as_bytes();
+            let (scheme, rest) = v.split_at_checked(7)?;
+            scheme
+                .eq_ignore_ascii_case(b"bearer ")
+                .then(|| rest.trim_ascii())
+                .filter(|t| !t.is_empty())
+        })
 }
 
 /// Keys the request presents: `X-API-Key` values and `Bearer` tokens.
 fn presented_keys(req: &Request) -> impl Iterator<Item = &[u8]> {
     let headers = req.headers();
     let api_keys = headers.get_all("x-api-key").iter().map(|v| v.as_bytes());
-    let bearers = headers
-        .get_all(axum::http::header::AUTHORIZATION)
-        .iter()
-        .filter_map(|v| {
-            let v = v.as_bytes();
-            let (scheme, rest) = v.split_at_checked(7)?;
-            scheme
-                .eq_ignore_ascii_case(b"bearer ")
-                .then(|| rest.trim_ascii())
-        });
-    api_keys.chain(bearers)
+    api_keys.chain(bearer(req))
 }
 
 fn key_matches(presented: &[u8], expected: &str) -> bool {

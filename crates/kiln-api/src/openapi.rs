@@ -55,7 +55,10 @@ pub fn document(api: OpenApi, root: OpenApi) -> OpenApi {
             "Seed 000",
             "The code-interpreter-proxy API of seed 000, under /v1/librechat",
         ),
-        tag("Operations", "Metrics and this document"),
+        tag(
+            "Operations",
+            "Metrics, this document, and the operator's status and recent runs (`/admin/*`, what the web console at /console/ shows)",
+        ),
     ]);
     doc
 }

@@ -42,7 +42,7 @@ use crate::body::read_limited;
 use crate::codeapi::files::{file_response, iso8601};
 use crate::config::AppState;
 use crate::error::{ApiError, retry_seconds};
-use crate::identity::{Caller, authorize, header_user_id, resolve_caller};
+use crate::identity::{Caller, Identity, authorize, header_user_id, resolve_caller};
 use crate::sse::{self, Early, Face};
 
 /// An error of this face: `{"detail": <message>, "error": <code>}`.
@@ -132,6 +132,17 @@ impl From<ExecError> for ProxyError {
                     )
                 }
             }
+            ExecError::Busy { retry_after } => {
+                let secs = retry_seconds(retry_after);
+                ProxyError {
+                    retry_after: Some(secs),
+                    ..ProxyError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        format!("Too many runs waiting. Please retry in {secs} seconds."),
+                    )
+                }
+            }
             ExecError::ShuttingDown => ProxyError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -191,21 +202,39 @@ impl From<OpenError> for ProxyError {
     }
 }
 
-/// The 401 of this face (API-key auth failed).
-pub fn unauthorized(key_sent: bool) -> Response {
-    let detail = if key_sent {
-        "Invalid API key"
-    } else {
-        "Missing API key (send it in the x-api-key header)"
+/// The 401 of this face (authentication failed with `e`).
+pub fn unauthorized(e: ApiError, key_sent: bool) -> Response {
+    let (status, detail) = match e {
+        ApiError::Unauthenticated if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),
+        ApiError::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            "Missing API key (send it in the x-api-key header)",
+        ),
+        ApiError::BearerRequired => (StatusCode::UNAUTHORIZED, "Bearer token is required"),
+        ApiError::JwtMisconfigured => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "CodeAPI JWT auth is misconfigured",
+        ),
+        _ => (StatusCode::UNAUTHORIZED, "Invalid bearer token"),
     };
-    ProxyError::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).into_response()
+    let code = if status.is_server_error() {
+        "internal_error"
+    } else {
+        "unauthorized"
+    };
+    ProxyError::new(status, code, detail).into_response()
 }
 
 /// The caller: the `User-Id` header, else anonymous (the API key alone
 /// identifies nobody).
-fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ProxyError> {
+fn caller(
+    state: &AppState,
+    identity: &Identity,
+    headers: &HeaderMap,
+) -> Result<Caller, ProxyError> {
     Ok(resolve_caller(
         &state.config,
+        identity,
         &[header_user_id(headers).map_err(ProxyError::from)?],
     )?)
 }
@@ -419,22 +448,27 @@ impl Face for Proxy {
         (status = 408, description = "The run timed out: its partial output and stats", body = RunResponse),
         (status = 429, description = "Too many runs", body = ProxyErrorBody),
         (status = 500, description = "Internal fault", body = ProxyErrorBody),
+        (status = 503, description = "Too many runs waiting, or shutting down (`Retry-After`)", body = ProxyErrorBody),
     )
 )]
 pub async fn run(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ProxyError> {
     if state.shutdown.is_cancelled() {
         return Err(ExecError::ShuttingDown.into());
     }
+    if let Some(retry_after) = state.runs.saturated() {
+        return Err(ExecError::Busy { retry_after }.into());
+    }
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
     // the error names the field: `code: invalid type: integer 5, expected a string`
     let body: RunBody =
         serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
             .map_err(|e| ProxyError::bad(format!("invalid body: {e}")))?;
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let lang = Language::resolve(&body.language).ok_or_else(|| {
         ProxyError::bad(format!(
             "language: unsupported language {:?}",
@@ -464,7 +498,11 @@ pub async fn run(
         timeout_ms,
         outputs: Outputs::Workspace(session.clone()),
     };
-    let watch = state.runs.start(caller, req, StartOptions::default())?;
+    let opts = StartOptions {
+        request_id: crate::middleware::request_id(&headers),
+        ..StartOptions::default()
+    };
+    let watch = state.runs.start(caller, req, opts)?;
     let face = Arc::new(Proxy {
         state: state.clone(),
         session_name: body.session_id,
@@ -539,7 +577,7 @@ async fn inputs(
                 id: m.file_id,
                 storage_session_id: m.session_id,
                 name,
-                kind: Kind::User,
+                kind: Some(Kind::User),
                 resource_id: None,
                 version: None,
                 entity_id: None,
@@ -605,11 +643,12 @@ pub struct UploadedFile {
 )]
 pub async fn upload(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     query: Result<Query<SessionParam>, QueryRejection>,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let mut session_name = query
         .map_err(|_| ProxyError::bad("invalid query string"))?
         .0
@@ -671,6 +710,13 @@ pub async fn upload(
                     Err(StoreError::BodyRead(_)) => {
                         return Err(ProxyError::bad("invalid multipart body"));
                     }
+                    Err(e @ (StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. })) => {
+                        return Err(ProxyError::new(
+                            StatusCode::INSUFFICIENT_STORAGE,
+                            "insufficient_storage",
+                            crate::error::ApiError::InsufficientStorage(e).message(),
+                        ));
+                    }
                     Err(e) => return Err(ProxyError::internal(e)),
                 };
                 // one file per request: what follows is not read
@@ -719,10 +765,11 @@ pub struct FileList {
 )]
 pub async fn list(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     query: Result<Query<SessionParam>, QueryRejection>,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let name = query
         .map_err(|_| ProxyError::bad("invalid query string"))?
         .0
@@ -769,10 +816,11 @@ fn path_id(p: FilePath) -> Result<String, ProxyError> {
 )]
 pub async fn download(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: FilePath,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let id = path_id(path)?;
     let meta = readable(&state, &caller, &id).await?;
     let stream = match state.store.read(&meta).await {
@@ -808,10 +856,11 @@ pub struct Deleted {
 )]
 pub async fn delete(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: FilePath,
 ) -> Result<Response, ProxyError> {
-    let caller = caller(&state, &headers)?;
+    let caller = caller(&state, &identity, &headers)?;
     let id = path_id(path)?;
     let meta = readable(&state, &caller, &id).await?;
     let deleted = state

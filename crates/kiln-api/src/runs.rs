@@ -26,7 +26,7 @@ use utoipa::ToSchema;
 use crate::codeapi::exec::{CodeApi, ExecResponse};
 use crate::config::AppState;
 use crate::error::ApiError;
-use crate::identity::{authorize, header_user_id, parse_id, resolve_caller};
+use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
 use crate::sse::{self, Early};
 
 /// Where to find a run.
@@ -198,10 +198,15 @@ impl RunView {
 type RunPath = Result<Path<String>, PathRejection>;
 
 /// The run named in the path, if the caller may see it.
-fn find(state: &AppState, headers: &HeaderMap, path: RunPath) -> Result<RunHandle, ApiError> {
+fn find(
+    state: &AppState,
+    identity: &Identity,
+    headers: &HeaderMap,
+    path: RunPath,
+) -> Result<RunHandle, ApiError> {
     let Path(id) = path.map_err(|_| ApiError::MalformedId)?;
     let id = parse_id(&id)?;
-    let caller = resolve_caller(&state.config, &[header_user_id(headers)?])?;
+    let caller = resolve_caller(&state.config, identity, &[header_user_id(headers)?])?;
     let run = state
         .runs
         .get(&id)
@@ -228,10 +233,11 @@ fn find(state: &AppState, headers: &HeaderMap, path: RunPath) -> Result<RunHandl
 )]
 pub async fn get_run(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: RunPath,
 ) -> Result<Response, ApiError> {
-    let run = find(&state, &headers, path)?;
+    let run = find(&state, &identity, &headers, path)?;
     Ok(Json(RunView::of(&run)).into_response())
 }
 
@@ -252,10 +258,11 @@ pub async fn get_run(
 )]
 pub async fn run_events(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: RunPath,
 ) -> Result<Response, ApiError> {
-    let run = find(&state, &headers, path)?;
+    let run = find(&state, &identity, &headers, path)?;
     Ok(sse::respond(run.clone(), Arc::new(CodeApi), Early::Event, ()).await)
 }
 
@@ -273,14 +280,16 @@ pub async fn run_events(
         (status = 200, description = "The run had already ended", body = RunView),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn cancel_run(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: RunPath,
 ) -> Result<Response, ApiError> {
-    let run = find(&state, &headers, path)?;
+    let run = find(&state, &identity, &headers, path)?;
     let over = run.info().phase.is_over();
     if !over {
         tracing::info!(run = %run.id(), "run cancelled on request");

@@ -66,22 +66,22 @@ async fn g2_and_g3_references_reach_the_executor_intact() {
         (ID1, ID2)
     );
     assert_eq!(user.name.as_str(), "data/in.csv");
-    assert_eq!(user.kind, Kind::User);
+    assert_eq!(user.kind, Some(Kind::User));
     assert_eq!(user.resource_id.as_deref(), Some("alice"));
     assert_eq!(user.version, None);
 
     let agent = as_ref(&req.files[1]);
-    assert_eq!(agent.kind, Kind::Agent);
+    assert_eq!(agent.kind, Some(Kind::Agent));
     assert_eq!(agent.resource_id.as_deref(), Some("agent_abc"));
 
     let skill = as_ref(&req.files[2]);
-    assert_eq!(skill.kind, Kind::Skill);
+    assert_eq!(skill.kind, Some(Kind::Skill));
     assert_eq!(skill.version.as_deref(), Some("3"));
     assert_eq!(skill.name.as_str(), "pptx/SKILL.md");
 }
 
 #[tokio::test]
-async fn g1_references_map_session_id_and_entity_id() {
+async fn g1_references_map_session_id_and_claim_only_their_entity() {
     let s = start(ApiConfig::default()).await;
     let body = json!({
         "lang": "py",
@@ -97,18 +97,52 @@ async fn g1_references_map_session_id_and_entity_id() {
     let (_, req) = s.exec.last();
     let plain = as_ref(&req.files[0]);
     assert_eq!(plain.storage_session_id.as_str(), ID2);
-    assert_eq!(plain.kind, Kind::User);
-    assert_eq!(plain.entity_id, None);
+    assert_eq!(plain.kind, None);
+    assert!(plain.claim().is_none(), "a bare G1 ref claims nothing");
 
     let agent = as_ref(&req.files[1]);
     assert_eq!(agent.storage_session_id.as_str(), ID4);
-    assert_eq!(agent.kind, Kind::Agent);
-    assert_eq!(agent.resource_id.as_deref(), Some("agent_9"));
+    assert_eq!(agent.kind, None);
     assert_eq!(agent.entity_id.as_deref(), Some("agent_9"));
 
     let own = as_ref(&req.files[2]);
-    assert_eq!(own.kind, Kind::User);
     assert_eq!(own.entity_id.as_deref(), Some("alice"));
+}
+
+#[tokio::test]
+async fn a_top_level_entity_id_claims_for_refs_that_claim_nothing() {
+    let s = start(ApiConfig::default()).await;
+    let body = json!({
+        "lang": "py",
+        "code": "",
+        "entity_id": "agent_7",
+        "files": [
+            {"id": ID1, "session_id": ID2, "name": "a.txt"},
+            {"id": ID3, "storage_session_id": ID4, "name": "b.txt"},
+            {"id": ID2, "session_id": ID1, "name": "c.txt", "entity_id": "agent_8"},
+            {"id": ID4, "storage_session_id": ID3, "name": "d.txt", "kind": "user"},
+        ],
+    });
+    assert_eq!(post(&s, &body).await.status(), 200);
+    let (_, req) = s.exec.last();
+    let entities: Vec<Option<&str>> = req
+        .files
+        .iter()
+        .map(|f| as_ref(f).entity_id.as_deref())
+        .collect();
+    assert_eq!(
+        entities,
+        [Some("agent_7"), Some("agent_7"), Some("agent_8"), None]
+    );
+    // with the caller's own user scope beside the entity
+    let kinds: Vec<Option<Kind>> = req.files.iter().map(|f| as_ref(f).kind).collect();
+    assert_eq!(
+        kinds,
+        [Some(Kind::User), Some(Kind::User), None, Some(Kind::User)]
+    );
+    let bad = json!({"lang": "py", "code": "", "entity_id": "a b"});
+    let r = post(&s, &bad).await;
+    assert_eq!(r.status(), 400);
 }
 
 #[tokio::test]

@@ -26,8 +26,9 @@ pub use egress::{SERVICES_PORT, SERVICES_URL};
 pub use kiln_egress::install_crypto_provider;
 pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
 pub use runs::{
-    CancelReason, Phase, RunContext, RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions,
-    Step, Stream, Subscriber, Watch,
+    AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, CancelReason, Phase, RunContext,
+    RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions, Step, Stream, Subscriber,
+    TracingAudit, Watch,
 };
 pub use types::*;
 pub use walker::WalkLimits;

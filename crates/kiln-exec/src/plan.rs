@@ -7,8 +7,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kiln_core::Kind;
-
 use crate::types::{ExecError, InputFile};
 
 /// Most inputs one execution accepts.
@@ -31,7 +29,7 @@ pub fn plan_inputs(files: Vec<InputFile>) -> Result<Vec<InputFile>, ExecError> {
     let mut last_user_ref_for_name: HashMap<String, usize> = HashMap::new();
     for (i, f) in deduped.iter().enumerate() {
         if let InputFile::Ref(r) = f
-            && r.kind == Kind::User
+            && r.is_user_scoped()
         {
             last_user_ref_for_name.insert(r.name.as_str().to_owned(), i);
         }
@@ -40,7 +38,7 @@ pub fn plan_inputs(files: Vec<InputFile>) -> Result<Vec<InputFile>, ExecError> {
         .into_iter()
         .enumerate()
         .filter(|(i, f)| match f {
-            InputFile::Ref(r) if r.kind == Kind::User => {
+            InputFile::Ref(r) if r.is_user_scoped() => {
                 last_user_ref_for_name.get(r.name.as_str()) == Some(i)
             }
             _ => true,
@@ -87,7 +85,7 @@ pub(crate) fn name_of(f: &InputFile) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use kiln_core::{Nanoid, RelPath};
+    use kiln_core::{Kind, Nanoid, RelPath};
 
     use super::*;
     use crate::types::InputRef;
@@ -97,7 +95,7 @@ mod tests {
             id: id.clone(),
             storage_session_id: sid.clone(),
             name: RelPath::parse(name).unwrap(),
-            kind: Kind::User,
+            kind: Some(Kind::User),
             resource_id: None,
             version: None,
             entity_id: None,
@@ -109,7 +107,7 @@ mod tests {
             id: Nanoid::random(),
             storage_session_id: Nanoid::random(),
             name: RelPath::parse(name).unwrap(),
-            kind: Kind::Agent,
+            kind: Some(Kind::Agent),
             resource_id: Some("agent_x".into()),
             version: None,
             entity_id: None,

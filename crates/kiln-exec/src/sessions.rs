@@ -191,6 +191,7 @@ mod tests {
         let store = Store::open(kiln_store::StoreConfig {
             dir: dir.path().to_path_buf(),
             retention: Duration::from_secs(3600),
+            budget: Default::default(),
         })
         .await
         .unwrap();

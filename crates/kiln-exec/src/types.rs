@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kiln_core::access::Claim;
 use kiln_core::outcome::{ExitStatus, RunStatus};
 use kiln_core::{Kind, Language, Nanoid, RelPath, Usage};
 
@@ -48,12 +49,34 @@ pub struct InputRef {
     pub id: Nanoid,
     pub storage_session_id: Nanoid,
     pub name: RelPath,
-    /// Ownership kind the caller claims (G1 refs default to `user`).
-    pub kind: Kind,
+    /// Ownership kind the ref claims; `None` when it names no scope (G1
+    /// `{id, session_id, name}`, community `{id, storage_session_id, name}`):
+    /// then only `entity_id` claims anything, and without it the ref is read
+    /// under the access rule's no-claim branch, like a download without one.
+    pub kind: Option<Kind>,
     pub resource_id: Option<String>,
     pub version: Option<String>,
     /// Echoed on inherited outputs when the ref carried one (G1).
     pub entity_id: Option<String>,
+}
+
+impl InputRef {
+    /// A `user` ref, or one that claims no scope (G1's default kind): for
+    /// these the last ref per name wins.
+    pub fn is_user_scoped(&self) -> bool {
+        matches!(self.kind, None | Some(Kind::User))
+    }
+
+    /// The claim this ref makes for the access rule: its scope, its G1
+    /// entity, both, or — neither given — none.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            scope: self
+                .kind
+                .map(|k| (k, self.resource_id.clone(), self.version.clone())),
+            entity_id: self.entity_id.clone(),
+        }
+    }
 }
 
 /// A completed run (whatever the exit code).
@@ -99,6 +122,9 @@ pub struct Truncation {
     pub size: u32,
     pub path: u32,
     pub unreadable: u32,
+    /// Past a storage budget: the run's output total, the owner's quota or
+    /// the disk's free-space floor.
+    pub storage: u32,
     /// Up to 20 skipped relative paths.
     pub skipped: Vec<String>,
     pub skipped_count: u32,
@@ -143,6 +169,9 @@ pub enum ExecError {
     /// The caller started too many runs recently (429).
     #[error("rate limited: retry in {}s", retry_after.as_secs())]
     RateLimited { retry_after: Duration },
+    /// Too many runs are waiting for their turn already (503).
+    #[error("busy: retry in {}s", retry_after.as_secs())]
+    Busy { retry_after: Duration },
 }
 
 /// What the run registry needs from an executor: run one execution to its

@@ -42,6 +42,10 @@ pub struct StagedInput {
 pub struct WalkLimits {
     pub max_output_files: usize,
     pub max_file_bytes: u64,
+    /// Most bytes (logical sizes: a sparse file counts in full, as it will
+    /// be stored) all of one run's new outputs may total; outputs past it
+    /// are skipped with the reason `storage`.
+    pub max_total_bytes: u64,
 }
 
 /// A file to store as a new output.
@@ -49,6 +53,8 @@ pub struct WalkLimits {
 pub struct Generated {
     pub name: String,
     pub modified_from: Option<(Nanoid, Nanoid)>,
+    /// Its size when walked.
+    pub size: u64,
 }
 
 /// An unchanged (or read-only) input echoed with its original ids.
@@ -112,6 +118,19 @@ pub fn walk(
             skip(&mut trunc, g.name, |t| &mut t.max_files);
         }
     }
+    // the run's byte budget, in walk order (small files first would favour
+    // many small outputs over the one a program meant; keep its order)
+    let mut total = 0u64;
+    let mut kept = Vec::with_capacity(generated.len());
+    for g in generated {
+        if total.saturating_add(g.size) > limits.max_total_bytes {
+            skip(&mut trunc, g.name, |t| &mut t.storage);
+        } else {
+            total += g.size;
+            kept.push(g);
+        }
+    }
+    let generated = kept;
     let room = max - generated.len();
     if inherited.len() > room {
         for i in inherited.drain(room..) {
@@ -243,6 +262,7 @@ impl Walker<'_> {
                     self.candidates_generated.push(Generated {
                         name: rel.to_owned(),
                         modified_from: Some(origin.clone()),
+                        size,
                     });
                     return Ok(());
                 }
@@ -260,12 +280,18 @@ impl Walker<'_> {
         self.candidates_generated.push(Generated {
             name: rel.to_owned(),
             modified_from: None,
+            size,
         });
         Ok(())
     }
 }
 
-fn skip(t: &mut Truncation, name: String, reason: impl FnOnce(&mut Truncation) -> &mut u32) {
+/// Records a skipped output under `reason`.
+pub(crate) fn skip(
+    t: &mut Truncation,
+    name: String,
+    reason: impl FnOnce(&mut Truncation) -> &mut u32,
+) {
     *reason(t) += 1;
     t.skipped_count += 1;
     if t.skipped.len() < MAX_SKIPPED_LISTED {
@@ -308,6 +334,7 @@ mod tests {
         WalkLimits {
             max_output_files: 50,
             max_file_bytes: 1024,
+            max_total_bytes: 4096,
         }
     }
 
@@ -406,7 +433,8 @@ mod tests {
             w.generated,
             [Generated {
                 name: "data.csv".into(),
-                modified_from: origin
+                modified_from: origin,
+                size: 4,
             }]
         );
     }
@@ -481,6 +509,26 @@ mod tests {
         assert_eq!(t.depth, 1);
         assert_eq!(t.skipped_count, 2);
         assert!(t.skipped.contains(&"big.txt".to_owned()));
+    }
+
+    #[test]
+    fn outputs_past_the_runs_byte_total_are_skipped_for_storage() {
+        let d = tempfile::tempdir().unwrap();
+        // 1000 bytes each, logical: sparse files count in full
+        for i in 0..6 {
+            let f = fs::File::create(d.path().join(format!("s{i}.bin"))).unwrap();
+            f.set_len(1000).unwrap();
+        }
+        let w = run(d.path(), &HashMap::new());
+        // the limit is 4096 bytes: four fit
+        assert_eq!(w.generated.len(), 4);
+        assert_eq!(w.generated.iter().map(|g| g.size).sum::<u64>(), 4000);
+        let t = w.truncation.unwrap();
+        assert_eq!((t.storage, t.skipped_count), (2, 2));
+        assert!(
+            w.deleted.is_empty(),
+            "a truncated walk reports no deletions"
+        );
     }
 
     #[test]

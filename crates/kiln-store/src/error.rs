@@ -9,6 +9,16 @@ pub enum StoreError {
     #[error("object is larger than the {limit}-byte limit")]
     TooLarge { limit: u64 },
 
+    /// Storing it would take the owner past their byte quota; nothing was
+    /// stored.
+    #[error("the owner's storage quota of {quota} bytes is used up")]
+    QuotaExceeded { quota: u64 },
+
+    /// Storing it would take the disk below the free-space floor; nothing
+    /// was stored.
+    #[error("the disk is at its free-space floor of {floor} bytes")]
+    DiskFull { floor: u64 },
+
     /// The session or object does not exist (or its bytes are gone).
     #[error("not found")]
     NotFound,

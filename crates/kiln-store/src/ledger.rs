@@ -129,6 +129,7 @@ mod tests {
         let store = Store::open(StoreConfig {
             dir: dir.path().to_owned(),
             retention: Duration::from_secs(3600),
+            budget: Default::default(),
         })
         .await
         .expect("open");

@@ -12,7 +12,7 @@
 //! PUBLIC API CONTRACT (other crates code against these signatures):
 //!
 //! ```text
-//! pub struct StoreConfig { pub dir: PathBuf, pub retention: Duration }
+//! pub struct StoreConfig { pub dir: PathBuf, pub retention: Duration, pub budget: StorageBudget }
 //! pub struct Store;                                   // Clone (Arc inside)
 //! impl Store {
 //!   pub async fn open(cfg: StoreConfig) -> Result<Store, StoreError>;
@@ -48,6 +48,7 @@ mod error;
 mod gc;
 mod ledger;
 mod meta;
+mod usage;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +63,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio_util::io::ReaderStream;
 
 pub use error::StoreError;
+pub use usage::StoredBytes;
 
 use crate::blobs::{Blobs, READ_CHUNK, open_untrusted_regular, run_blocking};
 use crate::meta::Meta;
@@ -73,6 +75,22 @@ pub struct StoreConfig {
     pub dir: PathBuf,
     /// How long objects and sessions live (the caller's default is 24 h).
     pub retention: Duration,
+    /// Limits on the bytes stored.
+    pub budget: StorageBudget,
+}
+
+/// Limits on the bytes stored, checked on every put (uploads and run
+/// outputs alike): past one, the put fails with `QuotaExceeded` or
+/// `DiskFull` and nothing of it remains. Sizes are logical (a sparse file
+/// counts at its full length, as it is stored). Concurrent puts of one
+/// owner are checked against the same total, so each may overshoot the
+/// quota by at most its own size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageBudget {
+    /// Most bytes the sessions one owner created may hold; `None`: no quota.
+    pub owner_quota_bytes: Option<u64>,
+    /// Free space the store's filesystem always keeps; `0`: none.
+    pub min_free_bytes: u64,
 }
 
 /// An object about to be stored.
@@ -142,6 +160,9 @@ struct Inner {
     meta: Meta,
     blobs: Blobs,
     retention: Duration,
+    budget: StorageBudget,
+    /// The store's directory (its filesystem's free space is the floor's).
+    dir: PathBuf,
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -173,6 +194,8 @@ impl Store {
                 meta,
                 blobs,
                 retention: cfg.retention,
+                budget: cfg.budget,
+                dir: cfg.dir,
             }),
         })
     }
@@ -188,9 +211,68 @@ impl Store {
         self.inner.meta.close().await;
     }
 
-    /// Record a new storage session bound to `key`. `Conflict` if `id` exists.
+    /// Record a new storage session bound to `key`, owned by `key` (a
+    /// user's own session). `Conflict` if `id` exists.
     pub async fn create_session(&self, id: &Nanoid, key: &SessionKey) -> Result<(), StoreError> {
-        self.inner.meta.insert_session(id, key, now_ms()).await
+        self.inner.meta.insert_session(id, key, key, now_ms()).await
+    }
+
+    /// Record a new storage session bound to `key` whose bytes count
+    /// against `owner`'s quota (an agent's or skill's files uploaded by a
+    /// user). `Conflict` if `id` exists.
+    pub async fn create_session_owned(
+        &self,
+        id: &Nanoid,
+        key: &SessionKey,
+        owner: &SessionKey,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .meta
+            .insert_session(id, key, owner, now_ms())
+            .await
+    }
+
+    /// Bytes stored in the sessions `owner` created.
+    pub async fn owner_bytes(&self, owner: &SessionKey) -> Result<u64, StoreError> {
+        self.inner.meta.owner_bytes(owner.as_str()).await
+    }
+
+    /// Free bytes (for unprivileged users) on the store's filesystem.
+    pub fn free_bytes(&self) -> Result<u64, StoreError> {
+        let dir = &self.inner.dir;
+        let st = nix::sys::statvfs::statvfs(dir.as_path())
+            .map_err(|e| StoreError::io("statvfs", dir, std::io::Error::from(e)))?;
+        Ok(u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size())))
+    }
+
+    /// The most bytes a put into `owner`'s session may write under the
+    /// budget, and the error to report when the budget, not the caller's
+    /// `max_bytes`, is what cut it.
+    async fn budget_limit(
+        &self,
+        owner: &str,
+        max_bytes: u64,
+    ) -> Result<(u64, Option<StoreError>), StoreError> {
+        let budget = self.inner.budget;
+        let mut limit = max_bytes;
+        let mut cut = None;
+        if let Some(quota) = budget.owner_quota_bytes {
+            let left = quota.saturating_sub(self.inner.meta.owner_bytes(owner).await?);
+            if left < limit {
+                limit = left;
+                cut = Some(StoreError::QuotaExceeded { quota });
+            }
+        }
+        if budget.min_free_bytes > 0 {
+            let left = self.free_bytes()?.saturating_sub(budget.min_free_bytes);
+            if left < limit {
+                limit = left;
+                cut = Some(StoreError::DiskFull {
+                    floor: budget.min_free_bytes,
+                });
+            }
+        }
+        Ok((limit, cut))
     }
 
     pub async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError> {
@@ -242,15 +324,22 @@ impl Store {
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
         let inner = &self.inner;
-        if inner.meta.session(&obj.session_id).await?.is_none() {
+        let Some(owner) = inner.meta.session_owner(&obj.session_id).await? else {
             return Err(StoreError::NotFound);
-        }
+        };
+        let (limit, cut) = self.budget_limit(&owner, max_bytes).await?;
         let version = random_version();
         let (sid, fid) = (obj.session_id.as_str(), obj.file_id.as_str());
-        let written = inner
-            .blobs
-            .write(sid, fid, &version, body, max_bytes)
-            .await?;
+        let written = match (
+            inner.blobs.write(sid, fid, &version, body, limit).await,
+            cut,
+        ) {
+            (Err(StoreError::TooLarge { .. }), Some(cut)) => {
+                tracing::info!(session = sid, owner = %owner, reason = %cut, "put refused");
+                return Err(cut);
+            }
+            (written, _) => written?,
+        };
         let meta = ObjectMeta {
             session_id: obj.session_id.clone(),
             file_id: obj.file_id.clone(),

@@ -137,15 +137,18 @@ impl Meta {
         &self,
         id: &Nanoid,
         key: &SessionKey,
+        owner: &SessionKey,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let res =
-            sqlx::query("INSERT INTO sessions (id, session_key, created_at) VALUES (?, ?, ?)")
-                .bind(id.as_str())
-                .bind(key.as_str())
-                .bind(now_ms)
-                .execute(&self.pool)
-                .await;
+        let res = sqlx::query(
+            "INSERT INTO sessions (id, session_key, owner, created_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(id.as_str())
+        .bind(key.as_str())
+        .bind(owner.as_str())
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await;
         match res {
             Ok(_) => Ok(()),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => {
@@ -162,6 +165,28 @@ impl Meta {
                 .fetch_optional(&self.pool)
                 .await?;
         row.map(SessionInfo::try_from).transpose()
+    }
+
+    /// The owner of session `id` (`None`: no such session).
+    pub(crate) async fn session_owner(&self, id: &Nanoid) -> Result<Option<String>, StoreError> {
+        let row: Option<(Option<String>, String)> =
+            sqlx::query_as("SELECT owner, session_key FROM sessions WHERE id = ?")
+                .bind(id.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(owner, key)| owner.unwrap_or(key)))
+    }
+
+    /// Bytes stored in every session `owner` created.
+    pub(crate) async fn owner_bytes(&self, owner: &str) -> Result<u64, StoreError> {
+        let (sum,): (i64,) = sqlx::query_as(
+            "SELECT COALESCE(SUM(o.size), 0) FROM objects o \
+             JOIN sessions s ON s.id = o.session_id WHERE s.owner = ?",
+        )
+        .bind(owner)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(sum).unwrap_or(0))
     }
 
     /// Record a completely written object. `NotFound` when its session does

@@ -20,6 +20,7 @@ async fn open(dir: &Path) -> Store {
     Store::open(StoreConfig {
         dir: dir.to_path_buf(),
         retention: DAY,
+        budget: Default::default(),
     })
     .await
     .unwrap()
@@ -661,4 +662,149 @@ async fn fifty_parallel_puts_and_reads_all_succeed() {
     let names: Vec<_> = listed.iter().map(|m| m.name.clone()).collect();
     let expected: Vec<_> = (0..50).map(|i| format!("f{i:02}.txt")).collect();
     assert_eq!(names, expected);
+}
+
+async fn open_with(dir: &Path, budget: kiln_store::StorageBudget) -> Store {
+    Store::open(StoreConfig {
+        dir: dir.to_path_buf(),
+        retention: DAY,
+        budget,
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with(
+        dir.path(),
+        kiln_store::StorageBudget {
+            owner_quota_bytes: Some(10),
+            min_free_bytes: 0,
+        },
+    )
+    .await;
+    let alice = key();
+    let bob = SessionKey::from_stored("local:user:bob".to_owned());
+    let agent = SessionKey::from_stored("local:agent:a1".to_owned());
+    // alice's own session and an agent's session she uploaded to both count
+    let own = new_session(&store).await;
+    let shared = Nanoid::random();
+    store
+        .create_session_owned(&shared, &agent, &alice)
+        .await
+        .unwrap();
+    store
+        .put_stream(new_object(&own, "a"), body(&[b"123456"]), 100)
+        .await
+        .unwrap();
+    store
+        .put_stream(new_object(&shared, "b"), body(&[b"123"]), 100)
+        .await
+        .unwrap();
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 9);
+    // one byte left: two are refused, nothing of them remains
+    let e = store
+        .put_stream(new_object(&own, "c"), body(&[b"12"]), 100)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    assert_eq!(store.list(&own).await.unwrap().len(), 1);
+    // the caller's own smaller limit still reads as too large
+    let e = store
+        .put_stream(new_object(&own, "d"), body(&[b"12"]), 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::TooLarge { .. }), "{e}");
+    // bob is not affected
+    let bobs = Nanoid::random();
+    store.create_session(&bobs, &bob).await.unwrap();
+    store
+        .put_stream(new_object(&bobs, "x"), body(&[b"0123456789"]), 100)
+        .await
+        .unwrap();
+    // deleting frees alice's quota
+    let listed = store.list(&own).await.unwrap();
+    assert!(store.delete(&own, &listed[0].file_id).await.unwrap());
+    store
+        .put_stream(new_object(&own, "c"), body(&[b"12"]), 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        files_under(&dir.path().join("blobs")).len(),
+        3,
+        "a, deleted, took its blob along"
+    );
+}
+
+#[tokio::test]
+async fn below_the_free_space_floor_a_put_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let free = open(dir.path()).await.free_bytes().unwrap();
+    assert!(free > 1 << 20, "{free}");
+    let floor = |min_free_bytes| kiln_store::StorageBudget {
+        owner_quota_bytes: None,
+        min_free_bytes,
+    };
+    // a floor well under what is free (other writers on this disk cannot
+    // close a gap this wide during the test): puts pass
+    let roomy = open_with(dir.path(), floor(free / 2)).await;
+    let sid = new_session(&roomy).await;
+    let mib = vec![0u8; 1 << 20];
+    roomy
+        .put_stream(new_object(&sid, "mib"), body(&[&mib]), 1 << 30)
+        .await
+        .unwrap();
+    drop(roomy);
+    // a floor over what is free: every byte is refused, nothing remains
+    let full = open_with(dir.path(), floor(free + (1 << 30))).await;
+    let e = full
+        .put_stream(new_object(&sid, "one"), body(&[b"x"]), 1 << 30)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::DiskFull { .. }), "{e}");
+    // an empty file costs nothing and is kept
+    full.put_stream(new_object(&sid, "empty"), body(&[]), 1 << 30)
+        .await
+        .unwrap();
+    let names: Vec<String> = full
+        .list(&sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(names, ["empty", "mib"]);
+    assert_eq!(files_under(&dir.path().join("blobs")).len(), 2);
+}
+
+#[tokio::test]
+async fn stored_bytes_are_summed_per_owner_largest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let alice1 = new_session(&store).await;
+    let alice2 = new_session(&store).await;
+    let bob = Nanoid::random();
+    store
+        .create_session(&bob, &SessionKey::from_stored("local:user:bob".to_owned()))
+        .await
+        .unwrap();
+    for (sid, name, content) in [
+        (&alice1, "a.txt", &b"12345"[..]),
+        (&alice2, "b.txt", &b"123"[..]),
+        (&bob, "c.txt", &b"1234567890"[..]),
+    ] {
+        store
+            .put_stream(new_object(sid, name), body(&[content]), 1024)
+            .await
+            .unwrap();
+    }
+    let rows = store.stored_by_owner(10).await.unwrap();
+    let got: Vec<(&str, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.owner.as_str(), r.bytes, r.files))
+        .collect();
+    assert_eq!(got, [("local:user:bob", 10, 1), ("local:user:alice", 8, 2)]);
+    assert_eq!(store.stored_by_owner(1).await.unwrap().len(), 1);
 }

@@ -27,12 +27,39 @@ pub struct Config {
     /// or — when a directory above the data dir is closed to others, as
     /// `/root` is — `/var/lib/kiln/work-<hash of the data dir's path>`.
     pub work_dir: Option<PathBuf>,
-    /// `none` or `api-key`. Unset: `api-key` when a key is set, else `none`.
+    /// `none`, `api-key`, `jwt` or `api-key,jwt`. Unset: `api-key` when a
+    /// key is set, else `none`.
     pub auth: Option<String>,
     /// The shared API key (also read from `LIBRECHAT_CODE_API_KEY` and `CI_API_KEY`).
     pub api_key: Option<String>,
     /// Refuse reads of stored files by requests that carry no user identity.
     pub require_identity: bool,
+    /// JWT (LibreChat's CodeAPI token): the issuer tokens must name.
+    pub jwt_issuer: String,
+    /// JWT: the audience tokens must name.
+    pub jwt_audience: String,
+    /// JWT: accepted algorithms, e.g. `EdDSA,RS256`. Unset: EdDSA and RS256,
+    /// plus HS256 when `jwt_hs256_secret` is set.
+    pub jwt_allowed_algs: Option<String>,
+    /// JWT: a JWKS file (`{"keys": [...]}`, Ed25519 or RSA, each with `kid`).
+    pub jwt_jwks_file: Option<PathBuf>,
+    /// JWT: a directory of public keys (PEM or JWK), the file name without
+    /// extension being the `kid`.
+    pub jwt_public_keys_dir: Option<PathBuf>,
+    /// JWT: one public key file (PEM or JWK), under `jwt_kid`.
+    pub jwt_public_key_file: Option<PathBuf>,
+    /// JWT: the `kid` of `jwt_public_key_file` (LibreChat's default).
+    pub jwt_kid: String,
+    /// JWT: a shared HS256 secret (development; enables HS256).
+    pub jwt_hs256_secret: Option<String>,
+    /// JWT: the `kid` of `jwt_hs256_secret`.
+    pub jwt_hs256_kid: String,
+    /// JWT: clock skew allowed, seconds (at most 30).
+    pub jwt_clock_skew_secs: u64,
+    /// JWT: longest token lifetime (`exp - iat`) accepted, seconds (at most 300).
+    pub jwt_max_lifetime_secs: u64,
+    /// JWT: refuse tokens without `tenant_id` (else they get the default tenant).
+    pub jwt_require_tenant: bool,
     /// Executions running at once; more requests queue.
     pub max_concurrency: u32,
     /// Memory limit per execution, MiB.
@@ -67,6 +94,16 @@ pub struct Config {
     pub max_output_files: usize,
     /// Largest output file harvested, MiB.
     pub max_output_file_mb: u64,
+    /// Most bytes all new outputs of one run may total, MiB (logical sizes:
+    /// a sparse file counts in full); outputs past it are skipped and listed.
+    pub max_run_output_mb: u64,
+    /// Most bytes one user's stored files (uploads and outputs, until they
+    /// expire) may total, MiB; past it uploads get 507 and outputs are
+    /// skipped. 0: no quota.
+    pub user_storage_mb: u64,
+    /// Free space the data dir's filesystem always keeps, MiB: a file that
+    /// would go below it is refused (uploads 507, outputs skipped). 0: none.
+    pub min_free_disk_mb: u64,
     /// How long stored files are kept, hours (LibreChat assumes ≥ 24).
     pub retention_hours: u64,
     /// How often expired files are collected, seconds.
@@ -113,6 +150,18 @@ pub struct Config {
     pub rate_limit_runs: u32,
     /// The window of `rate_limit_runs`, seconds.
     pub rate_limit_window_secs: u64,
+    /// Per-principal limit of `POST /exec` (`<count>/<s|min|hour|day>`, or `off`).
+    pub rate_exec: String,
+    /// Per-principal limit of `POST /upload` and `/upload/batch`.
+    pub rate_upload: String,
+    /// Per-principal limit of `GET /download/...`.
+    pub rate_download: String,
+    /// Per-principal limit of `GET /files/...` and object metadata.
+    pub rate_list: String,
+    /// Per-principal limit of the delete routes.
+    pub rate_delete: String,
+    /// Per-principal limit of `POST /runs/{run_id}/cancel`.
+    pub rate_cancel: String,
     /// Seed 000's API: a session idle this long is emptied, files included,
     /// seconds (the seed's `session_ttl_minutes = 60`).
     pub session_ttl_secs: u64,
@@ -120,6 +169,12 @@ pub struct Config {
     pub max_run_files: usize,
     /// `/metrics` asks for the API key as well (with auth `api-key`).
     pub metrics_require_key: bool,
+    /// Serve the operator's web console at `/console/` (behind the API key
+    /// like the API; see docs/console.md).
+    pub console: bool,
+    /// Where each ended run's audit record goes: `stderr` (the `kiln::audit`
+    /// target of the log), a file path (JSON lines, appended), or `off`.
+    pub audit_log: String,
     /// When `kiln serve` is PID 1 (a container without an init), keep PID 1
     /// as a minimal init that reaps orphans and forwards signals, and run
     /// the server as its child.
@@ -137,6 +192,18 @@ pub struct Config {
     pub egress_max_per_run: usize,
     /// How long the egress ledger keeps a call, days.
     pub egress_ledger_days: u64,
+    /// Seconds a client has to send a request head (also the idle limit of
+    /// a kept-alive connection between requests).
+    pub http_header_timeout_secs: u64,
+    /// Longest pause, seconds, between two pieces of a request body (408 beyond).
+    pub http_body_idle_timeout_secs: u64,
+    /// Connections served at once; more get 503 with `Retry-After` and are closed.
+    pub max_connections: usize,
+    /// Largest JSON request body, MiB (413 beyond).
+    pub max_json_mb: u64,
+    /// Runs that may wait for an execution slot; more are refused with 503
+    /// and `Retry-After` instead of queueing without bound. 0: no bound.
+    pub max_queued_runs: usize,
 }
 
 impl Default for Config {
@@ -148,6 +215,18 @@ impl Default for Config {
             work_dir: None,
             auth: None,
             api_key: None,
+            jwt_issuer: "librechat".to_owned(),
+            jwt_audience: "codeapi".to_owned(),
+            jwt_allowed_algs: None,
+            jwt_jwks_file: None,
+            jwt_public_keys_dir: None,
+            jwt_public_key_file: None,
+            jwt_kid: "lc-codeapi-2026-05".to_owned(),
+            jwt_hs256_secret: None,
+            jwt_hs256_kid: "hs256-dev".to_owned(),
+            jwt_clock_skew_secs: 30,
+            jwt_max_lifetime_secs: 300,
+            jwt_require_tenant: false,
             require_identity: false,
             max_concurrency: 8,
             memory_mb: l.memory_bytes / (1024 * 1024),
@@ -165,6 +244,9 @@ impl Default for Config {
             max_batch_files: 200,
             max_output_files: 50,
             max_output_file_mb: 10,
+            max_run_output_mb: 100,
+            user_storage_mb: 2048,
+            min_free_disk_mb: 1024,
             retention_hours: 24,
             gc_interval_secs: 600,
             shutdown_grace_secs: 20,
@@ -184,15 +266,28 @@ impl Default for Config {
             run_retention_mb: 64,
             rate_limit_runs: 0,
             rate_limit_window_secs: 60,
+            rate_exec: "600/min".to_owned(),
+            rate_upload: "600/min".to_owned(),
+            rate_download: "1200/min".to_owned(),
+            rate_list: "1200/min".to_owned(),
+            rate_delete: "600/min".to_owned(),
+            rate_cancel: "600/min".to_owned(),
             session_ttl_secs: 3600,
             max_run_files: 10,
             metrics_require_key: false,
+            console: true,
+            audit_log: "stderr".into(),
             pid1_init: true,
             services: BTreeMap::new(),
             services_file: None,
             egress_max_concurrent: 8,
             egress_max_per_run: 4,
             egress_ledger_days: 90,
+            http_header_timeout_secs: 10,
+            http_body_idle_timeout_secs: 30,
+            max_connections: 512,
+            max_json_mb: 10,
+            max_queued_runs: 64,
         }
     }
 }
@@ -202,6 +297,10 @@ impl Default for Config {
 pub enum Auth {
     None,
     ApiKey,
+    /// LibreChat's CodeAPI token only.
+    Jwt,
+    /// The shared key or a token.
+    ApiKeyOrJwt,
 }
 
 impl Config {
@@ -272,6 +371,7 @@ impl Config {
         if self.rate_limit_runs > 0 && self.rate_limit_window_secs == 0 {
             bail!("rate_limit_window_secs must be at least 1 when rate_limit_runs is set");
         }
+        self.rate_rules()?;
         if self.session_ttl_secs == 0 {
             bail!("session_ttl_secs must be at least 1");
         }
@@ -305,6 +405,90 @@ impl Config {
             .with_context(|| format!("listen address {:?} is not host:port", self.listen))
     }
 
+    /// The per-principal limits of LibreChat's routes (`rate_*`).
+    pub fn rate_rules(&self) -> anyhow::Result<kiln_api::rate::RateRules> {
+        let rule = |key: &str, v: &str| -> anyhow::Result<Option<kiln_api::rate::Rule>> {
+            if matches!(v.trim(), "off" | "0" | "") {
+                return Ok(None);
+            }
+            let r = kiln_egress::Rate::parse(v).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+            Ok(Some(kiln_api::rate::Rule {
+                max: r.count,
+                window: r.per,
+            }))
+        };
+        Ok(kiln_api::rate::RateRules {
+            exec: rule("rate_exec", &self.rate_exec)?,
+            upload: rule("rate_upload", &self.rate_upload)?,
+            download: rule("rate_download", &self.rate_download)?,
+            fetch: rule("rate_list", &self.rate_list)?,
+            delete: rule("rate_delete", &self.rate_delete)?,
+            cancel: rule("rate_cancel", &self.rate_cancel)?,
+        })
+    }
+
+    /// With JWT on, some key must be configured and the limits hold.
+    fn check_jwt_keys(&self) -> anyhow::Result<()> {
+        if self.jwt_jwks_file.is_none()
+            && self.jwt_public_keys_dir.is_none()
+            && self.jwt_public_key_file.is_none()
+            && self.jwt_hs256_secret.as_deref().is_none_or(str::is_empty)
+        {
+            bail!(
+                "auth uses jwt but no key is configured: set jwt_jwks_file, jwt_public_keys_dir, \
+                 jwt_public_key_file or jwt_hs256_secret"
+            );
+        }
+        if self.jwt_clock_skew_secs > kiln_api::jwt::MAX_SKEW_SECS {
+            bail!("jwt_clock_skew_secs must be at most 30");
+        }
+        if self.jwt_max_lifetime_secs == 0
+            || self.jwt_max_lifetime_secs > kiln_api::jwt::MAX_LIFETIME_SECS
+        {
+            bail!("jwt_max_lifetime_secs must be between 1 and 300");
+        }
+        if let Some(algs) = &self.jwt_allowed_algs {
+            kiln_api::jwt::parse_algs(algs)?;
+        }
+        Ok(())
+    }
+
+    /// The token verifier of the JWT settings, its keys read from their
+    /// files; `None` unless auth uses JWT.
+    pub fn jwt_verifier(&self) -> anyhow::Result<Option<kiln_api::jwt::JwtVerifier>> {
+        use kiln_api::jwt::{JwtKeys, JwtVerifier, parse_algs};
+        if !matches!(self.auth_mode()?, Auth::Jwt | Auth::ApiKeyOrJwt) {
+            return Ok(None);
+        }
+        let mut keys = JwtKeys::default();
+        if let Some(f) = &self.jwt_jwks_file {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("read jwt_jwks_file {}", f.display()))?;
+            keys.add_jwks(&text)?;
+        }
+        if let Some(d) = &self.jwt_public_keys_dir {
+            keys.add_dir(d)?;
+        }
+        if let Some(f) = &self.jwt_public_key_file {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("read jwt_public_key_file {}", f.display()))?;
+            keys.add_public_key(&self.jwt_kid, &text)?;
+        }
+        if let Some(secret) = self.jwt_hs256_secret.as_deref().filter(|s| !s.is_empty()) {
+            keys.add_hs256(&self.jwt_hs256_kid, secret.as_bytes());
+        }
+        let mut v = JwtVerifier::new(keys, "local")?;
+        v.issuer = self.jwt_issuer.clone();
+        v.audience = self.jwt_audience.clone();
+        if let Some(algs) = &self.jwt_allowed_algs {
+            v.allowed_algs = parse_algs(algs)?;
+        }
+        v.skew_secs = self.jwt_clock_skew_secs;
+        v.max_lifetime_secs = self.jwt_max_lifetime_secs;
+        v.require_tenant = self.jwt_require_tenant;
+        Ok(Some(v))
+    }
+
     pub fn auth_mode(&self) -> anyhow::Result<Auth> {
         let key_set = self.api_key.as_deref().is_some_and(|k| !k.is_empty());
         match self.auth.as_deref() {
@@ -316,10 +500,22 @@ impl Config {
                 }
                 Ok(Auth::ApiKey)
             }
-            Some("jwt") | Some("api-key,jwt") => {
-                bail!("auth mode {:?} is not supported yet", self.auth)
+            Some("jwt") => {
+                self.check_jwt_keys()?;
+                Ok(Auth::Jwt)
             }
-            Some(other) => bail!("unknown auth mode {other:?} (use none or api-key)"),
+            Some("api-key,jwt") | Some("jwt,api-key") => {
+                if !key_set {
+                    bail!(
+                        "auth is api-key,jwt but no KILN_API_KEY (or LIBRECHAT_CODE_API_KEY) is set"
+                    );
+                }
+                self.check_jwt_keys()?;
+                Ok(Auth::ApiKeyOrJwt)
+            }
+            Some(other) => {
+                bail!("unknown auth mode {other:?} (use none, api-key, jwt or api-key,jwt)")
+            }
         }
     }
 
@@ -335,6 +531,15 @@ impl Config {
         })
     }
 
+    /// Limits on the bytes the store keeps.
+    pub fn storage_budget(&self) -> kiln_store::StorageBudget {
+        kiln_store::StorageBudget {
+            owner_quota_bytes: (self.user_storage_mb > 0)
+                .then(|| self.user_storage_mb.saturating_mul(1024 * 1024)),
+            min_free_bytes: self.min_free_disk_mb.saturating_mul(1024 * 1024),
+        }
+    }
+
     /// Settings of the run registry.
     pub fn runs(&self) -> kiln_exec::RunsConfig {
         kiln_exec::RunsConfig {
@@ -348,6 +553,9 @@ impl Config {
                     Duration::from_secs(self.rate_limit_window_secs),
                 )
             }),
+            max_waiting: self.max_queued_runs,
+            // opened by `build` (a file sink is IO)
+            audit: None,
         }
     }
 
@@ -435,6 +643,66 @@ mod tests {
             ..Config::default()
         };
         assert!(c.auth_mode().is_err());
+    }
+
+    #[test]
+    fn jwt_needs_a_key_and_builds_a_verifier_from_it() {
+        let c = Config {
+            auth: Some("jwt".into()),
+            ..Config::default()
+        };
+        assert!(c.auth_mode().is_err(), "jwt without any key");
+        let c = Config {
+            auth: Some("jwt".into()),
+            jwt_hs256_secret: Some("s".into()),
+            ..Config::default()
+        };
+        assert_eq!(c.auth_mode().unwrap(), Auth::Jwt);
+        let v = c.jwt_verifier().unwrap().expect("a verifier");
+        assert_eq!(
+            (v.issuer.as_str(), v.audience.as_str()),
+            ("librechat", "codeapi")
+        );
+        assert!(v.allowed_algs.contains(&jsonwebtoken::Algorithm::HS256));
+        let both = Config {
+            auth: Some("api-key,jwt".into()),
+            jwt_hs256_secret: Some("s".into()),
+            ..Config::default()
+        };
+        assert!(both.auth_mode().is_err(), "api-key,jwt without a key");
+        let too_long = Config {
+            jwt_max_lifetime_secs: 301,
+            ..c.clone()
+        };
+        assert!(too_long.auth_mode().is_err());
+        let missing = Config {
+            auth: Some("jwt".into()),
+            jwt_public_key_file: Some("/nonexistent/key.pem".into()),
+            ..Config::default()
+        };
+        assert!(
+            missing.jwt_verifier().is_err(),
+            "an unreadable key file stops the start"
+        );
+        assert!(Config::default().jwt_verifier().unwrap().is_none());
+    }
+
+    #[test]
+    fn rate_limits_parse_per_class_and_turn_off() {
+        let c = Config {
+            rate_exec: "20/min".into(),
+            rate_cancel: "off".into(),
+            ..Config::default()
+        };
+        let r = c.rate_rules().unwrap();
+        assert_eq!(r.exec, Some(kiln_api::rate::Rule::new(20, 60)));
+        assert_eq!(r.cancel, None);
+        assert_eq!(r.download, Some(kiln_api::rate::Rule::new(1200, 60)));
+        let bad = Config {
+            rate_upload: "lots".into(),
+            ..Config::default()
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

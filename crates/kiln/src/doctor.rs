@@ -331,6 +331,13 @@ pub fn judge_auth(auth: &anyhow::Result<Auth>, addr: SocketAddr) -> Finding {
             format!("{e:#}"),
             "KILN_AUTH=none, or KILN_AUTH=api-key with KILN_API_KEY set (docs/librechat.md)",
         ),
+        Ok(Auth::Jwt | Auth::ApiKeyOrJwt) => Finding::ok(
+            CHECK,
+            format!(
+                "jwt on {addr}: requests need LibreChat's CodeAPI token (CODEAPI_AUTH_PROVIDER=librechat-jwt \
+                 on LibreChat's side), and the caller is the token's user"
+            ),
+        ),
         Ok(Auth::ApiKey) => Finding::ok(
             CHECK,
             format!(

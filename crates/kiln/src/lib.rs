@@ -3,8 +3,11 @@
 //! commands. `main.rs` is a thin CLI over this; integration tests start the
 //! same server through [`testing`].
 
+pub mod audit;
 pub mod config;
 pub mod doctor;
+mod ops;
+pub mod remote;
 pub mod testing;
 
 use std::os::unix::ffi::OsStrExt;
@@ -19,7 +22,9 @@ use config::{Auth, Config};
 use kiln_core::Language;
 use kiln_core::access::Caller;
 use kiln_exec::sessions::FileSessions;
-use kiln_exec::{ExecConfig, ExecRequest, Executor, Outputs, Runs, StartOptions, WalkLimits};
+use kiln_exec::{
+    ExecConfig, ExecRequest, Executor, Outputs, RunEvent, Runs, StartOptions, Stream, WalkLimits,
+};
 use kiln_sandbox::{JailSource, Sandbox, SandboxConfig, WarmConfig, ZygoteStart};
 use kiln_store::{Store, StoreConfig};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -55,6 +60,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let store = Store::open(StoreConfig {
         dir: data.join("store"),
         retention: Duration::from_secs(config.retention_hours * 3600),
+        budget: config.storage_budget(),
     })
     .await
     .context("open store")?;
@@ -88,8 +94,12 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         walk: WalkLimits {
             max_output_files: config.max_output_files,
             max_file_bytes: config.max_output_file_mb * 1024 * 1024,
+            max_total_bytes: config.max_run_output_mb * 1024 * 1024,
         },
         egress: build_egress(&config, &store)?,
+        access: kiln_core::access::Policy {
+            require_identity: config.require_identity,
+        },
     };
     let jails = if config.warm_jails > 0 {
         // warm profiles come from the language table; the fork-server
@@ -113,7 +123,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         JailSource::cold(sandbox)
     };
     let executor = Executor::new(store.clone(), Arc::new(jails.clone()), ec);
-    let runs = Runs::new(Arc::new(executor), config.runs());
+    let mut runs_config = config.runs();
+    runs_config.audit = audit::sink(&config.audit_log).context("audit_log")?;
+    let runs = Runs::new(Arc::new(executor), runs_config);
     let sessions = Arc::new(FileSessions::new(
         store.clone(),
         Duration::from_secs(config.session_ttl_secs),
@@ -251,14 +263,26 @@ pub async fn serve(
         auth: match auth {
             Auth::None => kiln_api::AuthMode::None,
             Auth::ApiKey => kiln_api::AuthMode::ApiKey,
+            Auth::Jwt => kiln_api::AuthMode::Jwt,
+            Auth::ApiKeyOrJwt => kiln_api::AuthMode::ApiKeyOrJwt,
         },
+        jwt: kiln.config.jwt_verifier()?.map(std::sync::Arc::new),
         api_key: kiln.config.api_key.clone(),
         require_identity: kiln.config.require_identity,
         max_upload_bytes: kiln.config.max_upload_mb * 1024 * 1024,
         max_batch_files: kiln.config.max_batch_files,
         max_run_files: kiln.config.max_run_files,
         metrics_require_key: kiln.config.metrics_require_key,
+        max_json_bytes: usize::try_from(kiln.config.max_json_mb * 1024 * 1024)
+            .unwrap_or(usize::MAX),
+        rate_limits: kiln.config.rate_rules()?,
+        console: kiln.config.console,
         ..kiln_api::ApiConfig::default()
+    };
+    let conn_limits = kiln_api::server::ConnLimits {
+        header_timeout: Duration::from_secs(kiln.config.http_header_timeout_secs.max(1)),
+        body_idle_timeout: Duration::from_secs(kiln.config.http_body_idle_timeout_secs.max(1)),
+        max_connections: kiln.config.max_connections.max(1),
     };
     let stop_new = CancellationToken::new();
     let runs = kiln.runs.clone();
@@ -266,6 +290,7 @@ pub async fn serve(
         store: kiln.store.clone(),
         runs: runs.clone(),
         sessions: Arc::clone(&kiln.sessions),
+        rates: Arc::new(kiln_api::rate::RateLimits::new(api_config.rate_limits)),
         config: Arc::new(api_config),
         health: Arc::new(kiln_api::HealthInfo {
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -273,7 +298,10 @@ pub async fn serve(
         }),
         metrics: metrics_handle(),
         shutdown: stop_new.clone(),
+        ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
+        history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
     };
+    let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
     let app = kiln_api::router(state);
 
     // garbage collection of expired files, and of idle seed-000 sessions
@@ -338,9 +366,7 @@ pub async fn serve(
             runs.close();
         }
     };
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(graceful)
-        .into_future();
+    let server = kiln_api::server::serve(listener, app, conn_limits, graceful);
     tokio::pin!(server);
     let result = tokio::select! {
         r = &mut server => {
@@ -368,6 +394,7 @@ pub async fn serve(
         }
     };
     gc.abort();
+    sampler.abort();
     runs.wait_idle(Duration::from_secs(10)).await;
     if let Some(pool) = kiln.jails.warm_pool() {
         pool.shutdown().await;
@@ -432,6 +459,8 @@ fn log_startup(config: &Config) -> anyhow::Result<()> {
         ),
         Auth::None => info!("auth: none (loopback only)"),
         Auth::ApiKey => info!("auth: api-key (X-API-Key or Authorization: Bearer)"),
+        Auth::Jwt => info!("auth: jwt (LibreChat's CodeAPI token as Authorization: Bearer)"),
+        Auth::ApiKeyOrJwt => info!("auth: api-key or jwt"),
     }
     let l = config.limits();
     info!(
@@ -613,8 +642,8 @@ pub fn health_check(config: &Config, timeout: Duration) -> ExitCode {
     }
 }
 
-/// `kiln exec`: run one file through the same sandbox, print its output,
-/// exit with its exit code.
+/// `kiln exec`: run one file through the same sandbox, print its output as
+/// it is written, exit with its exit code.
 pub async fn exec_file(
     mut config: Config,
     lang: &str,
@@ -638,15 +667,39 @@ pub async fn exec_file(
         timeout_ms: None,
         outputs: Outputs::NewSession,
     };
+    // the program's output is printed as it writes it (the run's events),
+    // then whatever the result holds beyond that (a compile step's output)
+    let mut streamed = [String::new(), String::new()];
     let result = match kiln.runs.start(caller, req, StartOptions::default()) {
-        Ok(watch) => (*watch.outcome().await).clone(),
+        Ok(watch) => {
+            let mut events = watch.subscribe();
+            let mut outcome = None;
+            while let Some(ev) = events.next().await {
+                match ev {
+                    RunEvent::Output { stream, text } => {
+                        write_through(stream, &text);
+                        streamed[stream as usize].push_str(&text);
+                    }
+                    RunEvent::Done(o) => outcome = Some((*o).clone()),
+                    _ => {}
+                }
+            }
+            outcome.unwrap_or_else(|| {
+                Err(kiln_exec::ExecError::Internal(
+                    "run ended without an outcome".into(),
+                ))
+            })
+        }
         Err(e) => Err(e),
     };
     drop(kiln);
     let _ = std::fs::remove_dir_all(&tmp);
     let r = result.map_err(|e| anyhow::anyhow!("execution failed: {e}"))?;
-    print!("{}", r.stdout);
-    eprint!("{}", r.stderr);
+    for (stream, full) in [(Stream::Stdout, &r.stdout), (Stream::Stderr, &r.stderr)] {
+        if let Some(rest) = full.strip_prefix(streamed[stream as usize].as_str()) {
+            write_through(stream, rest);
+        }
+    }
     for f in &r.files {
         eprintln!("[kiln] output file: {}", f.name);
     }
@@ -654,6 +707,18 @@ pub async fn exec_file(
         kiln_core::ExitStatus::Code(c) => ExitCode::from(c.clamp(0, 255) as u8),
         kiln_core::ExitStatus::Signal(s) => ExitCode::from((128 + s).clamp(0, 255) as u8),
     })
+}
+
+/// Writes `text` to our stdout or stderr at once.
+pub(crate) fn write_through(stream: Stream, text: &str) {
+    use std::io::Write as _;
+    let _ = match stream {
+        Stream::Stdout => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        }
+        Stream::Stderr => std::io::stderr().lock().write_all(text.as_bytes()),
+    };
 }
 
 /// Where the fork-server's matplotlib writes its config and font cache.

@@ -37,6 +37,10 @@ enum Command {
         lang: String,
         /// Source file.
         file: PathBuf,
+        /// Run it on this Kiln server (`http://host:port`) instead of a local sandbox; the
+        /// output streams as it is written. The key comes from `KILN_API_KEY` (or the config).
+        #[arg(long, env = "KILN_SERVER")]
+        server: Option<String>,
         /// Arguments passed to the program.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -102,7 +106,21 @@ fn main() -> ExitCode {
             rt.block_on(kiln::serve_until_signal(cfg))
                 .map(|()| ExitCode::SUCCESS)
         }
-        Command::Exec { lang, file, args } => rt.block_on(kiln::exec_file(cfg, &lang, &file, args)),
+        Command::Exec {
+            lang,
+            file,
+            server: Some(server),
+            args,
+        } => rt.block_on(kiln::remote::exec_remote(
+            &server,
+            cfg.api_key.as_deref(),
+            &lang,
+            &file,
+            args,
+        )),
+        Command::Exec {
+            lang, file, args, ..
+        } => rt.block_on(kiln::exec_file(cfg, &lang, &file, args)),
         Command::Doctor => Ok(kiln::doctor(&cfg)),
         Command::Health { timeout } => Ok(kiln::health_check(
             &cfg,

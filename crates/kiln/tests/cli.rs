@@ -166,6 +166,58 @@ fn exec_runs_a_file_and_exits_with_its_code() {
 }
 
 #[test]
+fn exec_prints_output_as_the_program_writes_it() {
+    use std::io::BufRead as _;
+    common::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("slow.py");
+    std::fs::write(
+        &f,
+        "import time\nprint('first', flush=True)\ntime.sleep(3)\nprint('second')\n",
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let mut child = Command::new(KILN)
+        .args(["exec", "--lang", "py"])
+        .arg(&f)
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    let first_at = started.elapsed();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first line came while the program still ran ({first_at:?})"
+    );
+    assert_eq!(lines.next().unwrap().unwrap(), "second");
+    assert!(lines.next().is_none(), "nothing printed twice");
+    assert!(child.wait().unwrap().success());
+    assert!(
+        started.elapsed() >= first_at + std::time::Duration::from_secs(2),
+        "the second line waited for the sleep"
+    );
+}
+
+#[test]
+fn exec_still_prints_what_a_failed_compile_step_said() {
+    common::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("broken.c");
+    std::fs::write(&f, "int main(void) { return undefined_name; }\n").unwrap();
+    let out = Command::new(KILN)
+        .args(["exec", "--lang", "c"])
+        .arg(&f)
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("undefined_name"), "{err}");
+    assert!(!out.status.success());
+}
+
+#[test]
 fn serve_stops_cleanly_on_sigterm() {
     common::require_root();
     let data = tempfile::tempdir().unwrap();
@@ -247,4 +299,47 @@ fn serve_stops_cleanly_on_sigterm() {
     reader.join().unwrap();
     let rest: Vec<String> = rx.try_iter().collect();
     assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
+}
+
+#[tokio::test]
+async fn exec_on_a_server_streams_the_output_and_exits_with_the_programs_code() {
+    use tokio::io::AsyncBufReadExt as _;
+    let s = common::server_with(|c| c.api_key = Some("cli-remote-key".into())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("slow.py");
+    std::fs::write(
+        &f,
+        "import sys, time\nprint('first', flush=True)\ntime.sleep(3)\nprint('second', sys.argv[1:])\nsys.exit(4)\n",
+    )
+    .unwrap();
+    let run = |key: &str| {
+        let mut cmd = tokio::process::Command::new(KILN);
+        cmd.args(["exec", "--lang", "py", "--server", &s.base_url])
+            .arg(&f)
+            .arg("x")
+            .env("KILN_API_KEY", key)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    };
+    let started = std::time::Instant::now();
+    let mut child = run("cli-remote-key").spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next_line().await.unwrap().unwrap(), "first");
+    let first_at = started.elapsed();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first line came while the program still ran ({first_at:?})"
+    );
+    assert_eq!(lines.next_line().await.unwrap().unwrap(), "second ['x']");
+    assert_eq!(child.wait().await.unwrap().code(), Some(4));
+    assert!(started.elapsed() >= first_at + std::time::Duration::from_secs(2));
+
+    // a wrong key is refused with the server's answer
+    let out = run("wrong").output().await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("401"), "{err}");
+    s.stop().await.unwrap();
 }

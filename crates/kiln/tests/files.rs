@@ -172,6 +172,231 @@ async fn g1_shapes_work_end_to_end() {
     assert_eq!(f["entity_id"], "agent_abc");
 }
 
+/// Upload one file with exactly these form fields, and a `User-Id` header
+/// only when `user` is given (community clients send none); the reply.
+async fn upload_as(
+    user: Option<&str>,
+    s: &kiln::testing::TestServer,
+    fields: &[(&str, &str)],
+    name: &str,
+    bytes: &[u8],
+) -> Value {
+    let mut form = reqwest::multipart::Form::new();
+    for (k, v) in fields {
+        form = form.text(k.to_string(), v.to_string());
+    }
+    form = form.part(
+        "file",
+        reqwest::multipart::Part::bytes(bytes.to_vec()).file_name(name.to_owned()),
+    );
+    let mut req = client().post(format!("{}/upload", s.v1())).multipart(form);
+    if let Some(u) = user {
+        req = req.header("User-Id", u);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["message"], "success", "{v}");
+    v
+}
+
+#[tokio::test]
+async fn older_librechat_reads_agent_files_through_a_top_level_entity_id() {
+    let s = server().await;
+    // the X-API-Key era: agent files uploaded with entity_id and User-Id
+    let kb = upload_as(
+        Some("bob"),
+        &s,
+        &[("entity_id", "agent_abc")],
+        "kb.txt",
+        b"agent knowledge",
+    )
+    .await;
+    let own = upload_as(
+        Some("bob"),
+        &s,
+        &[("entity_id", "bob")],
+        "mine.txt",
+        b"bob's own",
+    )
+    .await;
+    let g1 = |v: &Value, name: &str| json!({"id": v["files"][0]["fileId"], "session_id": v["session_id"], "name": name});
+    let refs = json!([g1(&kb, "kb.txt")]);
+    // /exec names the agent at the top level; the refs carry no claim
+    for who in [json!("bob"), Value::Null] {
+        let r = exec(
+            &s,
+            json!({"lang":"bash","user_id":who,"entity_id":"agent_abc","files":refs,"code":"cat kb.txt"}),
+        )
+        .await;
+        assert_eq!(r["stdout"], "agent knowledge", "user {who}: {r}");
+        let f = file(&r, "kb.txt");
+        assert_eq!(f["inherited"], true);
+        assert_eq!(f["entity_id"], "agent_abc");
+    }
+    // the same refs without the top-level entity: read as a download
+    // without a claim is — bob may read his tenant's agent files
+    let r = exec(
+        &s,
+        json!({"lang":"bash","user_id":"bob","files":refs,"code":"cat kb.txt"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "agent knowledge", "{r}");
+    // bob's own upload (entity_id = his user id) next to the agent's
+    let both = json!([g1(&kb, "kb.txt"), g1(&own, "mine.txt")]);
+    let r = exec(
+        &s,
+        json!({"lang":"bash","user_id":"bob","entity_id":"agent_abc","files":both,"code":"cat mine.txt"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "bob's own", "{r}");
+    // the agent's next turn gets the previous turn's output back, by a bare
+    // ref under the same top-level entity (outputs live in bob's scope)
+    let r = exec(
+        &s,
+        json!({"lang":"bash","user_id":"bob","entity_id":"agent_abc","files":refs,"code":"wc -c < kb.txt > count.txt"}),
+    )
+    .await;
+    let out = file(&r, "count.txt");
+    let next = json!([{ "id": out["id"], "session_id": r["session_id"], "name": "count.txt" }]);
+    let r = exec(
+        &s,
+        json!({"lang":"bash","user_id":"bob","entity_id":"agent_abc","files":next,"code":"cat count.txt"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "15\n", "{r}");
+    // another identified user gets neither bob's own file by a bare ref
+    // nor by claiming it through entity_id
+    let mine = json!([g1(&own, "mine.txt")]);
+    for body in [
+        json!({"lang":"bash","user_id":"mallory","files":mine,"code":"cat mine.txt"}),
+        json!({"lang":"bash","user_id":"mallory","entity_id":"bob","files":mine,"code":"cat mine.txt"}),
+        json!({"lang":"bash","user_id":"mallory","entity_id":"agent_abc","files":mine,"code":"cat mine.txt"}),
+    ] {
+        let (st, v) = exec_raw(&s, body.clone()).await;
+        assert_eq!(st, 403, "{body}: {v}");
+        assert_eq!(v["error"], "Unauthorized file reference");
+    }
+}
+
+#[tokio::test]
+async fn community_clients_without_identity_read_files_by_reference() {
+    let s = server().await;
+    // no identity anywhere: no User-Id, no kind, no user_id
+    let up = upload_as(None, &s, &[], "data.csv", b"a,b\n1,2\n").await;
+    let refs = json!([{ "id": up["files"][0]["fileId"], "storage_session_id": up["storage_session_id"], "name": "data.csv" }]);
+    let r = exec(
+        &s,
+        json!({"lang":"bash","files":refs,"code":"cat data.csv"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "a,b\n1,2\n", "{r}");
+    assert_eq!(file(&r, "data.csv")["inherited"], true);
+    // ids are capabilities for identity-less callers (as for downloads
+    // without a claim), so they read what LibreChat uploaded for a user
+    let alice = user_file(&s, "alice", "a.txt", b"alice's").await;
+    let bare = json!([{ "id": alice["id"], "storage_session_id": alice["storage_session_id"], "name": "a.txt" }]);
+    let r = exec(&s, json!({"lang":"bash","files":bare,"code":"cat a.txt"})).await;
+    assert_eq!(r["stdout"], "alice's", "{r}");
+    // an identified caller does not: the same bare ref is refused to bob
+    let (st, v) = exec_raw(
+        &s,
+        json!({"lang":"bash","user_id":"bob","files":bare,"code":"cat a.txt"}),
+    )
+    .await;
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(v["error"], "Unauthorized file reference");
+}
+
+#[tokio::test]
+async fn with_require_identity_an_identity_less_bare_ref_is_refused() {
+    let s = server_with(|c| c.require_identity = true).await;
+    let alice = user_file(&s, "alice", "a.txt", b"alice's").await;
+    let bare = json!([{ "id": alice["id"], "storage_session_id": alice["storage_session_id"], "name": "a.txt" }]);
+    let (st, v) = exec_raw(&s, json!({"lang":"bash","files":bare,"code":"cat a.txt"})).await;
+    assert_eq!(st, 401, "{v}");
+    // alice herself, with the same bare ref, reads it
+    let r = exec(
+        &s,
+        json!({"lang":"bash","user_id":"alice","files":bare,"code":"cat a.txt"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "alice's", "{r}");
+}
+
+/// An HS256 CodeAPI token for `sub`, with LibreChat's claims.
+fn codeapi_token(sub: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = json!({"iss": "librechat", "aud": "codeapi", "sub": sub, "iat": t, "nbf": t,
+        "exp": t + 300, "jti": format!("jti-{sub}-{t}"), "tenant_id": "legacy", "role": "USER",
+        "principal_source": "librechat_jwt", "auth_context_hash": "0".repeat(64)});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    header.kid = Some("hs256-dev".into());
+    jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"integration-test-secret"),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn with_jwt_a_user_cannot_mount_anothers_files_whatever_the_ref_claims() {
+    let s = server_with(|c| {
+        c.auth = Some("jwt".into());
+        c.jwt_hs256_secret = Some("integration-test-secret".into());
+    })
+    .await;
+    let post = |body: Value, who: &str| {
+        client()
+            .post(format!("{}/exec", s.v1()))
+            .bearer_auth(codeapi_token(who))
+            .json(&body)
+            .send()
+    };
+    let form = reqwest::multipart::Form::new().text("kind", "user").part(
+        "file",
+        reqwest::multipart::Part::bytes(b"alice's".to_vec()).file_name("a.txt"),
+    );
+    let up: Value = client()
+        .post(format!("{}/upload", s.v1()))
+        .bearer_auth(codeapi_token("alice"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(up["message"], "success", "{up}");
+    let (id, sid) = (
+        up["files"][0]["fileId"].clone(),
+        up["storage_session_id"].clone(),
+    );
+    let refs = [
+        json!({"id": id, "storage_session_id": sid, "name": "a.txt"}),
+        json!({"id": id, "storage_session_id": sid, "name": "a.txt", "kind": "user", "resource_id": "alice"}),
+        json!({"id": id, "session_id": sid, "name": "a.txt", "entity_id": "alice"}),
+    ];
+    for r in &refs {
+        let body = json!({"lang": "bash", "user_id": "alice", "files": [r], "code": "cat a.txt"});
+        let resp = post(body.clone(), "bob").await.unwrap();
+        assert_eq!(resp.status(), 403, "{r}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"], "Unauthorized file reference");
+        let resp = post(body, "alice").await.unwrap();
+        assert_eq!(resp.status(), 200, "{r}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["stdout"], "alice's", "{r}");
+    }
+    // and without a token nothing runs
+    let (st, _) = exec_raw(&s, json!({"lang": "bash", "code": "echo hi"})).await;
+    assert_eq!(st, 401);
+}
+
 #[tokio::test]
 async fn read_only_inputs_cannot_be_changed_and_are_echoed_as_inherited() {
     let s = server().await;

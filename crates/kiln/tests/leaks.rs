@@ -197,9 +197,9 @@ fn run_cgroups(parents: &[PathBuf]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Jail helpers left: children of this process and of its jail launcher
-/// (zombies included), but not the launcher and the fork-server, which live
-/// as long as the server.
+/// Jail helpers left: children of this process, of its jail launcher and
+/// of its fork-server (zombies included), but not the launcher and the
+/// fork-server themselves, which live as long as the server.
 fn children() -> Vec<String> {
     // (pid, "pid (comm) state", ppid, cmdline) of every process
     let mut procs = Vec::new();
@@ -224,11 +224,13 @@ fn children() -> Vec<String> {
     let long_lived =
         |cmdline: &[u8]| cmdline == b"kiln\0__zygote\0" || cmdline == b"kiln\0__launcher\0";
     let me = std::process::id().to_string();
+    // ours, and those of our launcher and fork-server (whose forks are the
+    // warm py jails: drained, none may be left)
     let mut parents = vec![me.clone()];
     parents.extend(
         procs
             .iter()
-            .filter(|(_, _, ppid, cmdline)| *ppid == me && cmdline == b"kiln\0__launcher\0")
+            .filter(|(_, _, ppid, cmdline)| *ppid == me && long_lived(cmdline))
             .map(|(pid, ..)| pid.clone()),
     );
     procs
@@ -322,6 +324,7 @@ async fn drive(url: &str, first: usize, runs: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
+    let _one = ONE_SOAK.lock().await;
     let runs: usize = std::env::var("KILN_SOAK_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -329,6 +332,9 @@ async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
     let s = server_with(|c| {
         c.max_concurrency = 8;
         c.memory_mb = 64;
+        // thousands of runs from one address: the per-principal limit
+        // would answer most of them 429
+        c.rate_exec = "off".into();
     })
     .await;
     let url = format!("{}/exec", s.v1());
@@ -345,9 +351,7 @@ async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
     let warm = drive(&url, 0, 40).await;
     assert!(warm.is_empty(), "warm-up failed: {warm:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let fds_before = open_fds();
-    let fd_kinds_before = fd_targets();
-    let mounts_before = mounts();
+    let baseline = Baseline::now();
 
     // While the soak runs, sample what the checks below look at: each must
     // be seen non-empty at some point, or the checks would look in the
@@ -407,6 +411,32 @@ async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
         &errors[..errors.len().min(5)]
     );
 
+    assert_nothing_left(s, &parents, &baseline).await;
+}
+
+/// What the process holds before a soak.
+struct Baseline {
+    fds: usize,
+    fd_kinds: BTreeMap<String, usize>,
+    mounts: BTreeSet<(String, String)>,
+}
+
+impl Baseline {
+    fn now() -> Baseline {
+        Baseline {
+            fds: open_fds(),
+            fd_kinds: fd_targets(),
+            mounts: mounts(),
+        }
+    }
+}
+
+/// After a soak: nothing of any run is left, the server still serves, and
+/// a graceful stop takes down everything it set up.
+async fn assert_nothing_left(s: kiln::testing::TestServer, parents: &[PathBuf], before: &Baseline) {
+    let uids = s.uid_range.clone();
+    let (fds_before, fd_kinds_before, mounts_before) =
+        (before.fds, &before.fd_kinds, &before.mounts);
     // Parked warm jails stay by design; drained, nothing may be left.
     let pool = s
         .warm
@@ -417,7 +447,7 @@ async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
     assert!(procs.is_empty(), "jail processes left: {procs:?}");
     let kids = settle(SETTLE, children).await;
     assert!(kids.is_empty(), "child processes left: {kids:?}");
-    let groups = settle(SETTLE, || run_cgroups(&parents)).await;
+    let groups = settle(SETTLE, || run_cgroups(parents)).await;
     assert!(groups.is_empty(), "run cgroups left: {groups:?}");
     let data = s.data_dir.path().to_owned();
     let ws = settle(SETTLE, || workspaces(&data)).await;
@@ -437,7 +467,7 @@ async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
         extra_fds,
         fd_targets()
     );
-    let mounted = new_mounts(&mounts_before, s.data_dir.path());
+    let mounted = new_mounts(mounts_before, s.data_dir.path());
     assert!(mounted.is_empty(), "new mounts: {mounted:?}");
     println!(
         "soak: after the soak {} fds (before {fds_before}), no process, cgroup, workspace or mount left",
@@ -465,4 +495,340 @@ async fn thousands_of_runs_including_killed_ones_leave_nothing_behind() {
         procs.is_empty(),
         "jail processes left after stop: {procs:?}"
     );
+}
+
+/// The soaks share this process's view (its children, its run cgroups):
+/// one at a time.
+static ONE_SOAK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Half-sent connections the server did not close within 10 s.
+static HALF_SENT_LEFT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Runs in the soak under attack.
+const DEFAULT_ATTACK_RUNS: usize = 1000;
+
+/// One kind of request in the soak under attack: attacks from one user,
+/// checked work from the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mixed {
+    /// A 1,000-level directory chain for the host's cleanup to remove (deeper
+    /// chains cost the program O(depth²) in renames; `security::cleanup` builds 40,000).
+    DeepTree,
+    /// 50 `clone(CLONE_PARENT)`: refused, none may appear anywhere.
+    CloneParent,
+    /// Every inotify instance the jail can get, held for half a second.
+    InotifyHog,
+    /// 64 spinning processes, each in its own session, until the wall time.
+    CpuSpin,
+    /// Sparse outputs far past the run's output total.
+    SparseFlood,
+    /// Double-forked sleepers in their own sessions, left running at exit.
+    Orphans,
+    /// Links to host paths in the workspace, for the walker to follow.
+    LinkFarm,
+    /// Connections that send half a request head, then a run.
+    HalfSent,
+    /// A 4 MiB field of small values the server does not read.
+    JunkBody,
+    /// Another user's upload, read back by a run.
+    UploadRead,
+    /// Another user's ordinary run.
+    Normal,
+}
+
+fn mixed(i: usize) -> Mixed {
+    match i % 20 {
+        0 => Mixed::DeepTree,
+        1 => Mixed::CloneParent,
+        2 => Mixed::InotifyHog,
+        3 => Mixed::CpuSpin,
+        4 => Mixed::SparseFlood,
+        5 => Mixed::Orphans,
+        6 => Mixed::LinkFarm,
+        7 => Mixed::HalfSent,
+        8 => Mixed::JunkBody,
+        9 | 14 => Mixed::UploadRead,
+        _ => Mixed::Normal,
+    }
+}
+
+const CLONE_PARENT: &str = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+made = refused = 0
+for _ in range(50):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(56), ctypes.c_long(0x8000 | 17), *[ctypes.c_long(0)] * 4)
+    if r == 0:
+        os._exit(0)
+    if r > 0:
+        made += 1
+    elif ctypes.get_errno() == errno.EPERM:
+        refused += 1
+print('made', made, 'refused', refused)
+"#;
+
+const INOTIFY_HOG: &str = r#"
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while n < 100000 and libc.inotify_init1(0) >= 0:
+    n += 1
+print('held', n > 0)
+time.sleep(0.5)
+"#;
+
+const ORPHANS: &str = r#"
+import os, time
+for _ in range(8):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(60)
+        os._exit(0)
+    os.wait()
+print('spawned')
+"#;
+
+const LINK_FARM: &str = r#"
+import os
+for i, target in enumerate(['/etc/shadow', '/proc/1/root', '/', '/root', '/var/lib', '/proc/self/cwd']):
+    os.symlink(target, 'link%d' % i)
+    os.makedirs('d%d' % i, exist_ok=True)
+    os.symlink(target, 'd%d/inner' % i)
+print('linked')
+"#;
+
+/// Send request `i` of the mixed soak; `Err` describes an unexpected answer.
+async fn run_mixed(
+    client: &reqwest::Client,
+    base: &str,
+    port: u16,
+    i: usize,
+) -> Result<(), String> {
+    let kind = mixed(i);
+    let url = format!("{base}/exec");
+    let attacker = json!("attacker");
+    let (body, user): (Value, Value) = match kind {
+        Mixed::DeepTree => (
+            json!({"lang": "py", "code": "import os\nos.mkdir('a')\nfor _ in range(1000):\n    \
+                   os.mkdir('b')\n    os.rename('a', 'b/a')\n    os.rename('b', 'a')\nprint('built')"}),
+            attacker,
+        ),
+        Mixed::CloneParent => (json!({"lang": "py", "code": CLONE_PARENT}), attacker),
+        Mixed::InotifyHog => (json!({"lang": "py", "code": INOTIFY_HOG}), attacker),
+        Mixed::CpuSpin => (
+            json!({"lang": "bash", "timeout": 500,
+                   "code": "for i in $(seq 64); do setsid sh -c 'while :; do :; done' & done; wait"}),
+            attacker,
+        ),
+        Mixed::SparseFlood => (
+            json!({"lang": "py", "code": "for i in range(8):\n    \
+                   open('/mnt/data/s%d.csv' % i, 'wb').truncate(1 << 20)\nprint('flooded')"}),
+            attacker,
+        ),
+        Mixed::Orphans => (json!({"lang": "py", "code": ORPHANS}), attacker),
+        Mixed::LinkFarm => (json!({"lang": "py", "code": LINK_FARM}), attacker),
+        Mixed::HalfSent => {
+            // left open: the server must close them itself
+            for _ in 0..5 {
+                if let Ok(mut c) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                    use tokio::io::AsyncWriteExt as _;
+                    let _ = c
+                        .write_all(b"POST /v1/exec HTTP/1.1\r\nHost: soak\r\n")
+                        .await;
+                    // wait for the server to close it; count those it never does
+                    tokio::spawn(async move {
+                        use tokio::io::AsyncReadExt as _;
+                        let mut buf = [0u8; 512];
+                        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+                            while c.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                        })
+                        .await;
+                        if closed.is_err() {
+                            HALF_SENT_LEFT_OPEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    });
+                }
+            }
+            (
+                json!({"lang": "py", "code": format!("print('ok', {i})")}),
+                json!(format!("user-{}", i % 7)),
+            )
+        }
+        Mixed::JunkBody => (
+            json!({"lang": "py", "code": format!("print('ok', {i})"),
+                   "padding": vec![0u8; 2 * 1024 * 1024]}),
+            json!(format!("user-{}", i % 7)),
+        ),
+        Mixed::UploadRead => {
+            let user = format!("reader-{}", i % 5);
+            let content = format!("line {i}\n").repeat(100);
+            let form = reqwest::multipart::Form::new()
+                .text("kind", "user")
+                .text("id", user.clone())
+                .part(
+                    "file",
+                    reqwest::multipart::Part::bytes(content.clone().into_bytes())
+                        .file_name("data.txt"),
+                );
+            let up: Value = client
+                .post(format!("{base}/upload"))
+                .header("User-Id", &user)
+                .multipart(form)
+                .send()
+                .await
+                .map_err(|e| format!("{kind:?} #{i}: upload: {e}"))?
+                .json()
+                .await
+                .map_err(|e| format!("{kind:?} #{i}: upload body: {e}"))?;
+            let file = json!({"id": up["files"][0]["fileId"], "name": "data.txt",
+                "storage_session_id": up["storage_session_id"], "kind": "user",
+                "resource_id": user});
+            (
+                json!({"lang": "py", "files": [file],
+                       "code": "import hashlib\nprint(hashlib.sha256(open('/mnt/data/data.txt','rb').read()).hexdigest())"}),
+                json!(user),
+            )
+        }
+        Mixed::Normal => (
+            json!({"lang": if i % 2 == 0 { "py" } else { "bash" },
+                   "code": if i % 2 == 0 { format!("print('ok', {i})") } else { format!("echo ok {i}") }}),
+            json!(format!("user-{}", i % 7)),
+        ),
+    };
+    let mut body = body;
+    body["user_id"] = user;
+    let resp = client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("{kind:?} #{i}: request failed: {e}"))?;
+    let status = resp.status().as_u16();
+    let v: Value = resp
+        .json()
+        .await
+        .map_err(|e| format!("{kind:?} #{i}: {status} with an unreadable body: {e}"))?;
+    let new_files: Vec<&Value> = v["files"]
+        .as_array()
+        .map(|a| a.iter().filter(|f| f["inherited"] != true).collect())
+        .unwrap_or_default();
+    let ok = status == 200
+        && match kind {
+            Mixed::DeepTree => v["stdout"] == "built\n",
+            Mixed::CloneParent => v["stdout"] == "made 0 refused 50\n" && v["status"].is_null(),
+            Mixed::InotifyHog => v["stdout"] == "held True\n",
+            Mixed::CpuSpin => v["status"] == "TO",
+            Mixed::SparseFlood => {
+                v["stdout"] == "flooded\n"
+                    && v["artifact_truncation"]["reasons"]["storage"] == 6
+                    && new_files.len() == 2
+            }
+            Mixed::Orphans => v["stdout"] == "spawned\n" && v["status"].is_null(),
+            // links are never outputs, nor followed
+            Mixed::LinkFarm => {
+                v["stdout"] == "linked\n"
+                    && new_files.iter().all(|f| {
+                        let name = f["name"].as_str().unwrap_or_default();
+                        !name.contains("link") && !name.ends_with("inner")
+                    })
+            }
+            Mixed::HalfSent | Mixed::JunkBody => v["stdout"] == format!("ok {i}\n"),
+            Mixed::UploadRead => {
+                use sha2::Digest as _;
+                let content = format!("line {i}\n").repeat(100);
+                v["stdout"] == format!("{}\n", hex::encode(sha2::Sha256::digest(content)))
+            }
+            Mixed::Normal => v["stdout"] == format!("ok {i}\n"),
+        };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{kind:?} #{i}: {status} {v}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_runs_mixing_attacks_with_other_users_leave_nothing_behind() {
+    let _one = ONE_SOAK.lock().await;
+    let runs: usize = std::env::var("KILN_ATTACK_SOAK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_ATTACK_RUNS);
+    let s = server_with(|c| {
+        c.max_concurrency = 6;
+        c.memory_mb = 128;
+        c.max_run_output_mb = 2;
+        c.http_header_timeout_secs = 2;
+        // the attacker sends ~450 runs in a minute or two: this soak
+        // measures leaks, not limits
+        c.rate_exec = "off".into();
+        c.rate_upload = "off".into();
+    })
+    .await;
+    let base = s.v1();
+    let port: u16 = s.base_url.rsplit(':').next().unwrap().parse().unwrap();
+    let parents = cgroup_parents();
+    assert!(
+        s.wait_warm("py", Duration::from_secs(90)).await,
+        "warm pool with py"
+    );
+    kiln_egress::install_crypto_provider();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    // warm every path once, then take the baseline
+    for i in 0..20 {
+        if let Err(e) = run_mixed(&client, &base, port, i).await {
+            panic!("warm-up: {e}");
+        }
+    }
+    drop(client);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = Baseline::now();
+
+    let t = Instant::now();
+    let client = Arc::new(
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+    );
+    let mut errors: Vec<String> = futures::stream::iter(20..20 + runs)
+        .map(|i| {
+            let (client, base) = (client.clone(), base.clone());
+            async move { run_mixed(&client, &base, port, i).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .filter_map(|r| async move { r.err() })
+        .collect()
+        .await;
+    drop(client);
+    errors.sort();
+    let elapsed = t.elapsed();
+    let attacks = (20..20 + runs)
+        .filter(|&i| !matches!(mixed(i), Mixed::Normal | Mixed::UploadRead))
+        .count();
+    println!(
+        "attack soak: {runs} requests ({attacks} attacks, the rest other users' checked work) \
+         in {:.1} s, {IN_FLIGHT} in flight",
+        elapsed.as_secs_f64()
+    );
+    assert!(
+        errors.is_empty(),
+        "{} unexpected answers, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    // the half-sent connections are the server's to close (2 s head timeout)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        HALF_SENT_LEFT_OPEN.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "half-sent connections the server kept open"
+    );
+    assert_nothing_left(s, &parents, &baseline).await;
 }

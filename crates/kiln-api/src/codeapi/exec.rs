@@ -1,9 +1,10 @@
 //! `POST /exec`: LibreChat's request JSON → [`ExecRequest`], a run started
 //! in the registry, and its [`ExecResult`] → the response JSON (spec §5).
 //!
-//! The body is parsed by hand from a `serde_json::Value` so that every
-//! validation failure carries the message clients expect and unknown fields
-//! are ignored. Bodies are never logged: old clients put the API key in them.
+//! The body is parsed by hand from the JSON values of its known fields
+//! ([`parse_object`]: unknown fields are skipped unbuilt and the number of
+//! values is bounded, so a body costs a small multiple of its size) so
+//! that every validation failure carries the message clients expect. Bodies are never logged: old clients put the API key in them.
 //!
 //! Kiln's additions, invisible to LibreChat: with `Accept:
 //! text/event-stream` the run streams as Server-Sent Events ([`crate::sse`]);
@@ -34,10 +35,11 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::body::{read_limited, require_json};
+use crate::body::{parse_object, read_limited, require_json};
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
-use crate::identity::{Caller, header_user_id, resolve_caller};
+use crate::identity::{Caller, Identity, header_user_id, resolve_caller};
+use crate::rate::{Class, Peer, address_key, stamp};
 use crate::sse::{self, Early, Face};
 
 /// What a client may send to `/exec` (documentation of the hand-written
@@ -58,6 +60,9 @@ pub struct ExecBody {
     timeout: Option<f64>,
     /// Identity hint (after the `User-Id` header).
     user_id: Option<String>,
+    /// G1: the agent (or user) the inputs belong to; with the caller's own
+    /// user scope, the claim of every reference that names no scope of its own.
+    entity_id: Option<String>,
     /// Kiln: keep running when the client disconnects.
     detach: Option<bool>,
 }
@@ -98,12 +103,15 @@ pub struct FileRefBody {
         (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::runs::RunStarted),
         (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
         (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
-        (status = 429, description = "Rate limited", body = crate::error::CodedError),
-        (status = 503, description = "Sandbox unavailable or shutting down", body = crate::error::CodedError),
+        (status = 401, description = "Missing or invalid credentials (API key or LibreChat's JWT)", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`; `retry_after_seconds`)", body = crate::error::CodedError),
+        (status = 503, description = "Sandbox unavailable, too many runs waiting (`Retry-After`), or shutting down", body = crate::error::CodedError),
     )
 )]
 pub async fn exec(
     State(state): State<AppState>,
+    identity: Identity,
+    peer: Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -111,8 +119,13 @@ pub async fn exec(
         return Err(ApiError::ShuttingDown);
     }
     require_json(&headers)?;
+    // Refuse before reading the body: a full queue must not also hold
+    // every waiting client's body in memory.
+    if let Some(retry_after) = state.runs.saturated() {
+        return Err(ExecError::Busy { retry_after }.into());
+    }
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let parsed = parse_exec(&state.config, &headers, &bytes)?;
+    let parsed = parse_exec(&state.config, &identity, &headers, &bytes)?;
     tracing::info!(
         lang = parsed.req.lang.name(),
         files = parsed.req.files.len(),
@@ -121,15 +134,40 @@ pub async fn exec(
         detach = parsed.detach,
         "exec"
     );
+    // counted per principal once the body named it (§4)
+    let key = if parsed.caller.identified {
+        parsed.caller.principal.user_key().as_str().to_owned()
+    } else {
+        address_key(peer.0)
+    };
+    let verdict = state.rates.check(Class::Exec, &key)?;
+    let mut resp = run(state, &headers, parsed).await?;
+    if let Some(v) = verdict {
+        stamp(resp.headers_mut(), &v);
+    }
+    Ok(resp)
+}
+
+/// Starts the parsed run and answers as the request asked.
+async fn run(
+    state: AppState,
+    headers: &HeaderMap,
+    parsed: ParsedExec,
+) -> Result<Response, ApiError> {
     let detach = parsed.detach;
-    let watch = state
-        .runs
-        .start(parsed.caller, parsed.req, StartOptions { detach })?;
-    if sse::wants_events(&headers) {
+    let watch = state.runs.start(
+        parsed.caller,
+        parsed.req,
+        StartOptions {
+            detach,
+            request_id: crate::middleware::request_id(headers),
+        },
+    )?;
+    if sse::wants_events(headers) {
         let run = watch.handle().clone();
         return Ok(sse::respond(run, Arc::new(CodeApi), Early::HttpError, watch).await);
     }
-    if detach && prefers_async(&headers) {
+    if detach && prefers_async(headers) {
         return Ok(crate::runs::started_response(watch.handle()));
     }
     // Dropping this future (client disconnect) drops the watch, which
@@ -178,23 +216,34 @@ pub struct ParsedExec {
     pub detach: bool,
 }
 
+/// The fields of an `/exec` body Kiln reads; any other is skipped unbuilt.
+const EXEC_FIELDS: &[&str] = &[
+    "lang",
+    "code",
+    "args",
+    "timeout",
+    "user_id",
+    "entity_id",
+    "files",
+    "detach",
+];
+
 /// The handler's parser: an `/exec` body's bytes → the caller, the request
 /// and Kiln's options.
 pub fn parse_exec(
     config: &ApiConfig,
+    identity: &Identity,
     headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<ParsedExec, ApiError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|_| ApiError::BadRequest("Invalid JSON body".to_owned()))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::BadRequest(
-            "Request body must be a JSON object".to_owned(),
-        ));
-    };
+    let obj = parse_object(bytes, EXEC_FIELDS)?;
     let top = parse_top(&obj)?;
-    let caller = resolve_caller(config, &[header_user_id(headers)?, top.user_id.as_deref()])?;
-    let files = parse_files(obj.get("files"), &caller)?;
+    let caller = resolve_caller(
+        config,
+        identity,
+        &[header_user_id(headers)?, top.user_id.as_deref()],
+    )?;
+    let files = parse_files(obj.get("files"), top.entity_id.as_deref())?;
     let detach = match field(&obj, "detach") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -223,7 +272,7 @@ pub fn parse_exec_body(
     headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<(Caller, ExecRequest), ApiError> {
-    parse_exec(config, headers, bytes).map(|p| (p.caller, p.req))
+    parse_exec(config, &Identity::default(), headers, bytes).map(|p| (p.caller, p.req))
 }
 
 /// The fields of the body other than `files`.
@@ -233,6 +282,8 @@ struct Top {
     args: Vec<String>,
     timeout_ms: Option<u64>,
     user_id: Option<String>,
+    /// G1's top-level `entity_id` (validated; empty counts as absent).
+    entity_id: Option<String>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -278,18 +329,27 @@ fn parse_top(obj: &Map<String, Value>) -> Result<Top, ApiError> {
         Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_owned()),
         _ => None,
     };
+    let entity_id = match field(obj, "entity_id") {
+        None => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) if is_resource_id(s) => Some(s.clone()),
+        Some(_) => return Err(bad("entity_id must match ^[A-Za-z0-9_.:-]{1,128}$")),
+    };
     Ok(Top {
         lang,
         code,
         args,
         timeout_ms,
         user_id,
+        entity_id,
     })
 }
 
 /// Parse `files[]`, accepting the G2/G3 reference shape, the G1 shape and
-/// inline content.
-fn parse_files(files: Option<&Value>, caller: &Caller) -> Result<Vec<InputFile>, ApiError> {
+/// inline content. `entity_id` (the body's top-level one), with the
+/// caller's own user scope, is the claim of every reference that makes none
+/// of its own.
+fn parse_files(files: Option<&Value>, entity_id: Option<&str>) -> Result<Vec<InputFile>, ApiError> {
     let items = match files {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
@@ -302,12 +362,16 @@ fn parse_files(files: Option<&Value>, caller: &Caller) -> Result<Vec<InputFile>,
             let Value::Object(obj) = item else {
                 return Err(bad(format!("files[{i}] must be an object")));
             };
-            parse_file(i, obj, caller)
+            parse_file(i, obj, entity_id)
         })
         .collect()
 }
 
-fn parse_file(i: usize, obj: &Map<String, Value>, caller: &Caller) -> Result<InputFile, ApiError> {
+fn parse_file(
+    i: usize,
+    obj: &Map<String, Value>,
+    top_entity: Option<&str>,
+) -> Result<InputFile, ApiError> {
     let name = match field(obj, "name") {
         Some(Value::String(s)) => {
             RelPath::parse(s).map_err(|e| bad(format!("files[{i}].name is invalid: {e}")))?
@@ -318,13 +382,22 @@ fn parse_file(i: usize, obj: &Map<String, Value>, caller: &Caller) -> Result<Inp
         return parse_inline(i, obj, name, content);
     }
     let id = ref_id(field(obj, "id"))?;
-    if let Some(sid) = field(obj, "storage_session_id") {
-        parse_g2(i, obj, id, ref_id(Some(sid))?, name)
-    } else if let Some(sid) = field(obj, "session_id") {
-        parse_g1(i, obj, caller, id, ref_id(Some(sid))?, name)
-    } else {
-        Err(bad(format!("files[{i}].storage_session_id is required")))
+    // G1 names the storage session `session_id`
+    let sid = match field(obj, "storage_session_id").or_else(|| field(obj, "session_id")) {
+        Some(sid) => ref_id(Some(sid))?,
+        None => return Err(bad(format!("files[{i}].storage_session_id is required"))),
+    };
+    let mut r = parse_ref(i, obj, id, sid, name)?;
+    if r.kind.is_none()
+        && r.entity_id.is_none()
+        && let Some(e) = top_entity
+    {
+        // the body's entity, or the caller's own user scope: a G1 agent's
+        // earlier outputs live there, referenced the same bare way
+        r.kind = Some(Kind::User);
+        r.entity_id = Some(e.to_owned());
     }
+    Ok(InputFile::Ref(r))
 }
 
 fn ref_id(v: Option<&Value>) -> Result<Nanoid, ApiError> {
@@ -345,21 +418,24 @@ fn optional_string(
     }
 }
 
-fn parse_g2(
+/// A reference in the G2/G3 shape `{id, storage_session_id, name, kind,
+/// resource_id, version?, entity_id?}` or the G1 shape `{id, session_id,
+/// name, entity_id?}`. Without `kind` the ref claims no scope: its
+/// `entity_id`, if any, is its whole claim.
+fn parse_ref(
     i: usize,
     obj: &Map<String, Value>,
     id: Nanoid,
     storage_session_id: Nanoid,
     name: RelPath,
-) -> Result<InputFile, ApiError> {
-    // An absent kind is read as `user`, like a G1 reference.
+) -> Result<InputRef, ApiError> {
     let kind = match field(obj, "kind") {
-        None => Kind::User,
-        Some(v) => v.as_str().and_then(Kind::parse).ok_or_else(|| {
+        None => None,
+        Some(v) => Some(v.as_str().and_then(Kind::parse).ok_or_else(|| {
             bad(format!(
                 "files[{i}].kind must be one of: skill, agent, user"
             ))
-        })?,
+        })?),
     };
     let resource_id = optional_string(i, obj, "resource_id")?;
     if let Some(r) = &resource_id
@@ -369,19 +445,22 @@ fn parse_g2(
             "files[{i}].resource_id must match ^[A-Za-z0-9_.:-]{{1,128}}$"
         )));
     }
-    if kind != Kind::User && resource_id.is_none() {
+    if let Some(k) = kind
+        && k != Kind::User
+        && resource_id.is_none()
+    {
         return Err(bad(format!(
             "files[{i}].resource_id is required for kind {}",
-            kind.as_str()
+            k.as_str()
         )));
     }
     let version = match (kind, field(obj, "version")) {
-        (Kind::Skill, None) => {
+        (Some(Kind::Skill), None) => {
             return Err(bad(format!(
                 "files[{i}].version is required for kind skill"
             )));
         }
-        (Kind::Skill, Some(v)) => {
+        (Some(Kind::Skill), Some(v)) => {
             let text = match v {
                 Value::String(s) => s.clone(),
                 Value::Number(n) => n.to_string(),
@@ -398,48 +477,24 @@ fn parse_g2(
         }
         (_, None) => None,
     };
-    let entity_id = optional_string(i, obj, "entity_id")?;
-    Ok(InputFile::Ref(InputRef {
+    let entity_id = optional_string(i, obj, "entity_id")?.filter(|e| !e.is_empty());
+    if let Some(e) = &entity_id
+        && !is_resource_id(e)
+    {
+        return Err(bad(format!(
+            "files[{i}].entity_id must match ^[A-Za-z0-9_.:-]{{1,128}}$"
+        )));
+    }
+    Ok(InputRef {
         id,
         storage_session_id,
         name,
+        // a scope needs its kind: `resource_id` alone claims nothing
+        resource_id: kind.and(resource_id),
         kind,
-        resource_id,
         version,
         entity_id,
-    }))
-}
-
-/// G1 `{id, session_id, name, entity_id?}`: user scope, or the agent scope
-/// of `entity_id` unless it names the caller.
-fn parse_g1(
-    i: usize,
-    obj: &Map<String, Value>,
-    caller: &Caller,
-    id: Nanoid,
-    storage_session_id: Nanoid,
-    name: RelPath,
-) -> Result<InputFile, ApiError> {
-    let entity_id = optional_string(i, obj, "entity_id")?.filter(|e| !e.is_empty());
-    let (kind, resource_id) = match &entity_id {
-        None => (Kind::User, None),
-        Some(e) if !is_resource_id(e) => {
-            return Err(bad(format!(
-                "files[{i}].entity_id must match ^[A-Za-z0-9_.:-]{{1,128}}$"
-            )));
-        }
-        Some(e) if caller.identified && *e == caller.principal.user_id => (Kind::User, None),
-        Some(e) => (Kind::Agent, Some(e.clone())),
-    };
-    Ok(InputFile::Ref(InputRef {
-        id,
-        storage_session_id,
-        name,
-        kind,
-        resource_id,
-        version: None,
-        entity_id,
-    }))
+    })
 }
 
 fn parse_inline(
@@ -525,7 +580,7 @@ pub struct ModifiedFrom {
 pub struct ArtifactTruncation {
     /// Always `artifact_truncated`.
     pub code: &'static str,
-    /// Counts per reason (`max_files`, `depth`, `size`, `path`, `unreadable`), non-zero ones only.
+    /// Counts per reason (`max_files`, `depth`, `size`, `path`, `unreadable`, and Kiln's `storage`: past the run's output total, the user's quota or the disk's floor), non-zero ones only.
     pub reasons: std::collections::BTreeMap<&'static str, u32>,
     /// Up to 20 skipped paths.
     pub skipped: Vec<String>,
@@ -580,6 +635,7 @@ impl From<&ExecResult> for ExecResponse {
                     ("size", t.size),
                     ("path", t.path),
                     ("unreadable", t.unreadable),
+                    ("storage", t.storage),
                 ]
                 .into_iter()
                 .filter(|(_, n)| *n > 0)
@@ -666,24 +722,23 @@ mod tests {
 
     #[test]
     fn skill_refs_need_a_version_and_others_must_not_have_one() {
-        let caller = Caller::identified("local", "alice");
         let id = Nanoid::random();
         let sid = Nanoid::random();
         let base = json!({"id": id.as_str(), "storage_session_id": sid.as_str(), "name": "a.txt",
                           "resource_id": "sk1", "kind": "skill"});
-        let e = parse_files(Some(&json!([base])), &caller).err().unwrap();
+        let e = parse_files(Some(&json!([base])), None).err().unwrap();
         assert_eq!(err_msg(e), "files[0].version is required for kind skill");
         let mut agent = base.clone();
         agent["kind"] = json!("agent");
         agent["version"] = json!(2);
-        let e = parse_files(Some(&json!([agent])), &caller).err().unwrap();
+        let e = parse_files(Some(&json!([agent])), None).err().unwrap();
         assert_eq!(
             err_msg(e),
             "files[0].version is only allowed for kind skill"
         );
         let mut skill = base.clone();
         skill["version"] = json!(2.0);
-        let files = parse_files(Some(&json!([skill])), &caller).unwrap_or_else(|e| panic!("{e}"));
+        let files = parse_files(Some(&json!([skill])), None).unwrap_or_else(|e| panic!("{e}"));
         match &files[0] {
             InputFile::Ref(r) => assert_eq!(r.version.as_deref(), Some("2")),
             InputFile::Inline { .. } => panic!("expected a reference"),

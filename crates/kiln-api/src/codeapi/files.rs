@@ -3,8 +3,6 @@
 //! (spec §9–§11). Every route checks both ids, then the session's scope
 //! (see [`crate::identity`]) before touching an object.
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -23,13 +21,7 @@ use time::macros::format_description;
 
 use crate::config::AppState;
 use crate::error::ApiError;
-use crate::identity::{ScopeQuery, authorize_session, parse_id};
-
-/// Read-after-write wait of `/download`: `/exec` may answer before an
-/// output is visible, so poll this many times…
-const DOWNLOAD_POLLS: u32 = 14;
-/// …this far apart.
-const DOWNLOAD_POLL_INTERVAL: Duration = Duration::from_millis(500);
+use crate::identity::{Identity, ScopeQuery, authorize_session, parse_id};
 
 type PathIds = Result<Path<(String, String)>, PathRejection>;
 type PathSession = Result<Path<String>, PathRejection>;
@@ -48,12 +40,13 @@ fn ids(p: PathIds) -> Result<(Nanoid, Nanoid), ApiError> {
 /// Look the session up and check the caller may read it.
 async fn authorized(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     q: &ScopeQuery,
     session: &Nanoid,
     file: Option<&Nanoid>,
 ) -> Result<(), ApiError> {
-    let caller = q.caller(&state.config, headers)?;
+    let caller = q.caller(&state.config, identity, headers)?;
     let info = state
         .store
         .session(session)
@@ -86,18 +79,21 @@ async fn authorized(
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn download(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: PathIds,
     q: ScopeParams,
 ) -> Result<Response, ApiError> {
     let (sid, fid) = ids(path)?;
     let q = query(q)?;
-    authorized(&state, &headers, &q, &sid, Some(&fid)).await?;
-    let meta = wait_for_object(&state, &sid, &fid).await?;
+    authorized(&state, &identity, &headers, &q, &sid, Some(&fid)).await?;
+    let meta = find_object(&state, &sid, &fid).await?;
     let stream = match state.store.read(&meta).await {
         Ok(s) => s,
         Err(StoreError::NotFound) => {
@@ -155,33 +151,24 @@ pub fn file_response(meta: &ObjectMeta, body: Body) -> Response {
     resp
 }
 
-/// The object, waiting up to 14 × 500 ms for it to appear.
-async fn wait_for_object(
-    state: &AppState,
-    sid: &Nanoid,
-    fid: &Nanoid,
-) -> Result<ObjectMeta, ApiError> {
-    for attempt in 0..=DOWNLOAD_POLLS {
-        let found = state
-            .store
-            .object(sid, fid)
-            .await
-            .map_err(|source| ApiError::Download {
-                session: sid.clone(),
-                file: fid.clone(),
-                source,
-            })?;
-        if let Some(meta) = found {
-            return Ok(meta);
-        }
-        if attempt < DOWNLOAD_POLLS {
-            tokio::time::sleep(DOWNLOAD_POLL_INTERVAL).await;
-        }
-    }
-    Err(ApiError::DownloadNotFound {
-        session: sid.clone(),
-        file: fid.clone(),
-    })
+/// The object, or 404 at once: Kiln stores a run's outputs before its
+/// `/exec` answers (and an upload's before its reply), so there is no
+/// read-after-write window to wait out, unlike the official server's
+/// 14 × 500 ms poll that only delays every 404.
+async fn find_object(state: &AppState, sid: &Nanoid, fid: &Nanoid) -> Result<ObjectMeta, ApiError> {
+    state
+        .store
+        .object(sid, fid)
+        .await
+        .map_err(|source| ApiError::Download {
+            session: sid.clone(),
+            file: fid.clone(),
+            source,
+        })?
+        .ok_or_else(|| ApiError::DownloadNotFound {
+            session: sid.clone(),
+            file: fid.clone(),
+        })
 }
 
 /// Listing shapes of `GET /files/{sid}?detail=`.
@@ -222,10 +209,13 @@ impl Detail {
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn list(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: PathSession,
     q: ScopeParams,
@@ -234,7 +224,7 @@ pub async fn list(
     let sid = parse_id(&sid)?;
     let q = query(q)?;
     let detail = Detail::parse(q.detail.as_deref())?;
-    authorized(&state, &headers, &q, &sid, None).await?;
+    authorized(&state, &identity, &headers, &q, &sid, None).await?;
     let objects = state
         .store
         .list(&sid)
@@ -259,6 +249,7 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
             "etag": m.sha256,
         }),
         Detail::Full => json!({
+            "id": m.file_id.as_str(),
             "name": key,
             "size": m.size,
             "lastModified": last_modified,
@@ -305,17 +296,20 @@ fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn object(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: PathIds,
     q: ScopeParams,
 ) -> Result<Response, ApiError> {
     let (sid, fid) = ids(path)?;
     let q = query(q)?;
-    authorized(&state, &headers, &q, &sid, Some(&fid)).await?;
+    authorized(&state, &identity, &headers, &q, &sid, Some(&fid)).await?;
     let meta = state
         .store
         .object(&sid, &fid)
@@ -358,17 +352,20 @@ pub async fn object(
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn delete(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: PathIds,
     q: ScopeParams,
 ) -> Result<Response, ApiError> {
     let (sid, fid) = ids(path)?;
     let q = query(q)?;
-    authorized(&state, &headers, &q, &sid, Some(&fid)).await?;
+    authorized(&state, &identity, &headers, &q, &sid, Some(&fid)).await?;
     let deleted =
         state
             .store
@@ -415,15 +412,18 @@ pub async fn delete(
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn delete_object(
     state: State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     path: PathIds,
     q: ScopeParams,
 ) -> Result<Response, ApiError> {
-    delete(state, headers, path, q).await
+    delete(state, identity, headers, path, q).await
 }
 
 /// A stored object's metadata (`GET /sessions/{session_id}/objects/{file_id}`).

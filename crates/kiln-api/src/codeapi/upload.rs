@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::config::{ApiConfig, AppState};
 use crate::error::ApiError;
-use crate::identity::{Caller, derive_key, entity_keys, header_user_id, resolve_caller};
+use crate::identity::{Caller, Identity, derive_key, entity_keys, header_user_id, resolve_caller};
 
 /// Longest accepted value of a non-file form field.
 const MAX_FIELD_BYTES: usize = 4096;
@@ -91,15 +91,19 @@ pub struct UploadResponse {
         (status = 200, description = "OK", body = UploadResponse),
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
+        (status = 507, description = "The caller's storage quota is used up, or the server's disk is at its floor", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
-    let outcome = receive(&state, &headers, multipart, Mode::Single).await?;
+    let outcome = receive(&state, &identity, &headers, multipart, Mode::Single).await?;
     let files: Vec<UploadedFile> = outcome
         .results
         .iter()
@@ -132,15 +136,18 @@ pub async fn upload(
         (status = 200, description = "Some or all files stored", body = Object),
         (status = 400, description = "No file stored", body = Object),
         (status = 413, description = "Too large", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
+        (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`)", body = crate::error::ErrorBody),
     )
 )]
 pub async fn upload_batch(
     State(state): State<AppState>,
+    identity: Identity,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let multipart = multipart.map_err(|_| invalid_content_type())?;
-    let outcome = receive(&state, &headers, multipart, Mode::Batch).await?;
+    let outcome = receive(&state, &identity, &headers, multipart, Mode::Batch).await?;
     let succeeded = outcome
         .results
         .iter()
@@ -272,19 +279,31 @@ impl Form {
 /// The session of this request, once its first valid file part arrived.
 struct Scope {
     key: SessionKey,
+    /// The uploader, whose quota the files count against.
+    owner: SessionKey,
     read_only: bool,
     created: bool,
 }
 
 async fn receive(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     mut multipart: Multipart,
     mode: Mode,
 ) -> Result<Outcome, ApiError> {
     let session = Nanoid::random();
     let mut stored: Vec<Nanoid> = Vec::new();
-    let result = receive_parts(state, headers, &mut multipart, mode, &session, &mut stored).await;
+    let result = receive_parts(
+        state,
+        identity,
+        headers,
+        &mut multipart,
+        mode,
+        &session,
+        &mut stored,
+    )
+    .await;
     match result {
         Ok((results, limit_reached)) => {
             tracing::info!(session = %session, files = results.len(), stored = stored.len(),
@@ -314,6 +333,7 @@ async fn discard(state: &AppState, session: &Nanoid, stored: &[Nanoid]) {
 
 async fn receive_parts(
     state: &AppState,
+    identity: &Identity,
     headers: &HeaderMap,
     multipart: &mut Multipart,
     mode: Mode,
@@ -361,9 +381,14 @@ async fn receive_parts(
         let scope = match scope {
             Some(ref mut s) => s,
             None => {
-                let caller = resolve_caller(config, &[header_user_id(headers)?, form.user_hint()])?;
+                let caller = resolve_caller(
+                    config,
+                    identity,
+                    &[header_user_id(headers)?, form.user_hint()],
+                )?;
                 scope.insert(Scope {
                     key: form.session_key(&caller)?,
+                    owner: caller.principal.user_key(),
                     read_only: form.read_only()?,
                     created: false,
                 })
@@ -389,7 +414,7 @@ async fn receive_parts(
         if !scope.created {
             state
                 .store
-                .create_session(session, &scope.key)
+                .create_session_owned(session, &scope.key, &scope.owner)
                 .await
                 .map_err(|source| ApiError::CreateSession {
                     session: session.clone(),
@@ -430,6 +455,14 @@ async fn receive_parts(
                 Mode::Batch => results.push(FileResult::Failed {
                     filename: name.as_str().to_owned(),
                     error: "File size limit exceeded".to_owned(),
+                }),
+            },
+            Err(e @ (StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. })) => match mode
+            {
+                Mode::Single => return Err(ApiError::InsufficientStorage(e)),
+                Mode::Batch => results.push(FileResult::Failed {
+                    filename: name.as_str().to_owned(),
+                    error: ApiError::InsufficientStorage(e).message(),
                 }),
             },
             // The multipart body itself broke: the whole request is bad.

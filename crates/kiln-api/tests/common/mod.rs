@@ -256,6 +256,7 @@ pub async fn start_with(
     let store = Store::open(StoreConfig {
         dir: dir.path().to_path_buf(),
         retention: Duration::from_secs(24 * 3600),
+        budget: Default::default(),
     })
     .await
     .unwrap();

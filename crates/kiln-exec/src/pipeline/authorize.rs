@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use kiln_core::access::{Caller, Claim, Policy, may_read};
+use kiln_core::access::{Caller, Policy, may_read};
 use kiln_core::{Nanoid, SessionKey};
 use kiln_store::{ObjectMeta, Store};
 
@@ -25,18 +25,12 @@ pub(crate) enum Resolved {
     },
 }
 
-/// The claim a by-reference input makes: its scope, and its G1 entity.
-fn claim_of(r: &InputRef) -> Claim {
-    Claim {
-        scope: Some((r.kind, r.resource_id.clone(), r.version.clone())),
-        entity_id: r.entity_id.clone(),
-    }
-}
-
-/// Plans `files` and resolves every reference the caller may read;
-/// `Unauthorized` for any it may not (or that does not exist).
+/// Plans `files` and resolves every reference the caller may read under
+/// `policy`; `Unauthorized` for any it may not (or that does not exist).
+/// A ref that claims nothing is judged as a download without a claim.
 pub(crate) async fn inputs(
     store: &Store,
+    policy: Policy,
     caller: &Caller,
     files: Vec<InputFile>,
 ) -> Result<Vec<Resolved>, ExecError> {
@@ -62,9 +56,7 @@ pub(crate) async fn inputs(
                 let Some(stored) = stored else {
                     return Err(ExecError::Unauthorized);
                 };
-                // a reference always claims a scope, so identity policy
-                // does not enter into it
-                if may_read(Policy::default(), caller, &claim_of(&r), &stored).is_err() {
+                if may_read(policy, caller, &r.claim(), &stored).is_err() {
                     return Err(ExecError::Unauthorized);
                 }
                 let meta = store

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::TryStreamExt as _;
 use kiln_core::{Nanoid, RelPath};
-use kiln_store::{NewObject, Store};
+use kiln_store::{NewObject, Store, StoreError};
 use tokio::io::AsyncReadExt as _;
 use tokio_util::io::ReaderStream;
 use tracing::warn;
@@ -56,6 +56,7 @@ pub(crate) async fn harvest(
     };
 
     let mut h = Harvest::default();
+    let mut trunc = walked.truncation;
     for g in walked.generated {
         let file_id = Nanoid::random();
         let Ok(name) = RelPath::parse(&g.name) else {
@@ -70,7 +71,7 @@ pub(crate) async fn harvest(
             read_only: false,
         };
         match store_output(store, ws, obj).await {
-            Ok(()) => {
+            Ok(bytes) => {
                 let f = OutputFile {
                     id: file_id,
                     name: g.name,
@@ -79,8 +80,12 @@ pub(crate) async fn harvest(
                     modified_from: g.modified_from,
                     entity_id: None,
                 };
-                run.file_stored(&f);
+                run.file_stored(&f, bytes);
                 h.files.push(f);
+            }
+            // a storage budget, not a failure: reported like the walker's caps
+            Err(StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. }) => {
+                walker::skip(trunc.get_or_insert_default(), g.name, |t| &mut t.storage);
             }
             Err(e) => {
                 warn!(file = %g.name, error = %e, "could not store output");
@@ -100,7 +105,7 @@ pub(crate) async fn harvest(
         });
     }
     h.deleted = walked.deleted;
-    h.truncation = walked.truncation;
+    h.truncation = trunc;
     if let Outputs::Workspace(sid) = outputs {
         sync_workspace(store, sid, &h, &staged).await;
     }
@@ -108,21 +113,32 @@ pub(crate) async fn harvest(
 }
 
 /// Opens one output without following links and streams it into the store.
-async fn store_output(store: &Store, ws: &Arc<Workspace>, obj: NewObject) -> Result<(), String> {
+/// Stores one output; returns its size.
+async fn store_output(
+    store: &Store,
+    ws: &Arc<Workspace>,
+    obj: NewObject,
+) -> Result<u64, StoreError> {
     let name = obj.name.as_str().to_owned();
+    let path = name.clone();
     let opened = blocking(ws, move |ws| ws.open_regular(&name))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| StoreError::Io {
+            op: "open output",
+            path: path.into(),
+            source,
+        })?;
     let Some((file, len)) = opened else {
-        return Err("no longer a regular file".to_owned());
+        return Err(StoreError::NotRegularFile {
+            path: obj.name.as_str().into(),
+        });
     };
     // at most the size it had when opened
     let body = ReaderStream::new(tokio::fs::File::from_std(file).take(len));
     store
         .put_stream(obj, body.map_err(std::io::Error::other), len)
         .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map(|meta| meta.size)
 }
 
 /// A workspace session keeps one object per name: the outputs just stored

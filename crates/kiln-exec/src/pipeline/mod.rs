@@ -43,6 +43,9 @@ pub struct ExecConfig {
     /// The egress gateway, when the operator configured services: a run
     /// whose principal may use one gets a grant and a channel to it.
     pub egress: Option<kiln_egress::Gateway>,
+    /// The deployment's access policy, for by-reference inputs that claim
+    /// no scope (the same rule a download without a claim follows).
+    pub access: kiln_core::access::Policy,
 }
 
 impl Default for ExecConfig {
@@ -52,8 +55,10 @@ impl Default for ExecConfig {
             walk: WalkLimits {
                 max_output_files: 50,
                 max_file_bytes: 10 * 1024 * 1024,
+                max_total_bytes: 100 * 1024 * 1024,
             },
             egress: None,
+            access: kiln_core::access::Policy::default(),
         }
     }
 }
@@ -103,7 +108,8 @@ impl Executor {
         let cancelled = run.token();
 
         // authorize: inputs are checked before any resource is taken
-        let inputs = authorize::inputs(&inner.store, run.caller(), req.files).await?;
+        let inputs =
+            authorize::inputs(&inner.store, inner.cfg.access, run.caller(), req.files).await?;
         authorize::outputs(&inner.store, run.caller(), &req.outputs).await?;
         let _turn = phase("queue", run.queue_turn()).await?;
 
@@ -145,6 +151,7 @@ impl Executor {
             stage::stage(&inner.store, &ws, inputs, lang, &req.code),
         )
         .await?;
+        run.inputs_staged(staged.iter().map(|(name, s)| (name.clone(), s.size)));
 
         // run
         let steps = phase(

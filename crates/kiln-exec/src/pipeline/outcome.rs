@@ -13,7 +13,7 @@ use kiln_sandbox::RunResult;
 use super::harvest::Harvest;
 use super::step::{StepRun, Steps};
 use crate::runs::{RunContext, Stream};
-use crate::types::{DeliveryFailure, ExecResult};
+use crate::types::{DeliveryFailure, ExecResult, Truncation};
 
 /// The message of a run cancelled on request.
 pub const CANCELLED: &str = "Cancelled";
@@ -56,7 +56,10 @@ pub(crate) fn finish(
         run.output(Stream::Stderr, &r.stderr);
     }
     let mut stderr = String::from_utf8_lossy(&r.stderr).into_owned();
-    if let Some(note) = stop_note(r, last.cancelled, status, message.as_deref()) {
+    let notes = stop_note(r, last.cancelled, status, message.as_deref())
+        .into_iter()
+        .chain(storage_note(h.truncation.as_ref()));
+    for note in notes {
         let mut add = String::new();
         if !stderr.is_empty() && !stderr.ends_with('\n') {
             add.push('\n');
@@ -151,6 +154,17 @@ fn stop_note(
         _ => message?.to_owned(),
     };
     Some(format!("[kiln] execution stopped: {why}"))
+}
+
+/// Tells the program's reader (LibreChat ignores `artifact_truncation`)
+/// which outputs a storage budget kept out.
+fn storage_note(t: Option<&Truncation>) -> Option<String> {
+    let t = t.filter(|t| t.storage > 0)?;
+    Some(format!(
+        "[kiln] {} output file(s) not kept: the storage budget (this run's output total, \
+         your stored files' quota, or the server's free disk) is used up",
+        t.storage
+    ))
 }
 
 /// The `message` of a run whose compile step failed. Output overflows keep

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kiln_core::access::Caller;
+use kiln_core::access::{Caller, Policy};
 use kiln_core::outcome::{ExitStatus, RunStatus};
 use kiln_core::{Kind, Language, Nanoid, RelPath};
 use kiln_sandbox::{BoxFuture, Jail, OutputStream, RunRequest, RunResult, SandboxError};
@@ -146,6 +146,7 @@ async fn fixture(programs: Vec<Program>) -> Fixture {
     let store = Store::open(StoreConfig {
         dir: dir.path().join("store"),
         retention: Duration::from_secs(3600),
+        budget: Default::default(),
     })
     .await
     .unwrap();
@@ -219,7 +220,7 @@ fn user_ref(sid: &Nanoid, fid: &Nanoid, name: &str) -> InputFile {
         id: fid.clone(),
         storage_session_id: sid.clone(),
         name: RelPath::parse(name).unwrap(),
-        kind: Kind::User,
+        kind: Some(Kind::User),
         resource_id: None,
         version: None,
         entity_id: None,
@@ -433,6 +434,54 @@ async fn a_reference_the_caller_may_not_read_takes_no_jail() {
     assert_eq!(
         f.exec.execute(&run, req).await.unwrap_err(),
         ExecError::Unauthorized
+    );
+}
+
+#[tokio::test]
+async fn a_reference_without_a_claim_follows_the_no_claim_rule() {
+    let f = fixture(vec![]).await;
+    let bob = Caller::identified("local", "bob");
+    let (sid, fid) = upload(&f.store, &bob, "b.csv", b"b").await;
+    let bare = || {
+        let mut r = user_ref(&sid, &fid, "b.csv");
+        if let InputFile::Ref(r) = &mut r {
+            r.kind = None;
+        }
+        r
+    };
+    let open = Policy::default();
+    let strict = Policy {
+        require_identity: true,
+    };
+    // its owner and an identity-less caller read it; another user does not
+    assert!(
+        authorize::inputs(&f.store, open, &bob, vec![bare()])
+            .await
+            .is_ok()
+    );
+    let anon = Caller::anonymous("local");
+    assert!(
+        authorize::inputs(&f.store, open, &anon, vec![bare()])
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        authorize::inputs(&f.store, open, &alice(), vec![bare()])
+            .await
+            .err(),
+        Some(ExecError::Unauthorized)
+    );
+    // unless the deployment requires an identity
+    assert_eq!(
+        authorize::inputs(&f.store, strict, &anon, vec![bare()])
+            .await
+            .err(),
+        Some(ExecError::Unauthorized)
+    );
+    assert!(
+        authorize::inputs(&f.store, strict, &bob, vec![bare()])
+            .await
+            .is_ok()
     );
 }
 

@@ -22,6 +22,7 @@
 //! stays node-local (several nodes forward to the owner, the node that
 //! holds the run's record).
 
+mod audit;
 pub mod log;
 mod queue;
 mod rate;
@@ -39,6 +40,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+pub use audit::{AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, TracingAudit};
 pub use log::{CHUNK, EventLog, RunEvent, Step, Stream, Subscriber};
 pub use queue::{QueueClosed, QueuePermit, RunQueue};
 pub use rate::RateLimit;
@@ -130,6 +132,16 @@ struct Times {
     ended_at: Option<Instant>,
 }
 
+/// The phase a run ends in with `outcome`.
+fn ended(outcome: &Result<ExecResult, ExecError>) -> Phase {
+    match outcome {
+        Ok(r) if r.cancelled => Phase::Cancelled,
+        Ok(_) => Phase::Finished,
+        Err(ExecError::Cancelled) => Phase::Cancelled,
+        Err(_) => Phase::Failed,
+    }
+}
+
 /// One run's record, shared by the registry, its task and its watchers.
 #[derive(Debug)]
 struct Record {
@@ -141,15 +153,26 @@ struct Record {
     cancel: Cancel,
     log: Arc<EventLog>,
     times: Mutex<Times>,
+    /// `x-request-id` of the starting request (for the audit log).
+    request_id: Option<String>,
+    /// Files in and out, for the audit log.
+    files: Mutex<AuditFiles>,
+}
+
+#[derive(Debug, Default)]
+struct AuditFiles {
+    inputs: Vec<AuditFile>,
+    outputs: Vec<AuditFile>,
 }
 
 impl Record {
-    fn new(caller: Caller, lang: &'static str, detached: bool, cancel: Cancel) -> Arc<Record> {
+    fn new(caller: Caller, lang: &'static str, opts: StartOptions, cancel: Cancel) -> Arc<Record> {
+        let StartOptions { detach, request_id } = opts;
         Arc::new(Record {
             id: Nanoid::random(),
             caller,
             lang,
-            detached,
+            detached: detach,
             created: SystemTime::now(),
             cancel,
             log: EventLog::new(),
@@ -158,7 +181,13 @@ impl Record {
                 finished: None,
                 ended_at: None,
             }),
+            request_id,
+            files: Mutex::default(),
         })
+    }
+
+    fn files(&self) -> MutexGuard<'_, AuditFiles> {
+        self.files.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn times(&self) -> MutexGuard<'_, Times> {
@@ -167,12 +196,7 @@ impl Record {
 
     fn phase(&self) -> Phase {
         match self.log.outcome() {
-            Some(o) => match &*o {
-                Ok(r) if r.cancelled => Phase::Cancelled,
-                Ok(_) => Phase::Finished,
-                Err(ExecError::Cancelled) => Phase::Cancelled,
-                Err(_) => Phase::Failed,
-            },
+            Some(o) => ended(&o),
             None if self.times().started.is_some() => Phase::Running,
             None => Phase::Queued,
         }
@@ -193,7 +217,7 @@ impl RunContext {
     /// CLI).
     pub fn standalone(caller: Caller, lang: &'static str) -> RunContext {
         RunContext {
-            record: Record::new(caller, lang, false, Cancel::default()),
+            record: Record::new(caller, lang, StartOptions::default(), Cancel::default()),
             queue: Arc::new(RunQueue::new(1)),
         }
     }
@@ -265,8 +289,22 @@ impl RunContext {
     }
 
     /// An output file was stored.
-    pub fn file_stored(&self, f: &OutputFile) {
+    pub fn file_stored(&self, f: &OutputFile, bytes: u64) {
+        self.record.files().outputs.push(AuditFile {
+            name: f.name.clone(),
+            bytes,
+        });
         self.record.log.push(RunEvent::File(f.clone()));
+    }
+
+    /// Reports the inputs placed in the workspace (for the audit log).
+    pub fn inputs_staged(&self, files: impl IntoIterator<Item = (String, u64)>) {
+        let mut inputs: Vec<AuditFile> = files
+            .into_iter()
+            .map(|(name, bytes)| AuditFile { name, bytes })
+            .collect();
+        inputs.sort_by(|a, b| a.name.cmp(&b.name));
+        self.record.files().inputs = inputs;
     }
 }
 
@@ -282,6 +320,11 @@ pub struct RunsConfig {
     pub keep_finished_bytes: usize,
     /// At most this many starts per caller in this window; `None`: no limit.
     pub rate_limit: Option<(u32, Duration)>,
+    /// Most runs started but not yet executing (waiting for their turn);
+    /// further starts are refused with `Busy`. `0`: no bound.
+    pub max_waiting: usize,
+    /// Where each ended run's audit record goes; `None`: not audited.
+    pub audit: Option<Arc<dyn AuditSink>>,
 }
 
 impl Default for RunsConfig {
@@ -291,15 +334,19 @@ impl Default for RunsConfig {
             keep_finished: Duration::from_secs(600),
             keep_finished_bytes: 64 * 1024 * 1024,
             rate_limit: None,
+            max_waiting: 0,
+            audit: None,
         }
     }
 }
 
 /// How a run is started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartOptions {
     /// Keep running when the client that started it goes away.
     pub detach: bool,
+    /// The starting request's id, recorded in the audit log.
+    pub request_id: Option<String>,
 }
 
 /// A snapshot of a run.
@@ -485,13 +532,17 @@ impl Runs {
         if inner.closed.load(Ordering::SeqCst) || inner.kill_all.is_cancelled() {
             return Err(ExecError::ShuttingDown);
         }
+        if let Some(retry_after) = self.saturated() {
+            metrics::counter!("kiln_runs_refused_total", "reason" => "queue_full").increment(1);
+            return Err(ExecError::Busy { retry_after });
+        }
         if let Some(rate) = &inner.rate {
             rate.check(caller.principal.user_key().as_str(), Instant::now())
                 .map_err(|retry_after| ExecError::RateLimited { retry_after })?;
         }
         // the run's token also fires when everything is killed (shutdown)
         let cancel = Cancel::child_of(&inner.kill_all);
-        let record = Record::new(caller, req.lang.name(), opts.detach, cancel);
+        let record = Record::new(caller, req.lang.name(), opts, cancel);
         self.expire();
         self.table()
             .runs
@@ -537,12 +588,34 @@ impl Runs {
         })
     }
 
+    /// When as many runs wait for their turn as `max_waiting` allows: a
+    /// guess at how long until one may start (a turn per slot, a second
+    /// each, 1–30 s). Faces ask before they read a large body.
+    pub fn saturated(&self) -> Option<Duration> {
+        let inner = &self.inner;
+        let max = inner.cfg.max_waiting;
+        if max == 0 {
+            return None;
+        }
+        let waiting = inner
+            .active
+            .load(Ordering::SeqCst)
+            .saturating_sub(inner.queue.running());
+        (waiting >= max).then(|| {
+            let turns = waiting / inner.queue.capacity() + 1;
+            Duration::from_secs(turns.clamp(1, 30) as u64)
+        })
+    }
+
     /// Records the end of a run.
     fn end(&self, record: &Arc<Record>, outcome: Result<ExecResult, ExecError>) {
         {
             let mut t = record.times();
             t.finished = Some(SystemTime::now());
             t.ended_at = Some(Instant::now());
+        }
+        if let Some(sink) = &self.inner.cfg.audit {
+            sink.record(&AuditRecord::of(record, ended(&outcome), &outcome));
         }
         record.log.finish(outcome);
         {
@@ -582,6 +655,19 @@ impl Runs {
     pub fn get(&self, id: &Nanoid) -> Option<RunHandle> {
         self.expire();
         self.table().runs.get(id).cloned().map(RunHandle)
+    }
+
+    /// Every run running or still kept, newest first (the operator's
+    /// console lists them).
+    pub fn list(&self) -> Vec<RunHandle> {
+        self.expire();
+        let mut runs: Vec<RunHandle> = self.table().runs.values().cloned().map(RunHandle).collect();
+        runs.sort_by(|a, b| {
+            b.0.created
+                .cmp(&a.0.created)
+                .then_with(|| a.0.id.as_str().cmp(b.0.id.as_str()))
+        });
+        runs
     }
 
     /// The execution queue.

@@ -146,7 +146,14 @@ async fn dropping_the_watch_cancels_an_attached_run_but_not_a_detached_one() {
     assert_eq!(h.info().phase, Phase::Cancelled);
 
     let w = runs
-        .start(caller("alice"), req(), StartOptions { detach: true })
+        .start(
+            caller("alice"),
+            req(),
+            StartOptions {
+                detach: true,
+                ..StartOptions::default()
+            },
+        )
         .unwrap();
     let h = w.handle().clone();
     started(&h).await;
@@ -257,7 +264,14 @@ async fn callers_over_the_rate_limit_are_refused_others_are_not() {
 async fn shutdown_refuses_new_runs_and_kill_all_ends_the_rest() {
     let runs = runs_with(Act::Hang, RunsConfig::default());
     let w = runs
-        .start(caller("a"), req(), StartOptions { detach: true })
+        .start(
+            caller("a"),
+            req(),
+            StartOptions {
+                detach: true,
+                ..StartOptions::default()
+            },
+        )
         .unwrap();
     started(&w).await;
     runs.close();
@@ -281,4 +295,111 @@ async fn a_panicking_execution_ends_its_run_with_an_internal_error() {
     assert!(matches!(*w.outcome().await, Err(ExecError::Internal(_))));
     assert_eq!(w.info().phase, Phase::Failed);
     assert_eq!(runs.active(), 0);
+}
+
+#[tokio::test]
+async fn the_list_holds_running_and_kept_runs_newest_first_and_drops_expired_ones() {
+    let runs = runs_with(
+        Act::Quick,
+        RunsConfig {
+            keep_finished: Duration::from_millis(300),
+            ..RunsConfig::default()
+        },
+    );
+    let first = runs
+        .start(caller("alice"), req(), StartOptions::default())
+        .unwrap();
+    first.outcome().await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = runs
+        .start(caller("bob"), req(), StartOptions::default())
+        .unwrap();
+    second.outcome().await;
+    let ids: Vec<Nanoid> = runs.list().iter().map(|h| h.id().clone()).collect();
+    assert_eq!(ids, [second.id().clone(), first.id().clone()]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(runs.list().is_empty(), "expired runs are not listed");
+}
+
+/// Keeps every audit record it gets.
+#[derive(Debug, Default)]
+struct Kept(std::sync::Mutex<Vec<AuditRecord>>);
+
+impl AuditSink for Kept {
+    fn record(&self, r: &AuditRecord) {
+        self.0.lock().unwrap().push(r.clone());
+    }
+}
+
+#[tokio::test]
+async fn every_ended_run_is_audited_once_with_who_what_how_and_its_request() {
+    let kept = Arc::new(Kept::default());
+    let cfg = RunsConfig {
+        audit: Some(kept.clone()),
+        ..RunsConfig::default()
+    };
+    let quick = runs_with(Act::Quick, cfg.clone());
+    let w = quick
+        .start(
+            caller("alice"),
+            req(),
+            StartOptions {
+                request_id: Some("req-42".into()),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    w.outcome().await;
+    let hang = runs_with(Act::Hang, cfg);
+    let h = hang
+        .start(caller("bob"), req(), StartOptions::default())
+        .unwrap();
+    started(&h).await;
+    h.cancel();
+    h.outcome().await;
+    let records = kept.0.lock().unwrap().clone();
+    assert_eq!(records.len(), 2, "{records:?}");
+    let a = &records[0];
+    assert_eq!(
+        (a.event, a.run_id.as_str(), a.request_id.as_deref()),
+        ("run", w.id().as_str(), Some("req-42"))
+    );
+    assert_eq!((a.tenant.as_str(), a.user_id.as_str()), ("local", "alice"));
+    assert_eq!((a.lang, a.status, a.exit_code), ("py", "finished", Some(0)));
+    assert!(a.error.is_none() && a.finished_at_ms >= a.created_at_ms);
+    let b = &records[1];
+    assert_eq!((b.user_id.as_str(), b.status), ("bob", "cancelled"));
+    assert_eq!(b.request_id, None);
+}
+
+#[tokio::test]
+async fn the_audit_record_lists_the_files_the_run_reported() {
+    let kept = Arc::new(Kept::default());
+    let ctx = RunContext::standalone(caller("carol"), "py");
+    ctx.inputs_staged([("b.csv".to_owned(), 7), ("a.txt".to_owned(), 3)]);
+    let out = OutputFile {
+        id: Nanoid::random(),
+        name: "plot.png".into(),
+        storage_session_id: Nanoid::random(),
+        inherited: false,
+        modified_from: None,
+        entity_id: None,
+    };
+    ctx.file_stored(&out, 1234);
+    let outcome = Ok(result("", false));
+    kept.record(&AuditRecord::of(&ctx.record, Phase::Finished, &outcome));
+    let r = kept.0.lock().unwrap()[0].clone();
+    let names = |f: &[AuditFile]| {
+        f.iter()
+            .map(|f| (f.name.clone(), f.bytes))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(&r.files_in),
+        [("a.txt".to_owned(), 3), ("b.csv".to_owned(), 7)]
+    );
+    assert_eq!(names(&r.files_out), [("plot.png".to_owned(), 1234)]);
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["files_out"][0]["bytes"], 1234);
+    assert_eq!(json["user_id"], "carol");
 }

@@ -17,11 +17,13 @@ mod egress;
 mod exhaustion;
 mod files;
 mod hardening;
+mod http;
 mod info;
 mod isolation;
 mod network;
 mod privilege;
 mod processes;
+mod storage;
 mod syscalls;
 
 use std::path::Path;
@@ -60,6 +62,10 @@ pub fn shared() -> &'static Shared {
                         c.stdout_bytes = 64 * 1024;
                         c.tmp_mb = 16;
                         c.max_concurrency = 4;
+                        // short, so that the HTTP attacks see them fire
+                        c.http_header_timeout_secs = 3;
+                        c.http_body_idle_timeout_secs = 3;
+                        c.max_run_output_mb = 20;
                     })
                     .await
                     .expect("start shared server");

@@ -1,0 +1,409 @@
+//! The operator's view of a running server, behind the API key:
+//! `GET /admin/status` (health, sandbox capabilities, warm pool and
+//! fork-server, queue, stored bytes per owner, and the last hour of a few
+//! key numbers) and `GET /admin/runs` (the run registry's recent runs,
+//! filterable). The web console ([`crate::console`]) draws them.
+//!
+//! What the sandbox knows comes from the binary through [`Operations`]
+//! (this crate does not depend on kiln-sandbox); the history is sampled
+//! in-process by [`spawn_sampler`] into a ring buffer ([`History`]).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::config::{AppState, AuthMode, LanguageHealth};
+use crate::error::ApiError;
+use crate::runs::StepUsageView;
+
+/// What the sandbox reported at start-up (`kiln doctor`'s host checks).
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct SandboxView {
+    pub kernel: String,
+    pub root: bool,
+    pub user_namespaces: bool,
+    /// `cgroup v2 at ...: memory pids cpu`, or why not.
+    pub cgroup: String,
+    pub cgroup_limits: bool,
+    pub seccomp: bool,
+    pub landlock_abi: Option<u32>,
+    /// How run workspaces are size-limited.
+    pub workspace_quota: String,
+    /// Every required protection is in place.
+    pub enforceable: bool,
+    pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+    /// Protections this server runs without (development flag).
+    pub degraded: Vec<String>,
+}
+
+/// One warm-pool profile.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WarmProfileView {
+    pub profile: String,
+    /// Parked jails ready now.
+    pub ready: u32,
+    /// How many the pool aims to keep.
+    pub target: u32,
+    pub hits: u64,
+    pub misses: u64,
+    pub built: u64,
+    pub build_failures: u64,
+}
+
+/// The Python fork-server, when it runs.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ForkServerView {
+    pub alive: bool,
+    pub pid: u32,
+    /// Interpreter start-up plus preload, milliseconds.
+    pub preload_ms: u64,
+    /// Resident memory of the template process (shared copy-on-write).
+    pub rss_bytes: u64,
+}
+
+/// What the binary knows about its sandbox, asked on each status request.
+pub trait Operations: Send + Sync + 'static {
+    fn sandbox(&self) -> SandboxView;
+    /// Empty when the warm pool is off.
+    fn warm(&self) -> Vec<WarmProfileView>;
+    fn fork_server(&self) -> Option<ForkServerView>;
+}
+
+/// One sample of the key numbers.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct Sample {
+    /// Unix milliseconds.
+    pub at_ms: u64,
+    /// Runs not ended (queued or running).
+    pub runs_active: u64,
+    /// Runs waiting for an execution slot.
+    pub queued: u64,
+    /// Runs that ended since the previous sample.
+    pub finished: u64,
+    /// Parked warm jails, every profile.
+    pub warm_ready: u64,
+    /// Resident memory of the Kiln process (bytes; 0 when unknown).
+    pub rss_bytes: u64,
+}
+
+/// The last `capacity` samples, oldest first.
+#[derive(Debug)]
+pub struct History {
+    every: Duration,
+    capacity: usize,
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+impl History {
+    /// Room for one hour at one sample per `every`.
+    pub fn hour(every: Duration) -> History {
+        let every = every.max(Duration::from_secs(1));
+        let capacity = usize::try_from(3600 / every.as_secs().max(1)).unwrap_or(360);
+        History {
+            every,
+            capacity: capacity.max(1),
+            samples: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    pub fn every(&self) -> Duration {
+        self.every
+    }
+
+    pub fn push(&self, s: Sample) {
+        let mut q = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == self.capacity {
+            q.pop_front();
+        }
+        q.push_back(s);
+    }
+
+    pub fn samples(&self) -> Vec<Sample> {
+        let q = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter().copied().collect()
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Resident set size of this process, from `/proc/self/statm`.
+fn process_rss() -> u64 {
+    const PAGE: u64 = 4096;
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * PAGE)
+}
+
+/// Takes one sample now.
+pub fn sample(state: &AppState, since: SystemTime) -> Sample {
+    let runs = state.runs.list();
+    let finished = runs
+        .iter()
+        .filter(|r| r.info().finished_at.is_some_and(|t| t > since))
+        .count();
+    let warm_ready = state
+        .ops
+        .as_ref()
+        .map_or(0, |o| o.warm().iter().map(|p| u64::from(p.ready)).sum());
+    Sample {
+        at_ms: unix_ms(SystemTime::now()),
+        runs_active: state.runs.active() as u64,
+        queued: state.runs.queue().len() as u64,
+        finished: finished as u64,
+        warm_ready,
+        rss_bytes: process_rss(),
+    }
+}
+
+/// Samples into `state.history` every `history.every()` until `stop`.
+pub fn spawn_sampler(state: AppState, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut since = SystemTime::now();
+        loop {
+            let now = SystemTime::now();
+            state.history.push(sample(&state, since));
+            since = now;
+            tokio::select! {
+                () = tokio::time::sleep(state.history.every()) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    })
+}
+
+/// Execution slots in use and waiting.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueueView {
+    pub running: u64,
+    pub queued: u64,
+    pub capacity: u64,
+}
+
+/// Stored bytes of one owner (a session key: `<tenant>:user:<id>`, ...).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoredView {
+    pub owner: String,
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// `GET /admin/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdminStatus {
+    pub version: String,
+    /// `none` or `api-key`.
+    pub auth: String,
+    pub languages: Vec<LanguageHealth>,
+    /// Absent when the server was built without a sandbox (tests).
+    pub sandbox: Option<SandboxView>,
+    pub warm_pool: Vec<WarmProfileView>,
+    pub fork_server: Option<ForkServerView>,
+    pub queue: QueueView,
+    /// Runs not ended.
+    pub runs_active: u64,
+    /// Up to 20 owners, largest first; absent when the store could not say.
+    pub stored: Option<Vec<StoredView>>,
+    /// Seconds between two history samples.
+    pub sample_every_secs: u64,
+    /// The last hour, oldest first.
+    pub history: Vec<Sample>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/status",
+    operation_id = "adminStatus",
+    tag = "Operations",
+    summary = "Health, sandbox capabilities, pool state, queue, storage and the last hour",
+    responses(
+        (status = 200, description = "OK", body = AdminStatus),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
+    let stored = match state.store.stored_by_owner(20).await {
+        Ok(rows) => Some(
+            rows.into_iter()
+                .map(|r| StoredView {
+                    owner: r.owner,
+                    bytes: r.bytes,
+                    files: r.files,
+                })
+                .collect(),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "stored bytes per owner: query failed");
+            None
+        }
+    };
+    let q = state.runs.queue();
+    Json(AdminStatus {
+        version: state.health.version.clone(),
+        auth: match state.config.auth {
+            AuthMode::ApiKey => "api-key",
+            _ => "none",
+        }
+        .to_owned(),
+        languages: state.health.languages.clone(),
+        sandbox: state.ops.as_ref().map(|o| o.sandbox()),
+        warm_pool: state.ops.as_ref().map(|o| o.warm()).unwrap_or_default(),
+        fork_server: state.ops.as_ref().and_then(|o| o.fork_server()),
+        queue: QueueView {
+            running: q.running() as u64,
+            queued: q.len() as u64,
+            capacity: q.capacity() as u64,
+        },
+        runs_active: state.runs.active() as u64,
+        stored,
+        sample_every_secs: state.history.every().as_secs(),
+        history: state.history.samples(),
+    })
+}
+
+/// Filters of `GET /admin/runs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RunFilter {
+    /// A language's canonical name (`py`, `js`, ...).
+    pub lang: Option<String>,
+    /// `queued`, `running`, `finished`, `failed` or `cancelled`.
+    pub status: Option<String>,
+    /// Most runs returned (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// One run in the list.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub status: String,
+    pub lang: String,
+    /// Who started it (`<tenant>:user:<id>`).
+    pub principal: String,
+    pub detached: bool,
+    /// Unix milliseconds.
+    pub created_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    /// Exit code, when it ended with a result.
+    pub exit_code: Option<i32>,
+    /// What the run step used (the compile step when that failed).
+    pub usage: Option<StepUsageView>,
+}
+
+const STATUSES: [&str; 5] = ["queued", "running", "finished", "failed", "cancelled"];
+
+#[utoipa::path(
+    get,
+    path = "/admin/runs",
+    operation_id = "adminRuns",
+    tag = "Operations",
+    summary = "Recent runs, newest first",
+    description = "Every run the registry still keeps (running ones, and ended ones for `keep_finished_secs`), any owner's.",
+    params(RunFilter),
+    responses(
+        (status = 200, description = "OK", body = Vec<RunSummary>),
+        (status = 400, description = "Unknown status filter", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn runs(
+    State(state): State<AppState>,
+    Query(filter): Query<RunFilter>,
+) -> Result<Json<Vec<RunSummary>>, ApiError> {
+    if let Some(s) = &filter.status
+        && !STATUSES.contains(&s.as_str())
+    {
+        return Err(ApiError::BadRequest(format!(
+            "unknown status {s:?} (one of {})",
+            STATUSES.join(", ")
+        )));
+    }
+    let limit = filter.limit.unwrap_or(100).clamp(1, 1000);
+    let out = state
+        .runs
+        .list()
+        .iter()
+        .map(|r| r.info())
+        .filter(|i| filter.lang.as_deref().is_none_or(|l| l == i.lang))
+        .filter(|i| {
+            filter
+                .status
+                .as_deref()
+                .is_none_or(|s| s == i.phase.as_str())
+        })
+        .take(limit)
+        .map(|i| {
+            let result = i.outcome.as_deref().and_then(|o| o.as_ref().ok());
+            RunSummary {
+                run_id: i.id.as_str().to_owned(),
+                status: i.phase.as_str().to_owned(),
+                lang: i.lang.to_owned(),
+                principal: i.owner.user_key().as_str().to_owned(),
+                detached: i.detached,
+                created_at_ms: unix_ms(i.created_at),
+                finished_at_ms: i.finished_at.map(unix_ms),
+                exit_code: result.and_then(|r| match r.exit {
+                    kiln_core::ExitStatus::Code(c) => Some(c),
+                    kiln_core::ExitStatus::Signal(_) => None,
+                }),
+                usage: result
+                    .and_then(|r| r.usage.run.as_ref().or(r.usage.compile.as_ref()))
+                    .map(StepUsageView::from),
+            }
+        })
+        .collect();
+    Ok(Json(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_exec::Phase;
+
+    use super::*;
+
+    fn s(at_ms: u64) -> Sample {
+        Sample {
+            at_ms,
+            runs_active: 0,
+            queued: 0,
+            finished: 0,
+            warm_ready: 0,
+            rss_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_hour_oldest_first() {
+        let h = History::hour(Duration::from_secs(600));
+        assert_eq!(h.capacity, 6);
+        for t in 0..8 {
+            h.push(s(t));
+        }
+        let at: Vec<u64> = h.samples().iter().map(|x| x.at_ms).collect();
+        assert_eq!(at, [2, 3, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn the_status_filter_accepts_exactly_the_phases_a_run_has() {
+        let phases = [
+            Phase::Queued,
+            Phase::Running,
+            Phase::Finished,
+            Phase::Failed,
+            Phase::Cancelled,
+        ];
+        assert!(phases.iter().map(Phase::as_str).eq(STATUSES));
+    }
+}

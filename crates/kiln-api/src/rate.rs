@@ -1,0 +1,457 @@
+//! Per-principal rate limits of LibreChat's routes (spec §4): one limiter
+//! per route class, keyed by who is calling, each a GCRA (a token bucket
+//! without a timer: `max` requests at once, then one per `window / max`).
+//!
+//! The key is the principal, `<tenant>:user:<id>` — the verified token's,
+//! else the request's identity hints — or, for identity-less requests, the
+//! client's address. Answers carry the draft-6 headers `RateLimit-Limit`,
+//! `RateLimit-Remaining` and `RateLimit-Reset` (seconds until the bucket is
+//! full again); a refusal is 429 with `Retry-After` and §4's body for the
+//! class (exec's is the coded one with `retry_after_seconds`, the only one
+//! LibreChat's client reads). In-process: each node counts on its own.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::config::AppState;
+use crate::error::{ApiError, retry_seconds};
+use crate::identity::{Identity, ScopeQuery, header_user_id};
+
+/// The route classes, each with its own limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// `POST /exec`.
+    Exec,
+    /// `POST /upload`, `POST /upload/batch`.
+    Upload,
+    /// `GET /download/...`.
+    Download,
+    /// `GET /files/...`, `GET /sessions/.../objects/...`.
+    Fetch,
+    /// `DELETE /files/...`, `DELETE /sessions/.../objects/...`.
+    Delete,
+    /// `POST /runs/{run_id}/cancel`.
+    Cancel,
+}
+
+impl Class {
+    /// The 429 sentence of §4 (exec's is in the coded body).
+    fn sentence(self, secs: u64) -> String {
+        let what = match self {
+            Class::Exec => "CodeAPI execution requests",
+            Class::Upload => "file uploads",
+            Class::Download => "file downloads",
+            Class::Fetch => "file list requests",
+            Class::Delete => "file delete requests",
+            Class::Cancel => "cancellation requests",
+        };
+        format!("Too many {what}. Please retry in {secs} seconds.")
+    }
+}
+
+/// `max` requests per `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub max: u32,
+    pub window: Duration,
+}
+
+impl Rule {
+    pub const fn new(max: u32, secs: u64) -> Rule {
+        Rule {
+            max,
+            window: Duration::from_secs(secs),
+        }
+    }
+}
+
+/// The limit of each class; `None` turns a class's limit off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateRules {
+    pub exec: Option<Rule>,
+    pub upload: Option<Rule>,
+    pub download: Option<Rule>,
+    pub fetch: Option<Rule>,
+    pub delete: Option<Rule>,
+    pub cancel: Option<Rule>,
+}
+
+impl Default for RateRules {
+    /// Generous: ten to thirty times the official server's (exec 20 per
+    /// 30 s, upload 30 per 5 min, download 60/min, list 120/min), since one
+    /// LibreChat turn may probe and download dozens of files (skills), skill
+    /// priming uploads a batch per skill, and identity-less callers share
+    /// their address's bucket.
+    fn default() -> Self {
+        RateRules {
+            exec: Some(Rule::new(600, 60)),
+            upload: Some(Rule::new(600, 60)),
+            download: Some(Rule::new(1200, 60)),
+            fetch: Some(Rule::new(1200, 60)),
+            delete: Some(Rule::new(600, 60)),
+            cancel: Some(Rule::new(600, 60)),
+        }
+    }
+}
+
+impl RateRules {
+    /// No limits at all.
+    pub fn off() -> RateRules {
+        RateRules {
+            exec: None,
+            upload: None,
+            download: None,
+            fetch: None,
+            delete: None,
+            cancel: None,
+        }
+    }
+
+    fn get(&self, class: Class) -> Option<Rule> {
+        match class {
+            Class::Exec => self.exec,
+            Class::Upload => self.upload,
+            Class::Download => self.download,
+            Class::Fetch => self.fetch,
+            Class::Delete => self.delete,
+            Class::Cancel => self.cancel,
+        }
+    }
+}
+
+/// What a limiter said about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub limit: u32,
+    /// Requests still allowed at once.
+    pub remaining: u32,
+    /// Until the bucket is full again (allowed) or until the next request
+    /// is (refused).
+    pub reset: Duration,
+    pub allowed: bool,
+}
+
+/// Keys kept before idle ones (their bucket full again) are forgotten.
+const PRUNE_ABOVE: usize = 4096;
+
+/// One class's GCRA: per key, the theoretical arrival time of the next
+/// request.
+#[derive(Debug)]
+struct Gcra {
+    rule: Rule,
+    tat: Mutex<HashMap<String, Instant>>,
+}
+
+impl Gcra {
+    fn interval(&self) -> Duration {
+        self.rule.window / self.rule.max.max(1)
+    }
+
+    fn check(&self, key: &str, now: Instant) -> Verdict {
+        let t = self.interval();
+        let window = self.rule.window;
+        let mut tats = self.tat.lock().unwrap_or_else(|e| e.into_inner());
+        if tats.len() > PRUNE_ABOVE {
+            tats.retain(|_, tat| *tat > now);
+        }
+        let tat = tats
+            .get(key)
+            .copied()
+            .filter(|tat| *tat > now)
+            .unwrap_or(now);
+        let next = tat + t;
+        // allowed while the new arrival time is at most a window ahead
+        let ahead = next.saturating_duration_since(now);
+        if ahead > window {
+            return Verdict {
+                limit: self.rule.max,
+                remaining: 0,
+                reset: ahead - window,
+                allowed: false,
+            };
+        }
+        tats.insert(key.to_owned(), next);
+        let spare = window - ahead;
+        Verdict {
+            limit: self.rule.max,
+            remaining: u32::try_from(spare.as_nanos() / t.as_nanos().max(1)).unwrap_or(u32::MAX),
+            reset: ahead,
+            allowed: true,
+        }
+    }
+}
+
+/// Every class's limiter.
+#[derive(Debug)]
+pub struct RateLimits {
+    limiters: HashMap<Class, Gcra>,
+}
+
+impl RateLimits {
+    pub fn new(rules: RateRules) -> RateLimits {
+        let classes = [
+            Class::Exec,
+            Class::Upload,
+            Class::Download,
+            Class::Fetch,
+            Class::Delete,
+            Class::Cancel,
+        ];
+        let limiters = classes
+            .into_iter()
+            .filter_map(|c| {
+                rules
+                    .get(c)
+                    .filter(|r| r.max > 0 && !r.window.is_zero())
+                    .map(|rule| {
+                        (
+                            c,
+                            Gcra {
+                                rule,
+                                tat: Mutex::new(HashMap::new()),
+                            },
+                        )
+                    })
+            })
+            .collect();
+        RateLimits { limiters }
+    }
+
+    /// Counts one request of `class` by `key` at `now`; `None` when the
+    /// class has no limit.
+    pub fn check_at(&self, class: Class, key: &str, now: Instant) -> Option<Verdict> {
+        self.limiters.get(&class).map(|g| g.check(key, now))
+    }
+
+    /// Counts one request of `class` by `key` now: `Ok` with the headers to
+    /// stamp on the answer, or the 429.
+    pub fn check(&self, class: Class, key: &str) -> Result<Option<Verdict>, ApiError> {
+        match self.check_at(class, key, Instant::now()) {
+            Some(v) if !v.allowed => Err(ApiError::RateLimited { class, verdict: v }),
+            v => Ok(v),
+        }
+    }
+}
+
+/// Whole seconds for a header or body, at least one.
+fn secs(d: Duration) -> u64 {
+    retry_seconds(d)
+}
+
+/// Stamps the draft-6 headers of `v` (and `Retry-After` on a refusal).
+pub fn stamp(headers: &mut HeaderMap, v: &Verdict) {
+    let set = |h: &mut HeaderMap, name: &'static str, n: u64| {
+        h.insert(HeaderName::from_static(name), HeaderValue::from(n));
+    };
+    set(headers, "ratelimit-limit", u64::from(v.limit));
+    set(headers, "ratelimit-remaining", u64::from(v.remaining));
+    set(headers, "ratelimit-reset", secs(v.reset));
+    if !v.allowed {
+        set(headers, "retry-after", secs(v.reset));
+    }
+}
+
+/// The status and body of a refusal of `class`.
+pub fn refusal_body(class: Class, v: &Verdict) -> serde_json::Value {
+    let n = secs(v.reset);
+    match class {
+        Class::Exec => serde_json::json!({
+            "error": "rate_limited",
+            "message": class.sentence(n),
+            "retry_after_seconds": n,
+        }),
+        _ => serde_json::json!({ "error": class.sentence(n) }),
+    }
+}
+
+/// The key a request is counted under before its body is read: the
+/// verified caller, else `User-Id`, else `kind=user&id=` in the query, else
+/// the client's address.
+pub fn request_key(state: &AppState, req: &Request) -> String {
+    let tenant = &state.config.tenant;
+    if let Some(Identity(Some(c))) = req.extensions().get::<Identity>() {
+        return c.principal.user_key().as_str().to_owned();
+    }
+    let hinted = header_user_id(req.headers())
+        .ok()
+        .flatten()
+        .map(str::to_owned)
+        .or_else(|| {
+            let q: ScopeQuery = req.uri().query().and_then(scope_query).unwrap_or_default();
+            q.user_hint().map(str::to_owned)
+        });
+    match hinted {
+        Some(user) => format!("{tenant}:user:{user}"),
+        None => address_key(
+            req.extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        ),
+    }
+}
+
+/// `ip:<address>` of the peer (`ip:unknown` when the server was not given
+/// peer addresses).
+pub fn address_key(peer: Option<SocketAddr>) -> String {
+    match peer {
+        Some(addr) => format!("ip:{}", addr.ip()),
+        None => "ip:unknown".to_owned(),
+    }
+}
+
+/// Extractor: the peer's address, when the server records it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Peer(pub Option<SocketAddr>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        ))
+    }
+}
+
+fn scope_query(q: &str) -> Option<ScopeQuery> {
+    axum::extract::Query::<ScopeQuery>::try_from_uri(
+        &format!("/?{q}").parse::<axum::http::Uri>().ok()?,
+    )
+    .ok()
+    .map(|axum::extract::Query(q)| q)
+}
+
+/// The class of a LibreChat route other than exec (whose key needs the
+/// body: its handler asks [`RateLimits::check`] itself), by method and
+/// route template; `None` for routes without a limit.
+pub fn classify(method: &axum::http::Method, route: &str) -> Option<Class> {
+    use axum::http::Method;
+    let route = route.strip_prefix("/v1").unwrap_or(route);
+    if *method == Method::DELETE {
+        return Some(Class::Delete);
+    }
+    if *method == Method::POST {
+        return match route {
+            "/upload" | "/upload/batch" => Some(Class::Upload),
+            r if r.starts_with("/runs/") && r.ends_with("/cancel") => Some(Class::Cancel),
+            _ => None,
+        };
+    }
+    if *method == Method::GET {
+        if route.starts_with("/download/") {
+            return Some(Class::Download);
+        }
+        if route.starts_with("/files/") || route.starts_with("/sessions/") {
+            return Some(Class::Fetch);
+        }
+    }
+    None
+}
+
+/// The middleware of LibreChat's routes: counts the request in its class's
+/// limiter (see [`classify`]) and stamps the headers on the answer.
+pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| req.uri().path().to_owned());
+    let Some(class) = classify(req.method(), &route) else {
+        return next.run(req).await;
+    };
+    let key = request_key(&state, &req);
+    match state.rates.check(class, &key) {
+        Err(e) => e.into_response(),
+        Ok(verdict) => {
+            let mut resp = next.run(req).await;
+            if let Some(v) = verdict {
+                stamp(resp.headers_mut(), &v);
+            }
+            resp
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max: u32, secs: u64) -> RateLimits {
+        RateLimits::new(RateRules {
+            exec: Some(Rule::new(max, secs)),
+            ..RateRules::off()
+        })
+    }
+
+    #[test]
+    fn a_burst_of_max_then_one_per_interval() {
+        let l = limits(3, 30);
+        let t0 = Instant::now();
+        let remaining: Vec<u32> = (0..3)
+            .map(|_| l.check_at(Class::Exec, "u", t0).unwrap())
+            .inspect(|v| assert!(v.allowed))
+            .map(|v| v.remaining)
+            .collect();
+        assert_eq!(remaining, [2, 1, 0]);
+        let refused = l.check_at(Class::Exec, "u", t0).unwrap();
+        assert!(!refused.allowed);
+        assert_eq!(refused.reset, Duration::from_secs(10));
+        // another key has its own bucket; a class without a rule is free
+        assert!(l.check_at(Class::Exec, "v", t0).unwrap().allowed);
+        assert_eq!(l.check_at(Class::Upload, "u", t0), None);
+        // one request's worth comes back after window / max
+        let later = t0 + Duration::from_secs(10);
+        assert!(l.check_at(Class::Exec, "u", later).unwrap().allowed);
+        assert!(!l.check_at(Class::Exec, "u", later).unwrap().allowed);
+        // a full window later the whole burst is back
+        let v = l
+            .check_at(Class::Exec, "u", t0 + Duration::from_secs(60))
+            .unwrap();
+        assert_eq!((v.allowed, v.remaining), (true, 2));
+    }
+
+    #[test]
+    fn idle_keys_are_forgotten() {
+        let l = limits(10, 1);
+        let t0 = Instant::now();
+        for i in 0..(PRUNE_ABOVE * 2) {
+            l.check_at(Class::Exec, &format!("u{i}"), t0);
+        }
+        l.check_at(Class::Exec, "last", t0 + Duration::from_secs(5));
+        let n = l.limiters[&Class::Exec].tat.lock().unwrap().len();
+        assert!(n <= PRUNE_ABOVE + 1, "{n}");
+    }
+
+    #[test]
+    fn exec_refusals_carry_the_coded_body() {
+        let v = Verdict {
+            limit: 1,
+            remaining: 0,
+            reset: Duration::from_millis(1500),
+            allowed: false,
+        };
+        assert_eq!(
+            refusal_body(Class::Exec, &v),
+            serde_json::json!({"error": "rate_limited",
+                "message": "Too many CodeAPI execution requests. Please retry in 2 seconds.",
+                "retry_after_seconds": 2})
+        );
+        assert_eq!(
+            refusal_body(Class::Upload, &v),
+            serde_json::json!({"error": "Too many file uploads. Please retry in 2 seconds."})
+        );
+    }
+}

@@ -1,0 +1,36 @@
+//! What each owner keeps in the store, for the operator's console.
+
+use crate::{Store, StoreError};
+
+/// Bytes and files stored under one session key (`<tenant>:user:<id>`,
+/// `<tenant>:agent:<id>`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBytes {
+    pub owner: String,
+    pub bytes: u64,
+    pub files: u64,
+}
+
+impl Store {
+    /// Stored bytes and files per session key, largest first, at most
+    /// `limit` owners. One aggregate query over the metadata (no blob is
+    /// read), bounded by the retention period.
+    pub async fn stored_by_owner(&self, limit: u32) -> Result<Vec<StoredBytes>, StoreError> {
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT s.session_key, COALESCE(SUM(o.size), 0), COUNT(o.file_id) \
+             FROM objects o JOIN sessions s ON s.id = o.session_id \
+             GROUP BY s.session_key ORDER BY 2 DESC, 1 LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(self.inner.meta.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(owner, bytes, files)| StoredBytes {
+                owner,
+                bytes: u64::try_from(bytes).unwrap_or(0),
+                files: u64::try_from(files).unwrap_or(0),
+            })
+            .collect())
+    }
+}
