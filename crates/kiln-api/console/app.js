@@ -423,10 +423,12 @@ async function refreshOps() {
     pool.append(table(["profile", "ready", "target", "hits", "misses", "built", "failures"],
       st.warm_pool.map((p) => [p.profile, p.ready, p.target, p.hits, p.misses, p.built, p.build_failures])));
   } else pool.append(el("p", { class: "muted" }, "warm pool off"));
-  const fs = st.fork_server;
-  pool.append(el("p", {}, fs
-    ? `fork-server: ${fs.alive ? "alive" : "DOWN"}, pid ${fs.pid}, preload ${fs.preload_ms} ms, RSS ${bytes(fs.rss_bytes)}`
-    : "fork-server: not running"));
+  if (st.fork_servers.length) {
+    for (const fs of st.fork_servers) {
+      pool.append(el("p", {},
+        `fork-server ${fs.template}: ${fs.alive ? "alive" : "DOWN"}, pid ${fs.pid}, preload ${fs.preload_ms} ms, RSS ${bytes(fs.rss_bytes)}`));
+    }
+  } else pool.append(el("p", {}, "fork-server: not running"));
   const stored = $("stored");
   stored.textContent = "";
   if (!st.stored) stored.append(el("p", { class: "error" }, "the store could not say"));

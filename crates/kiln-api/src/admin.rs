@@ -57,9 +57,11 @@ pub struct WarmProfileView {
     pub build_failures: u64,
 }
 
-/// The Python fork-server, when it runs.
+/// One Python fork-server (one per template), when it runs.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ForkServerView {
+    /// The template it holds (`py-lean`, `py-data`, `py`).
+    pub template: String,
     pub alive: bool,
     pub pid: u32,
     /// Interpreter start-up plus preload, milliseconds.
@@ -73,7 +75,8 @@ pub trait Operations: Send + Sync + 'static {
     fn sandbox(&self) -> SandboxView;
     /// Empty when the warm pool is off.
     fn warm(&self) -> Vec<WarmProfileView>;
-    fn fork_server(&self) -> Option<ForkServerView>;
+    /// Every fork-server started, by template.
+    fn fork_servers(&self) -> Vec<ForkServerView>;
 }
 
 /// One sample of the key numbers.
@@ -209,7 +212,7 @@ pub struct AdminStatus {
     /// Absent when the server was built without a sandbox (tests).
     pub sandbox: Option<SandboxView>,
     pub warm_pool: Vec<WarmProfileView>,
-    pub fork_server: Option<ForkServerView>,
+    pub fork_servers: Vec<ForkServerView>,
     pub queue: QueueView,
     /// Runs not ended.
     pub runs_active: u64,
@@ -259,7 +262,11 @@ pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
         languages: state.health.languages.clone(),
         sandbox: state.ops.as_ref().map(|o| o.sandbox()),
         warm_pool: state.ops.as_ref().map(|o| o.warm()).unwrap_or_default(),
-        fork_server: state.ops.as_ref().and_then(|o| o.fork_server()),
+        fork_servers: state
+            .ops
+            .as_ref()
+            .map(|o| o.fork_servers())
+            .unwrap_or_default(),
         queue: QueueView {
             running: q.running() as u64,
             queued: q.len() as u64,

@@ -59,13 +59,18 @@ impl Operations for SandboxOps {
         out
     }
 
-    fn fork_server(&self) -> Option<ForkServerView> {
+    fn fork_servers(&self) -> Vec<ForkServerView> {
         let sandbox = self.0.sandbox();
-        sandbox.zygote_info().map(|z| ForkServerView {
-            alive: sandbox.has_zygote(),
-            pid: z.pid,
-            preload_ms: z.preload_ms,
-            rss_bytes: z.rss_bytes,
-        })
+        sandbox
+            .zygote_infos()
+            .into_iter()
+            .map(|(template, z)| ForkServerView {
+                alive: sandbox.has_zygote(&template),
+                template,
+                pid: z.pid,
+                preload_ms: z.preload_ms,
+                rss_bytes: z.rss_bytes,
+            })
+            .collect()
     }
 }
