@@ -439,6 +439,7 @@ async function refreshOps() {
   $("languages").append(table(["language", "version", "available"],
     st.languages.map((l) => [l.name, l.version || "", l.available ? "yes" : `no: ${l.reason || ""}`])));
   await refreshRuns();
+  await refreshEgress();
   $("ops-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   if (!$("operations").hidden) opsTimer = setTimeout(() => refreshOps().catch(fail), 5000);
 }
@@ -466,6 +467,28 @@ async function refreshRuns() {
       r.usage ? ms(r.usage.cpu_time_ms) : "",
       r.usage ? bytes(r.usage.memory_peak_bytes) : "",
     ]), "runs-table"));
+}
+async function refreshEgress() {
+  const calls = await json("/v1/admin/egress?limit=50");
+  const box = $("egress");
+  box.textContent = "";
+  if (!calls.length) {
+    box.append(el("p", { class: "muted" }, "no calls through the services gateway"));
+    return;
+  }
+  box.append(table(["started", "user", "held by", "service", "call", "status", "outcome", "up", "down", "took"],
+    calls.map((c) => [
+      new Date(c.started_at_ms).toLocaleTimeString(),
+      c.user_id,
+      c.owner,
+      c.service,
+      `${c.method} ${c.path}`,
+      c.status,
+      c.outcome,
+      bytes(c.bytes_up),
+      bytes(c.bytes_down),
+      ms(c.duration_ms),
+    ]), "egress-table"));
 }
 $("runs-lang").addEventListener("change", () => refreshRuns().catch(fail));
 $("runs-status").addEventListener("change", () => refreshRuns().catch(fail));

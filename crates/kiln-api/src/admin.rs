@@ -374,6 +374,79 @@ pub async fn runs(
     Ok(Json(out))
 }
 
+/// `GET /admin/egress`'s query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EgressFilter {
+    /// Most calls returned (default 100, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// One call a jail made through the services gateway.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EgressCallView {
+    /// Unix milliseconds.
+    pub started_at_ms: i64,
+    pub duration_ms: u64,
+    /// Who held the grant (`run:<run id>`).
+    pub owner: String,
+    pub tenant: String,
+    pub user_id: String,
+    pub service: String,
+    pub method: String,
+    pub path: String,
+    /// The upstream's status, or the gateway's when it refused.
+    pub status: u16,
+    /// `ok`, or why the gateway refused or cut the call.
+    pub outcome: String,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/egress",
+    operation_id = "adminEgress",
+    tag = "Operations",
+    summary = "The egress ledger: recent calls through the services gateway, newest first",
+    params(EgressFilter),
+    responses(
+        (status = 200, description = "OK", body = Vec<EgressCallView>),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 500, description = "The store could not be read", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn egress(
+    State(state): State<AppState>,
+    Query(filter): Query<EgressFilter>,
+) -> Result<Json<Vec<EgressCallView>>, ApiError> {
+    let limit = filter.limit.unwrap_or(100).clamp(1, 1000);
+    let calls = state
+        .store
+        .recent_egress_calls(limit)
+        .await
+        .map_err(ApiError::EgressLedger)?;
+    Ok(Json(
+        calls
+            .into_iter()
+            .map(|c| EgressCallView {
+                started_at_ms: c.started_at_ms,
+                duration_ms: c.duration_ms,
+                owner: c.owner,
+                tenant: c.tenant,
+                user_id: c.user_id,
+                service: c.service,
+                method: c.method,
+                path: c.path,
+                status: c.status,
+                outcome: c.outcome,
+                bytes_up: c.bytes_up,
+                bytes_down: c.bytes_down,
+            })
+            .collect(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use kiln_exec::Phase;

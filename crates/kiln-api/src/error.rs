@@ -138,6 +138,9 @@ pub enum ApiError {
         file: Nanoid,
         source: StoreError,
     },
+    /// Reading the egress ledger failed.
+    #[error("reading the egress ledger failed: {0}")]
+    EgressLedger(StoreError),
     /// Deleting an object failed.
     #[error("deleting {session}/{file} failed: {source}")]
     DeleteObject {
@@ -237,7 +240,7 @@ impl ApiError {
             InsufficientStorage(_) => plain(StatusCode::INSUFFICIENT_STORAGE, &self.message()),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
-            SessionLookup { .. } | Panic(_) => {
+            SessionLookup { .. } | Panic(_) | EgressLedger(_) => {
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
             }
             CreateSession { .. } | StoreUpload { .. } => {

@@ -82,6 +82,7 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(runs::cancel_run))
         .routes(routes!(admin::status))
         .routes(routes!(admin::runs))
+        .routes(routes!(admin::egress))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             rate::limit,

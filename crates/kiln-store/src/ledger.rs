@@ -24,6 +24,26 @@ struct Row {
     duration_ms: i64,
 }
 
+impl Row {
+    fn into_record(self) -> CallRecord {
+        CallRecord {
+            grant_id: self.grant_id,
+            owner: self.owner,
+            tenant: self.tenant,
+            user_id: self.user_id,
+            service: self.service,
+            method: self.method,
+            path: self.path,
+            status: u16::try_from(self.status).unwrap_or(0),
+            outcome: self.outcome,
+            bytes_up: to_u64(self.bytes_up),
+            bytes_down: to_u64(self.bytes_down),
+            started_at_ms: self.started_at,
+            duration_ms: to_u64(self.duration_ms),
+        }
+    }
+}
+
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -68,24 +88,21 @@ impl Store {
         .bind(owner)
         .fetch_all(self.inner.meta.pool())
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| CallRecord {
-                grant_id: r.grant_id,
-                owner: r.owner,
-                tenant: r.tenant,
-                user_id: r.user_id,
-                service: r.service,
-                method: r.method,
-                path: r.path,
-                status: u16::try_from(r.status).unwrap_or(0),
-                outcome: r.outcome,
-                bytes_up: to_u64(r.bytes_up),
-                bytes_down: to_u64(r.bytes_down),
-                started_at_ms: r.started_at,
-                duration_ms: to_u64(r.duration_ms),
-            })
-            .collect())
+        Ok(rows.into_iter().map(Row::into_record).collect())
+    }
+
+    /// The `limit` most recent calls of every owner, newest first (the
+    /// operator's view).
+    pub async fn recent_egress_calls(&self, limit: u32) -> Result<Vec<CallRecord>, StoreError> {
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT grant_id, owner, tenant, user_id, service, method, path, status, outcome, \
+             bytes_up, bytes_down, started_at, duration_ms FROM egress_calls \
+             ORDER BY started_at DESC, id DESC LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(self.inner.meta.pool())
+        .await?;
+        Ok(rows.into_iter().map(Row::into_record).collect())
     }
 
     /// Removes calls that started before `cutoff_ms`; returns how many.
@@ -156,6 +173,13 @@ mod tests {
             }
         );
         assert_eq!(a[1].started_at_ms, 30);
+        // the operator's view: every owner, newest first, bounded
+        let recent = store.recent_egress_calls(2).await.expect("recent");
+        let seen: Vec<(&str, i64)> = recent
+            .iter()
+            .map(|c| (c.owner.as_str(), c.started_at_ms))
+            .collect();
+        assert_eq!(seen, [("run:a", 30), ("run:b", 20)]);
         assert_eq!(store.prune_egress_calls(25).await.expect("prune"), 2);
         assert_eq!(store.egress_calls("run:a").await.expect("list").len(), 1);
         assert!(store.egress_calls("run:b").await.expect("list").is_empty());

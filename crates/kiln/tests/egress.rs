@@ -191,6 +191,35 @@ async fn a_sandboxed_program_translates_a_docx_through_the_gateway_without_seein
             .any(|c| c.path.ends_with("/result") && c.bytes_down as usize == bytes.len()),
         "the download: {calls:?}"
     );
+    // the operator sees the same calls, newest first, in the admin view
+    let seen: Vec<Value> = client()
+        .get(format!("{}/admin/egress", s.v1()))
+        .send()
+        .await
+        .expect("admin egress")
+        .json()
+        .await
+        .expect("json");
+    let owner = format!("run:{run_id}");
+    let ours: Vec<&Value> = seen
+        .iter()
+        .filter(|c| c["owner"] == owner.as_str())
+        .collect();
+    assert_eq!(ours.len(), calls.len(), "{seen:?}");
+    assert!(
+        ours.iter().any(|c| c["method"] == "POST"
+            && c["path"] == "/v2/document"
+            && c["user_id"] == "alice"),
+        "{seen:?}"
+    );
+    let started: Vec<i64> = seen
+        .iter()
+        .map(|c| c["started_at_ms"].as_i64().unwrap())
+        .collect();
+    assert!(
+        started.windows(2).all(|w| w[0] >= w[1]),
+        "newest first: {started:?}"
+    );
 }
 
 #[tokio::test]
