@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -38,6 +38,11 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Bodies refused for their declared length are read away up to this size
+/// (and for at most [`DRAIN_TIME`]) so the client gets the 413.
+const DRAIN_MAX: u64 = 64 * 1024 * 1024;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Buffer at most `limit` bytes of `body`; 413 beyond (checked against
 /// `Content-Length` first, then while reading).
 pub async fn read_limited(
@@ -52,11 +57,33 @@ pub async fn read_limited(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+    if let Some(n) = declared.filter(|&n| n > limit as u64) {
+        // Refused from the length alone. A client that writes its whole
+        // body before reading would see a reset instead of this answer if
+        // the connection closed now: read a bounded amount away first.
+        if n <= DRAIN_MAX {
+            let mut body = body;
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while let Some(Ok(_)) = body.frame().await {}
+            })
+            .await;
+        }
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
+    // One buffer, sized from the declared length when there is one: the
+    // body is held once, not once in pieces and again when joined.
+    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
+    let mut body = Limited::new(body, limit);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    match read.await {
+        Ok(()) => Ok(buf.freeze()),
         Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
         Err(e) => {
             // axum wraps body errors; look through the chain.

@@ -516,7 +516,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         // 1000 bytes each, logical: sparse files count in full
         for i in 0..6 {
-            let f = fs::File::create(d.path().join(format!("s{i}.bin"))).unwrap();
+            let f = fs::File::create(d.path().join(format!("s{i}.csv"))).unwrap();
             f.set_len(1000).unwrap();
         }
         let w = run(d.path(), &HashMap::new());

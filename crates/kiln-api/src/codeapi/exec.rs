@@ -236,8 +236,8 @@ pub fn parse_exec(
     headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<ParsedExec, ApiError> {
-    let obj = parse_object(bytes, EXEC_FIELDS)?;
-    let top = parse_top(&obj)?;
+    let mut obj = parse_object(bytes, EXEC_FIELDS)?;
+    let top = parse_top(&mut obj)?;
     let caller = resolve_caller(
         config,
         identity,
@@ -295,7 +295,8 @@ fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn parse_top(obj: &Map<String, Value>) -> Result<Top, ApiError> {
+/// Takes `code` out of `obj` (it may be most of the body: never copied).
+fn parse_top(obj: &mut Map<String, Value>) -> Result<Top, ApiError> {
     let lang = match field(obj, "lang") {
         Some(Value::String(s)) => {
             Language::resolve(s).ok_or_else(|| bad(format!("Unsupported language: {s}")))?
@@ -303,8 +304,8 @@ fn parse_top(obj: &Map<String, Value>) -> Result<Top, ApiError> {
         Some(other) => return Err(bad(format!("Unsupported language: {other}"))),
         None => return Err(bad("lang is required")),
     };
-    let code = match field(obj, "code") {
-        Some(Value::String(s)) => s.clone(),
+    let code = match obj.remove("code") {
+        Some(Value::String(s)) => s,
         _ => return Err(bad("code is required and must be a string")),
     };
     let args = match field(obj, "args") {
@@ -694,12 +695,12 @@ mod tests {
 
     #[test]
     fn top_level_validation_messages() {
-        let e = parse_top(&obj(json!({"lang": "cobol", "code": ""})))
+        let e = parse_top(&mut obj(json!({"lang": "cobol", "code": ""})))
             .err()
             .unwrap();
         assert_eq!(err_msg(e), "Unsupported language: cobol");
         for t in [json!(0), json!(-5), json!("100"), json!(true)] {
-            let e = parse_top(&obj(json!({"lang": "py", "code": "", "timeout": t})))
+            let e = parse_top(&mut obj(json!({"lang": "py", "code": "", "timeout": t})))
                 .err()
                 .unwrap();
             assert_eq!(
@@ -707,12 +708,12 @@ mod tests {
                 "timeout must be a positive number of milliseconds"
             );
         }
-        let e = parse_top(&obj(json!({"lang": "py", "code": "", "args": [1]})))
+        let e = parse_top(&mut obj(json!({"lang": "py", "code": "", "args": [1]})))
             .err()
             .unwrap();
         assert_eq!(err_msg(e), "args must be an array of strings");
-        assert!(parse_top(&obj(json!({"lang": "py"}))).is_err());
-        let ok = parse_top(&obj(
+        assert!(parse_top(&mut obj(json!({"lang": "py"}))).is_err());
+        let ok = parse_top(&mut obj(
             json!({"lang": "Python", "code": "x", "timeout": 1500.5}),
         ))
         .unwrap_or_else(|e| panic!("{e}"));
