@@ -84,7 +84,6 @@ pub async fn read_limited(
     };
     match read.await {
         Ok(()) => Ok(buf.freeze()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
         Err(e) => {
             // axum wraps body errors; look through the chain.
             if caused_by::<LengthLimitError>(e.as_ref()) {

@@ -162,25 +162,20 @@ pub enum ApiError {
     Panic(String),
 }
 
-impl ApiError {
-    /// The message a client is shown for the storage refusals.
-    pub fn message(&self) -> String {
-        match self {
-            ApiError::InsufficientStorage(StoreError::QuotaExceeded { quota }) => format!(
-                "Storage quota exceeded: your stored files may take at most {} MiB; \
-                 delete some or wait for them to expire",
-                quota / (1024 * 1024)
-            ),
-            ApiError::InsufficientStorage(_) => {
-                "Insufficient storage on the server; try again later".to_owned()
-            }
-            other => other.status_and_body().1["error"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        }
+/// What a client is told when a store budget refused its bytes (every face
+/// says the same).
+pub fn storage_refusal(e: &StoreError) -> String {
+    match e {
+        StoreError::QuotaExceeded { quota } => format!(
+            "Storage quota exceeded: your stored files may take at most {} MiB; \
+             delete some or wait for them to expire",
+            quota / (1024 * 1024)
+        ),
+        _ => "Insufficient storage on the server; try again later".to_owned(),
     }
+}
 
+impl ApiError {
     /// Status and JSON body of the envelope.
     pub fn status_and_body(&self) -> (StatusCode, Value) {
         use ApiError::*;
@@ -237,7 +232,7 @@ impl ApiError {
             UnsupportedContentType(msg) => plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, msg),
             ReadBody(_) => plain(StatusCode::BAD_REQUEST, "Could not read the request body"),
             BodyTimeout => plain(StatusCode::REQUEST_TIMEOUT, "Request body timed out"),
-            InsufficientStorage(_) => plain(StatusCode::INSUFFICIENT_STORAGE, &self.message()),
+            InsufficientStorage(e) => plain(StatusCode::INSUFFICIENT_STORAGE, &storage_refusal(e)),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
             SessionLookup { .. } | Panic(_) | EgressLedger(_) => {

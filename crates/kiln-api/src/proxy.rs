@@ -714,7 +714,7 @@ pub async fn upload(
                         return Err(ProxyError::new(
                             StatusCode::INSUFFICIENT_STORAGE,
                             "insufficient_storage",
-                            crate::error::ApiError::InsufficientStorage(e).message(),
+                            crate::error::storage_refusal(&e),
                         ));
                     }
                     Err(e) => return Err(ProxyError::internal(e)),

@@ -2,8 +2,8 @@
 
 use crate::{Store, StoreError};
 
-/// Bytes and files stored under one session key (`<tenant>:user:<id>`,
-/// `<tenant>:agent:<id>`, ...).
+/// Bytes and files stored by one owner (the user key of whoever created
+/// the sessions, `<tenant>:user:<id>`): what counts against their quota.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBytes {
     pub owner: String,
@@ -12,14 +12,15 @@ pub struct StoredBytes {
 }
 
 impl Store {
-    /// Stored bytes and files per session key, largest first, at most
+    /// Stored bytes and files per owner — the same sums the storage quota
+    /// checks ([`crate::StorageBudget`]) — largest first, at most
     /// `limit` owners. One aggregate query over the metadata (no blob is
     /// read), bounded by the retention period.
     pub async fn stored_by_owner(&self, limit: u32) -> Result<Vec<StoredBytes>, StoreError> {
         let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-            "SELECT s.session_key, COALESCE(SUM(o.size), 0), COUNT(o.file_id) \
+            "SELECT s.owner, COALESCE(SUM(o.size), 0), COUNT(o.file_id) \
              FROM objects o JOIN sessions s ON s.id = o.session_id \
-             GROUP BY s.session_key ORDER BY 2 DESC, 1 LIMIT ?",
+             GROUP BY s.owner ORDER BY 2 DESC, 1 LIMIT ?",
         )
         .bind(i64::from(limit))
         .fetch_all(self.inner.meta.pool())

@@ -17,13 +17,7 @@ const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495
 const HELLO_SHA256: &str = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
 
 async fn open(dir: &Path) -> Store {
-    Store::open(StoreConfig {
-        dir: dir.to_path_buf(),
-        retention: DAY,
-        budget: Default::default(),
-    })
-    .await
-    .unwrap()
+    open_with(dir, Default::default()).await
 }
 
 fn key() -> SessionKey {

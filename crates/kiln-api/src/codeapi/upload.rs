@@ -462,7 +462,7 @@ async fn receive_parts(
                 Mode::Single => return Err(ApiError::InsufficientStorage(e)),
                 Mode::Batch => results.push(FileResult::Failed {
                     filename: name.as_str().to_owned(),
-                    error: ApiError::InsufficientStorage(e).message(),
+                    error: crate::error::storage_refusal(&e),
                 }),
             },
             // The multipart body itself broke: the whole request is bad.

@@ -112,20 +112,19 @@ pub(crate) async fn harvest(
     Ok(h)
 }
 
-/// Opens one output without following links and streams it into the store.
-/// Stores one output; returns its size.
+/// Opens one output without following links and streams it into the
+/// store; returns its size.
 async fn store_output(
     store: &Store,
     ws: &Arc<Workspace>,
     obj: NewObject,
 ) -> Result<u64, StoreError> {
     let name = obj.name.as_str().to_owned();
-    let path = name.clone();
     let opened = blocking(ws, move |ws| ws.open_regular(&name))
         .await
         .map_err(|source| StoreError::Io {
             op: "open output",
-            path: path.into(),
+            path: obj.name.as_str().into(),
             source,
         })?;
     let Some((file, len)) = opened else {
