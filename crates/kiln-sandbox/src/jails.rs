@@ -225,9 +225,10 @@ impl Jail for SandboxJail {
     ) -> BoxFuture<'_, Result<RunResult, SandboxError>> {
         req.workspace = self.workspace.clone();
         Box::pin(async move {
-            if req.network.is_some() && self.parked.is_some() {
+            if (req.network.is_some() || req.pause.is_some()) && self.parked.is_some() {
                 return Err(SandboxError::Setup(
-                    "a services channel needs a jail built for it (acquire COLD_PROFILE)".into(),
+                    "a services or tool channel needs a jail built for it (acquire COLD_PROFILE)"
+                        .into(),
                 ));
             }
             match self.parked.take() {

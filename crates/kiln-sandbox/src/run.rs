@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
 use crate::launcher::{HelperFds, Launcher};
+use crate::pause::PauseClock;
 use crate::spec::{JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
 use crate::sys;
 
@@ -46,6 +47,10 @@ pub struct RunRequest {
     /// create `AF_INET` stream sockets and connect to its one port. `None`
     /// (every run without an egress grant): no network at all.
     pub network: Option<crate::netns::JailNetwork>,
+    /// A wall clock that stops while the run is paused (see `pause.rs`):
+    /// paused time does not count against `limits.wall_time`. `None`: the
+    /// wall time runs from the start to the end.
+    pub pause: Option<crate::pause::PauseClock>,
 }
 
 impl Default for RunRequest {
@@ -59,6 +64,7 @@ impl Default for RunRequest {
             seccomp_profile: crate::seccomp::DEFAULT_PROFILE.to_owned(),
             output: None,
             network: None,
+            pause: None,
         }
     }
 }
@@ -544,12 +550,15 @@ impl Started {
     /// it, so the jail's init never becomes an orphan zombie. SIGKILL of the
     /// helper (the jail follows through PDEATHSIG) is the fallback when that
     /// takes longer than [`HARD_KILL_AFTER`].
+    ///
+    /// With a `pause` clock the wall time stops while it is paused.
     pub(crate) async fn drive(
         mut self,
         go: Option<&[u8]>,
         limits: &Limits,
         cancel: &CancellationToken,
         sink: Option<&OutputSink>,
+        pause: Option<&PauseClock>,
     ) -> Result<Supervised, SandboxError> {
         let started = Instant::now();
         if let Some(go) = go {
@@ -564,7 +573,12 @@ impl Started {
             status: mut status_rx,
             mut status_bytes,
         } = self;
-        let wall = tokio::time::sleep_until(started + limits.wall_time);
+        let deadline = || match pause {
+            Some(p) => p.deadline(started, limits.wall_time),
+            None => started + limits.wall_time,
+        };
+        let mut pause_rx = pause.map(PauseClock::subscribe);
+        let wall = tokio::time::sleep_until(deadline());
         tokio::pin!(wall);
 
         let mut out = Capture::new(limits.stdout_bytes);
@@ -626,6 +640,9 @@ impl Started {
                 () = &mut wall, if killed.is_none() && exited.is_none() => {
                     stop!(KillReason::Timeout);
                 }
+                () = crate::pause::changed(&mut pause_rx), if killed.is_none() && exited.is_none() => {
+                    wall.as_mut().reset(deadline());
+                }
                 () = cancel.cancelled(), if killed.is_none() && exited.is_none() => {
                     stop!(KillReason::Cancelled);
                 }
@@ -666,13 +683,14 @@ pub(crate) async fn supervise(
     limits: &Limits,
     cancel: &CancellationToken,
     sink: Option<&OutputSink>,
+    pause: Option<&PauseClock>,
 ) -> Result<Supervised, SandboxError> {
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
     let mut started = start_helper(helper, launcher, None).await?;
     started.send_line(&spec_line).await;
-    started.drive(None, limits, cancel, sink).await
+    started.drive(None, limits, cancel, sink, pause).await
 }
 
 #[cfg(test)]

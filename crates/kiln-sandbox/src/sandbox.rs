@@ -362,6 +362,7 @@ impl Sandbox {
             &req.limits,
             &cancel,
             req.output.as_ref(),
+            req.pause.as_ref(),
         )
         .await;
         conclude(&name, supervised, cgroups, lease).await
@@ -383,7 +384,17 @@ impl Sandbox {
             argv: req.argv.clone(),
             env: req.env.clone(),
             id_base: slot.id_base(),
-            limits: JailLimits::from_limits(&req.limits),
+            limits: {
+                let mut l = JailLimits::from_limits(&req.limits);
+                // the helper's backstop cannot see a pause clock: it gets
+                // the whole pause budget on top (the server still stops
+                // the run at its paused-aware deadline)
+                if let Some(p) = &req.pause {
+                    let extra = u64::try_from(p.max_paused().as_millis()).unwrap_or(u64::MAX);
+                    l.wall_ms = l.wall_ms.saturating_add(extra);
+                }
+                l
+            },
             cgroup: cgroups.map(RunCgroups::attach),
             seccomp_filters: self
                 .inner
@@ -464,6 +475,7 @@ impl Sandbox {
             seccomp_profile: park.seccomp_profile.clone(),
             output: None,
             network: None,
+            pause: None,
         };
         check_workspace_location(&req, slot)?;
         validate_request(&req)?;
@@ -551,10 +563,10 @@ impl Sandbox {
             self.discard(jail).await;
             return Err(e);
         }
-        if req.network.is_some() {
+        if req.network.is_some() || req.pause.is_some() {
             self.discard(jail).await;
             return Err(SandboxError::Request(
-                "a parked jail has no services channel: run it in a jail built for it".to_owned(),
+                "a parked jail has no services channel and no pause clock: run it in a jail built for it".to_owned(),
             ));
         }
         let limits = JailLimits::from_limits(&req.limits);
@@ -578,7 +590,13 @@ impl Sandbox {
             c.mark_start();
         }
         let supervised = started
-            .drive(Some(&go_line), &req.limits, &cancel, req.output.as_ref())
+            .drive(
+                Some(&go_line),
+                &req.limits,
+                &cancel,
+                req.output.as_ref(),
+                None,
+            )
             .await;
         conclude(&name, supervised, cgroups, lease).await
     }
@@ -598,7 +616,7 @@ impl Sandbox {
         let limits = Limits::default();
         // Cancelled at once: the same path as a cancelled run, so the
         // helper gets its grace to reap before it is killed.
-        let _ = started.drive(None, &limits, &never, None).await;
+        let _ = started.drive(None, &limits, &never, None, None).await;
         if let Some(c) = cgroups {
             let _ = c.finish().await;
         }
