@@ -69,6 +69,8 @@ pub struct ApiConfig {
     pub rate_limits: crate::rate::RateRules,
     /// Serve the operator's web console at `/console/`.
     pub console: bool,
+    /// Programmatic tool calling: token secret, cap, limits.
+    pub ptc: crate::programmatic::PtcSettings,
 }
 
 impl Default for ApiConfig {
@@ -86,6 +88,7 @@ impl Default for ApiConfig {
             metrics_require_key: false,
             rate_limits: crate::rate::RateRules::default(),
             console: true,
+            ptc: crate::programmatic::PtcSettings::default(),
         }
     }
 }
@@ -106,6 +109,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("rate_limits", &self.rate_limits)
             .field("metrics_require_key", &self.metrics_require_key)
             .field("console", &self.console)
+            .field("ptc", &self.ptc)
             .finish()
     }
 }
@@ -177,6 +181,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The rate limiters of [`ApiConfig::rate_limits`].
     pub rates: Arc<crate::rate::RateLimits>,
+    /// Programmatic executions and requests in flight.
+    pub ptc: Arc<crate::programmatic::Programmatic>,
     /// What the sandbox knows, for `/admin/status` (`None`: not reported).
     pub ops: Option<Arc<dyn Operations>>,
     /// The last hour of key numbers (filled by [`crate::admin::spawn_sampler`]).
@@ -200,6 +206,7 @@ impl AppState {
             )),
             store,
             rates: Arc::new(crate::rate::RateLimits::new(config.rate_limits)),
+            ptc: Arc::new(crate::programmatic::Programmatic::new(config.ptc.clone())),
             config: Arc::new(config),
             health: Arc::new(health),
             metrics: None,

@@ -40,7 +40,7 @@ pub mod runs;
 pub mod server;
 pub mod sse;
 
-pub use codeapi::{exec, files, health, upload};
+pub use codeapi::{exec, files, health, programmatic, upload};
 
 use std::time::Duration;
 
@@ -72,6 +72,8 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .layer(upload_limit);
     let librechat = OpenApiRouter::new()
         .routes(routes!(exec::exec))
+        .routes(routes!(programmatic::programmatic))
+        .routes(routes!(programmatic::cancel))
         .merge(uploads)
         .routes(routes!(files::download))
         .routes(routes!(files::list))

@@ -497,6 +497,7 @@ pub async fn run(
         files,
         timeout_ms,
         outputs: Outputs::Workspace(session.clone()),
+        tools: None,
     };
     let opts = StartOptions {
         request_id: crate::middleware::request_id(&headers),

@@ -10,12 +10,15 @@
 //!   run) → harvest (walk, store outputs) → outcome (status, message,
 //!   usage).
 //! - [`workspace`]: the one place the host touches files a jail controls.
+//! - [`ptc`]: programmatic tool calling — a run whose program calls the
+//!   host's tools and stays alive, paused, while the host runs them.
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 
 mod egress;
 pub mod pipeline;
 pub mod plan;
+pub mod ptc;
 pub mod runs;
 pub mod sessions;
 pub mod types;

@@ -18,6 +18,10 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Where the outputs are stored.
     pub outputs: Outputs,
+    /// Programmatic tool calling: the program gets the bridge's tools and
+    /// pauses while the host runs them (see [`crate::ptc`]). Such a run
+    /// gets a jail built for it with a tool channel, and no services.
+    pub tools: Option<std::sync::Arc<crate::ptc::Bridge>>,
 }
 
 /// Where an execution's outputs go.

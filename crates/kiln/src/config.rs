@@ -192,6 +192,15 @@ pub struct Config {
     pub egress_max_per_run: usize,
     /// How long the egress ledger keeps a call, days.
     pub egress_ledger_days: u64,
+    /// Programmatic tool calling: the HMAC secret of continuation tokens.
+    /// Unset: a random one per start (paused runs die with the process
+    /// anyway).
+    pub ptc_secret: Option<String>,
+    /// Most programmatic runs alive (running or paused for tool results) at
+    /// once; a paused run holds its jail. 0: half of `max_concurrency`.
+    pub ptc_max_active: usize,
+    /// Seconds a paused run waits for its tool results before it is ended.
+    pub ptc_state_ttl_secs: u64,
     /// Seconds a client has to send a request head (also the idle limit of
     /// a kept-alive connection between requests).
     pub http_header_timeout_secs: u64,
@@ -283,6 +292,9 @@ impl Default for Config {
             egress_max_concurrent: 8,
             egress_max_per_run: 4,
             egress_ledger_days: 90,
+            ptc_secret: None,
+            ptc_max_active: 0,
+            ptc_state_ttl_secs: 600,
             http_header_timeout_secs: 10,
             http_body_idle_timeout_secs: 30,
             max_connections: 512,
@@ -403,6 +415,28 @@ impl Config {
         self.listen
             .parse()
             .with_context(|| format!("listen address {:?} is not host:port", self.listen))
+    }
+
+    /// Programmatic tool calling's settings (`ptc_*`).
+    pub fn ptc_settings(&self) -> kiln_api::programmatic::PtcSettings {
+        let ttl = std::time::Duration::from_secs(self.ptc_state_ttl_secs.max(1));
+        kiln_api::programmatic::PtcSettings {
+            secret: self
+                .ptc_secret
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(|s| s.as_bytes().to_vec()),
+            max_active: match self.ptc_max_active {
+                0 => (self.max_concurrency as usize / 2).max(1),
+                n => n,
+            },
+            limits: kiln_exec::ptc::PtcLimits {
+                state_ttl: ttl,
+                // the client's 20 round trips, each with the whole TTL
+                max_paused: ttl * 20,
+                ..kiln_exec::ptc::PtcLimits::default()
+            },
+        }
     }
 
     /// The per-principal limits of LibreChat's routes (`rate_*`).

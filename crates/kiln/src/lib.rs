@@ -277,6 +277,7 @@ pub async fn serve(
             .unwrap_or(usize::MAX),
         rate_limits: kiln.config.rate_rules()?,
         console: kiln.config.console,
+        ptc: kiln.config.ptc_settings(),
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -291,6 +292,9 @@ pub async fn serve(
         runs: runs.clone(),
         sessions: Arc::clone(&kiln.sessions),
         rates: Arc::new(kiln_api::rate::RateLimits::new(api_config.rate_limits)),
+        ptc: Arc::new(kiln_api::programmatic::Programmatic::new(
+            api_config.ptc.clone(),
+        )),
         config: Arc::new(api_config),
         health: Arc::new(kiln_api::HealthInfo {
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -666,6 +670,7 @@ pub async fn exec_file(
         files: Vec::new(),
         timeout_ms: None,
         outputs: Outputs::NewSession,
+        tools: None,
     };
     // the program's output is printed as it writes it (the run's events),
     // then whatever the result holds beyond that (a compile step's output)

@@ -256,6 +256,7 @@ pub fn parse_exec(
         files,
         timeout_ms: top.timeout_ms,
         outputs: Outputs::NewSession,
+        tools: None,
     };
     Ok(ParsedExec {
         caller,
@@ -350,7 +351,10 @@ fn parse_top(obj: &mut Map<String, Value>) -> Result<Top, ApiError> {
 /// inline content. `entity_id` (the body's top-level one), with the
 /// caller's own user scope, is the claim of every reference that makes none
 /// of its own.
-fn parse_files(files: Option<&Value>, entity_id: Option<&str>) -> Result<Vec<InputFile>, ApiError> {
+pub(crate) fn parse_files(
+    files: Option<&Value>,
+    entity_id: Option<&str>,
+) -> Result<Vec<InputFile>, ApiError> {
     let items = match files {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,

@@ -117,19 +117,32 @@ impl Executor {
         // a service, minted once the run has its turn (its life is the
         // run's wall time, not the queue's); such a run's program joins its
         // own network namespace, so its jail is built for it, never parked
-        let services = inner.cfg.egress.as_ref().and_then(|gateway| {
-            let grant = egress::mint(
-                Some(gateway),
-                run.principal(),
-                run.id().as_str(),
-                limits.wall_time,
-            )?;
-            Some((gateway, grant))
-        });
+        // a programmatic run gets a tool channel instead (one port per jail)
+        let services = inner
+            .cfg
+            .egress
+            .as_ref()
+            .filter(|_| req.tools.is_none())
+            .and_then(|gateway| {
+                let grant = egress::mint(
+                    Some(gateway),
+                    run.principal(),
+                    run.id().as_str(),
+                    limits.wall_time,
+                )?;
+                Some((gateway, grant))
+            });
         let profile = match services {
+            _ if req.tools.is_some() => kiln_sandbox::COLD_PROFILE,
             Some(_) => kiln_sandbox::COLD_PROFILE,
             // py: the template its imports need
             None => lang.warm_profile_for(&req.code),
+        };
+
+        // the program: with tools, their surface in front of the code
+        let code = match &req.tools {
+            Some(bridge) => bridge.program(&req.code),
+            None => req.code,
         };
 
         // workspace: a jail (parked, or built per step), the output
@@ -148,7 +161,7 @@ impl Executor {
         );
         let staged = phase(
             "stage",
-            stage::stage(&inner.store, &ws, inputs, lang, &req.code),
+            stage::stage(&inner.store, &ws, inputs, lang, &code),
         )
         .await?;
         run.inputs_staged(staged.iter().map(|(name, s)| (name.clone(), s.size)));
@@ -156,13 +169,21 @@ impl Executor {
         // run
         let steps = phase(
             "run",
-            step::run_steps(jail.as_mut(), run, lang, &req.args, &limits, services),
+            step::run_steps(
+                jail.as_mut(),
+                run,
+                lang,
+                &req.args,
+                &limits,
+                services,
+                req.tools.as_ref(),
+            ),
         )
         .await?;
 
         // harvest: the jail is gone (unless compilation failed: nothing ran)
         let harvest = if steps.run.is_some() {
-            let entry = (lang.spec().entry_file, hash_bytes(req.code.as_bytes()));
+            let entry = (lang.spec().entry_file, hash_bytes(code.as_bytes()));
             phase(
                 "harvest",
                 harvest::harvest(

@@ -12,6 +12,7 @@ use kiln_sandbox::{Jail, OutputSink, OutputStream, RunRequest, RunResult, Sandbo
 use tracing::warn;
 
 use crate::egress::RunChannel;
+use crate::ptc::{Bridge, ToolChannel};
 use crate::runs::{CancelReason, RunContext, Step, Stream};
 use crate::types::ExecError;
 
@@ -52,7 +53,9 @@ pub(crate) struct Steps {
 /// Compiles (if the language does) and runs `args` in `jail`. With
 /// `services` (a gateway and the run's grant), the run step, and only it,
 /// gets the services channel; the grant is revoked when the step ends,
-/// however it ends.
+/// however it ends. With `tools` (a programmatic run), the run step gets
+/// the tool channel instead and a wall clock that stops while the run
+/// waits for tool results.
 pub(crate) async fn run_steps(
     jail: &mut dyn Jail,
     run: &RunContext,
@@ -60,6 +63,7 @@ pub(crate) async fn run_steps(
     args: &[String],
     limits: &Limits,
     services: Option<(&kiln_egress::Gateway, kiln_egress::Grant)>,
+    tools: Option<&Arc<Bridge>>,
 ) -> Result<Steps, ExecError> {
     // env and argv may depend on the limits (e.g. the JVM heap)
     let env = lang.environment(limits);
@@ -67,7 +71,7 @@ pub(crate) async fn run_steps(
     if let Some(argv) = lang.compile_argv(limits) {
         let mut cl = limits.clone();
         cl.wall_time = lang.spec().compile_timeout;
-        let c = one_step(jail, run, Step::Compile, argv, &env, cl, None).await?;
+        let c = one_step(jail, run, Step::Compile, argv, &env, cl, None, None).await?;
         let ok = c.succeeded();
         steps.compile = Some(c);
         if !ok {
@@ -83,10 +87,35 @@ pub(crate) async fn run_steps(
     if let Some(c) = &channel {
         env.extend(c.env());
     }
-    let network = channel.as_ref().map(RunChannel::network);
-    let r = one_step(jail, run, Step::Run, argv, &env, limits.clone(), network).await;
+    let tool_channel = match tools {
+        Some(bridge) => {
+            bridge.attach(run);
+            Some(ToolChannel::open(bridge)?)
+        }
+        None => None,
+    };
+    let network = match (&channel, &tool_channel) {
+        (Some(c), _) => Some(c.network()),
+        (None, Some(t)) => Some(t.network()),
+        (None, None) => None,
+    };
+    let pause = tools.map(|b| b.clock().clone());
+    let r = one_step(
+        jail,
+        run,
+        Step::Run,
+        argv,
+        &env,
+        limits.clone(),
+        network,
+        pause,
+    )
+    .await;
     if let Some(c) = channel {
         c.close().await;
+    }
+    if let Some(t) = tool_channel {
+        t.close().await;
     }
     steps.run = Some(r?);
     Ok(steps)
@@ -100,6 +129,7 @@ struct Written {
     stderr: Vec<u8>,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn one_step(
     jail: &mut dyn Jail,
     run: &RunContext,
@@ -108,6 +138,7 @@ async fn one_step(
     env: &[(String, String)],
     limits: Limits,
     network: Option<kiln_sandbox::JailNetwork>,
+    pause: Option<kiln_sandbox::PauseClock>,
 ) -> Result<StepRun, ExecError> {
     run.started(step);
     let written = Arc::new(Mutex::new(Written::default()));
@@ -135,6 +166,7 @@ async fn one_step(
         limits,
         output: Some(sink),
         network,
+        pause,
         ..RunRequest::default()
     };
     let t0 = Instant::now();

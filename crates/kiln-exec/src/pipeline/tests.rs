@@ -176,6 +176,7 @@ fn request(lang: &str, code: &str) -> ExecRequest {
         files: vec![],
         timeout_ms: None,
         outputs: Outputs::NewSession,
+        tools: None,
     }
 }
 

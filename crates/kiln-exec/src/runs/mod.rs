@@ -395,6 +395,11 @@ impl RunHandle {
         }
     }
 
+    /// What the program wrote to `stream` so far.
+    pub fn text(&self, stream: Stream) -> String {
+        self.0.log.text(stream)
+    }
+
     /// Its events from the first on.
     pub fn subscribe(&self) -> Subscriber {
         self.0.log.subscribe()

@@ -90,6 +90,7 @@ fn req() -> ExecRequest {
         files: vec![],
         timeout_ms: None,
         outputs: Outputs::NewSession,
+        tools: None,
     }
 }
 
