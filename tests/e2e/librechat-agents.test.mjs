@@ -1,6 +1,7 @@
 // End-to-end test: LibreChat's own code tools (@librechat/agents) against a real Kiln server.
 //
-// Owns: driving `execute_code` and `bash_tool` exactly the way a LibreChat agent does — the
+// Owns: driving `execute_code`, `bash_tool` and programmatic tool calling (`run_tools_with_code`,
+// `run_tools_with_bash`) exactly the way a LibreChat agent does — the
 // tools come from the package, and calls go through the package's ToolNode with a sessions
 // map, so `session_id` and the injected `files` of later calls are threaded by LibreChat's
 // code, not ours. Nothing about Kiln is mocked.
@@ -22,7 +23,9 @@ import {
   AIMessage,
   ToolNode,
   createBashExecutionTool,
+  createBashProgrammaticToolCallingTool,
   createCodeExecutionTool,
+  createProgrammaticToolCallingTool,
   createToolSearch,
 } from '@librechat/agents';
 
@@ -61,7 +64,67 @@ function makeAgentTools() {
     assert.equal(messages.length, 1, 'one ToolMessage per tool call');
     return messages[0];
   }
-  return { call, sessions };
+  return { call, sessions, factoryParams };
+}
+
+/**
+ * Host tools for programmatic tool calling, as LibreChat's ToolNode hands them to the PTC tools
+ * (a toolMap and toolDefs): `get_weather` answers JSON after a short delay and records how many
+ * of its calls ran at once; `explode` always fails.
+ */
+function makeHostTools() {
+  const seen = { calls: [], inFlight: 0, maxInFlight: 0 };
+  const weather = {
+    name: 'get_weather',
+    schema: { type: 'object' },
+    async invoke(input) {
+      seen.calls.push(input.city);
+      seen.inFlight += 1;
+      seen.maxInFlight = Math.max(seen.maxInFlight, seen.inFlight);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      seen.inFlight -= 1;
+      return { city: input.city, temp_c: input.city.length * 3 };
+    },
+  };
+  const explode = {
+    name: 'explode',
+    schema: { type: 'object' },
+    async invoke() {
+      throw new Error('kiln-e2e tool failure');
+    },
+  };
+  const toolMap = new Map([['get_weather', weather], ['explode', explode]]);
+  const toolDefs = [
+    {
+      name: 'get_weather',
+      description: 'Current temperature of a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    },
+    { name: 'explode', description: 'Always fails', parameters: { type: 'object', properties: { reason: { type: 'string' } } } },
+  ];
+  return { toolMap, toolDefs, seen };
+}
+
+/**
+ * The PTC tools' factory parameters. Unlike `execute_code`, they send no `user_id` in the body:
+ * a LibreChat without JWT sends no identity at all on `/exec/programmatic`, so a host that wants
+ * the agent's own files injected must name the user — here through the `authHeaders` hook, with
+ * the `User-Id` header LibreChat sends on uploads (with JWT the token's `sub` does this).
+ */
+function ptcParams(factoryParams) {
+  return { ...factoryParams, authHeaders: { ...factoryParams.authHeaders, 'User-Id': USER_ID } };
+}
+
+/** The files ToolNode injects into a code tool from the agent's code session. */
+function injectedFiles(sessions) {
+  const session = sessions.get('execute_code');
+  return session.files.map((f) => ({
+    id: f.id,
+    resource_id: f.resource_id ?? f.id,
+    name: f.name,
+    storage_session_id: f.storage_session_id ?? session.session_id,
+    kind: 'user',
+  }));
 }
 
 /** Fails with the tool's own text when the ToolNode turned the call into an error message. */
@@ -255,6 +318,89 @@ describe('LibreChat code tools against Kiln', () => {
     const msg = await agent.call('execute_code', { lang: 'js', code });
     assertToolSucceeded(msg);
     assert.match(msg.content, /^stdout:\njs sum 6$/m);
+  });
+
+  it('g) run_tools_with_code: the program pauses for its tools, and code between calls runs once', { timeout: STEP_TIMEOUT_MS }, async () => {
+    assert.ok(first, 'depends on steps a and b (the injected CSV)');
+    const code = [
+      'import asyncio, os',
+      'p = "/mnt/data/ptc_counter.txt"',
+      'def bump():',
+      '    n = int(open(p).read()) if os.path.exists(p) else 0',
+      '    open(p, "w").write(str(n + 1))',
+      'bump()',
+      'rows = open("/mnt/data/out/data.csv").read().strip().splitlines()',
+      'paris = await get_weather(city="Paris")',
+      'bump()',
+      'others = await asyncio.gather(get_weather(city="Oslo"), get_weather(city="Rome"))',
+      'bump()',
+      'try:',
+      '    await explode(reason="test")',
+      'except ToolExecutionError as e:',
+      '    print("caught:", e)',
+      'print("rows", len(rows) - 1)',
+      'print("paris", paris["temp_c"])',
+      'print("others", [o["temp_c"] for o in others])',
+      'print("counter", open(p).read())',
+    ].join('\n');
+    const host = makeHostTools();
+    const ptc = createProgrammaticToolCallingTool(ptcParams(agent.factoryParams));
+    const session = agent.sessions.get('execute_code');
+    const msg = await ptc.invoke({
+      id: 'call_e2e_ptc_py',
+      name: 'run_tools_with_code',
+      args: { code },
+      type: 'tool_call',
+      toolMap: host.toolMap,
+      toolDefs: host.toolDefs,
+      session_id: session.session_id,
+      _injected_files: injectedFiles(agent.sessions),
+    });
+    assert.match(msg.content, /^stdout:\ncaught: kiln-e2e tool failure\nrows 4\nparis 15\nothers \[12, 12\]\ncounter 3\n/, msg.content);
+    assert.deepEqual(host.seen.calls, ['Paris', 'Oslo', 'Rome'], 'each tool call ran once on the host');
+    assert.equal(host.seen.maxInFlight, 2, 'the gathered calls came in one round');
+    const counter = fileNamed(msg.artifact.files, 'ptc_counter.txt');
+    const dl = await download(msg.artifact.session_id, counter.id);
+    assert.equal(dl.body.toString('utf8'), '3', 'the side effects between tool calls ran exactly once');
+  });
+
+  it('h) run_tools_with_bash: shell functions take JSON and print compact JSON', { timeout: STEP_TIMEOUT_MS }, async () => {
+    assert.ok(first, 'depends on steps a and b (the injected CSV)');
+    const code = [
+      'n=$(cat /mnt/data/bash_counter 2>/dev/null || echo 0); echo $((n + 1)) > /mnt/data/bash_counter',
+      `w=$(get_weather '{"city":"Paris"}')`,
+      'echo "paris=$w"',
+      `get_weather '{"city":"Oslo"}' > /tmp/oslo.json &`,
+      `get_weather '{"city":"Rome"}' > /tmp/rome.json &`,
+      'wait',
+      'echo "oslo=$(cat /tmp/oslo.json) rome=$(cat /tmp/rome.json)"',
+      `if ! explode '{"reason":"x"}' 2>/tmp/err; then echo "failed: $(cat /tmp/err)"; fi`,
+      'echo "lines=$(wc -l < /mnt/data/out/data.csv)"',
+      'echo "counter=$(cat /mnt/data/bash_counter)"',
+    ].join('\n');
+    const host = makeHostTools();
+    const ptc = createBashProgrammaticToolCallingTool(ptcParams(agent.factoryParams));
+    const session = agent.sessions.get('execute_code');
+    const msg = await ptc.invoke({
+      id: 'call_e2e_ptc_bash',
+      name: 'run_tools_with_bash',
+      args: { code },
+      type: 'tool_call',
+      toolMap: host.toolMap,
+      toolDefs: host.toolDefs,
+      session_id: session.session_id,
+      _injected_files: injectedFiles(agent.sessions),
+    });
+    const expected = [
+      'paris={"city":"Paris","temp_c":15}',
+      'oslo={"city":"Oslo","temp_c":12} rome={"city":"Rome","temp_c":12}',
+      'failed: kiln-e2e tool failure',
+      'lines=5',
+      'counter=1',
+    ].join('\n');
+    assert.ok(msg.content.startsWith(`stdout:\n${expected}\n`), msg.content);
+    assert.deepEqual([...host.seen.calls].sort(), ['Oslo', 'Paris', 'Rome']);
+    assert.equal(host.seen.maxInFlight, 2, 'the two background jobs\' calls came in one round');
   });
 
   // tool_search in its default code_interpreter mode posts a generated JS search to /exec with no

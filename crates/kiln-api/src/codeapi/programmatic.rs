@@ -244,7 +244,7 @@ fn register<'a>(
     ptc: &'a Programmatic,
     headers: &HeaderMap,
     owner: &str,
-) -> Result<RequestGuard<'a>, Response> {
+) -> Result<RequestGuard<'a>, (StatusCode, &'static str)> {
     let cancel = CancellationToken::new();
     let Some(v) = headers.get(REQUEST_ID_HEADER) else {
         return Ok(RequestGuard {
@@ -256,7 +256,7 @@ fn register<'a>(
     let id = match v.to_str() {
         Ok(s) if valid_request_id(s) => s.to_owned(),
         _ => {
-            return Err(plain(
+            return Err((
                 StatusCode::BAD_REQUEST,
                 "Invalid X-LibreChat-Code-Request-ID header",
             ));
@@ -264,7 +264,7 @@ fn register<'a>(
     };
     let mut requests = lock(&ptc.requests);
     if requests.contains_key(&id) {
-        return Err(plain(
+        return Err((
             StatusCode::CONFLICT,
             "Programmatic request ID is already in use",
         ));
@@ -393,7 +393,7 @@ pub async fn programmatic(
     ptc.sweep();
     let guard = match register(&ptc, &headers, &owner) {
         Ok(g) => g,
-        Err(resp) => return Ok(resp),
+        Err((status, msg)) => return Ok(plain(status, msg)),
     };
     if obj.contains_key("continuation_token") {
         return Ok(continuation(&ptc, &owner, &obj, &guard.cancel).await);
