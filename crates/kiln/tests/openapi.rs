@@ -102,6 +102,8 @@ async fn the_document_matches_the_routes_the_server_has() {
     // every route the clients call is documented, and its method
     for (method, path) in [
         ("post", "/v1/exec"),
+        ("post", "/v1/exec/programmatic"),
+        ("post", "/v1/exec/programmatic/cancel"),
         ("post", "/v1/upload"),
         ("post", "/v1/upload/batch"),
         ("get", "/v1/download/{session_id}/{file_id}"),

@@ -13,10 +13,11 @@
 //! already ended. Finished runs are kept for a while (and within a byte
 //! budget) so they can be collected later.
 //!
-//! Room for what comes next, without redesign: a run that pauses for tool
-//! calls adds a `ToolCall` event and a `resume` next to `cancel` on the
-//! control side (its wall clock stops while paused: the sandbox enforces
-//! time per step); a live kernel's evaluations are runs whose `Execute`
+//! A run that pauses for tool calls (programmatic tool calling) carries a
+//! [`crate::ptc::Bridge`] in its request: the bridge, not the registry,
+//! holds its rounds and `resume`, and its wall clock stops while paused
+//! (`kiln_sandbox::PauseClock`). Room for what comes next, without
+//! redesign: a live kernel's evaluations are runs whose `Execute`
 //! talks to a long-lived jail; an egress grant is minted when a run starts
 //! and revoked when it ends (the run's id names its owner); and a run id
 //! stays node-local (several nodes forward to the owner, the node that
