@@ -582,3 +582,17 @@ async fn bash_tools_take_a_json_string_and_print_compact_json() {
         "{done}"
     );
 }
+
+#[tokio::test]
+async fn more_than_200_tool_calls_end_the_run_with_400() {
+    let s = server().await;
+    let code = "import asyncio\nawait asyncio.gather(*[t(a=i) for i in range(201)])";
+    let (st, e) = ptc(&s, "alice", json!({"code": code, "tools": [tool("t")]})).await;
+    assert_eq!(
+        (st, e),
+        (
+            400,
+            json!({"error": "Tool call limit exceeded: at most 200 tool calls per execution"})
+        )
+    );
+}

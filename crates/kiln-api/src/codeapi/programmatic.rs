@@ -929,6 +929,11 @@ mod tests {
         for (v, msg) in cases {
             assert_eq!(parse_results(Some(&v)).err().as_deref(), Some(msg), "{v}");
         }
+        let big = json!([{"call_id": "call_001", "result": "x".repeat(MAX_RESULT_BYTES)}]);
+        assert_eq!(
+            parse_results(Some(&big)).err().as_deref(),
+            Some("tool_results[0].result exceeds 5242880 bytes")
+        );
         let many: Vec<Value> = (1..=201)
             .map(|i| json!({"call_id": format!("call_{i:03}"), "result": null}))
             .collect();

@@ -29,6 +29,9 @@ pub const TOOLS_PORT: u16 = 81;
 
 /// Largest request the channel reads (a round's inputs).
 const MAX_REQUEST: usize = 5 * 1024 * 1024;
+/// Most connections served at once (each may hold a request in memory);
+/// more are closed at once.
+const MAX_CONNECTIONS: usize = 64;
 
 #[derive(Deserialize)]
 struct CallIn {
@@ -74,15 +77,17 @@ async fn accept(listener: TcpListener, bridge: Arc<Bridge>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                conns.spawn(serve(stream, Arc::clone(&bridge)));
+                // reap finished connections, then refuse past the bound
+                while conns.try_join_next().is_some() {}
+                if conns.len() < MAX_CONNECTIONS {
+                    conns.spawn(serve(stream, Arc::clone(&bridge)));
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "tool channel: accept failed");
                 return;
             }
         }
-        // reap finished connections
-        while conns.try_join_next().is_some() {}
     }
 }
 
