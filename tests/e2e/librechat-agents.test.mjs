@@ -115,6 +115,24 @@ function ptcParams(factoryParams) {
   return { ...factoryParams, authHeaders: { ...factoryParams.authHeaders, 'User-Id': USER_ID } };
 }
 
+/**
+ * Invokes a PTC tool the way ToolNode does: the call plus the host's toolMap and toolDefs, the
+ * code session's id and its files.
+ */
+async function invokePtc(agent, tool, name, code, host) {
+  const session = agent.sessions.get('execute_code');
+  return tool.invoke({
+    id: `call_e2e_${name}`,
+    name,
+    args: { code },
+    type: 'tool_call',
+    toolMap: host.toolMap,
+    toolDefs: host.toolDefs,
+    session_id: session.session_id,
+    _injected_files: injectedFiles(agent.sessions),
+  });
+}
+
 /** The files ToolNode injects into a code tool from the agent's code session. */
 function injectedFiles(sessions) {
   const session = sessions.get('execute_code');
@@ -345,17 +363,7 @@ describe('LibreChat code tools against Kiln', () => {
     ].join('\n');
     const host = makeHostTools();
     const ptc = createProgrammaticToolCallingTool(ptcParams(agent.factoryParams));
-    const session = agent.sessions.get('execute_code');
-    const msg = await ptc.invoke({
-      id: 'call_e2e_ptc_py',
-      name: 'run_tools_with_code',
-      args: { code },
-      type: 'tool_call',
-      toolMap: host.toolMap,
-      toolDefs: host.toolDefs,
-      session_id: session.session_id,
-      _injected_files: injectedFiles(agent.sessions),
-    });
+    const msg = await invokePtc(agent, ptc, 'run_tools_with_code', code, host);
     assert.match(msg.content, /^stdout:\ncaught: kiln-e2e tool failure\nrows 4\nparis 15\nothers \[12, 12\]\ncounter 3\n/, msg.content);
     assert.deepEqual(host.seen.calls, ['Paris', 'Oslo', 'Rome'], 'each tool call ran once on the host');
     assert.equal(host.seen.maxInFlight, 2, 'the gathered calls came in one round');
@@ -380,17 +388,7 @@ describe('LibreChat code tools against Kiln', () => {
     ].join('\n');
     const host = makeHostTools();
     const ptc = createBashProgrammaticToolCallingTool(ptcParams(agent.factoryParams));
-    const session = agent.sessions.get('execute_code');
-    const msg = await ptc.invoke({
-      id: 'call_e2e_ptc_bash',
-      name: 'run_tools_with_bash',
-      args: { code },
-      type: 'tool_call',
-      toolMap: host.toolMap,
-      toolDefs: host.toolDefs,
-      session_id: session.session_id,
-      _injected_files: injectedFiles(agent.sessions),
-    });
+    const msg = await invokePtc(agent, ptc, 'run_tools_with_bash', code, host);
     const expected = [
       'paris={"city":"Paris","temp_c":15}',
       'oslo={"city":"Oslo","temp_c":12} rome={"city":"Rome","temp_c":12}',

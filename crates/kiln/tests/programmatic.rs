@@ -13,18 +13,19 @@ use kiln::testing::TestServer;
 use serde_json::{Value, json};
 
 /// POST /v1/exec/programmatic as `user`; (status, body).
-async fn ptc(s: &TestServer, user: &str, body: Value) -> (u16, Value) {
-    ptc_with(s, user, None, body).await
+async fn ptc(s: &TestServer, user: &'static str, body: Value) -> (u16, Value) {
+    post(s.v1(), user, None, body).await
 }
 
-async fn ptc_with(
-    s: &TestServer,
-    user: &str,
-    request_id: Option<&str>,
+/// The same with owned arguments (to run concurrently) and a request id.
+async fn post(
+    v1: String,
+    user: &'static str,
+    request_id: Option<&'static str>,
     body: Value,
 ) -> (u16, Value) {
     let mut req = client()
-        .post(format!("{}/exec/programmatic", s.v1()))
+        .post(format!("{v1}/exec/programmatic"))
         .header("User-Id", user)
         .json(&body);
     if let Some(id) = request_id {
@@ -33,6 +34,11 @@ async fn ptc_with(
     let r = req.send().await.expect("send");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Continues `answer`'s execution as alice with `results`.
+async fn reply(s: &TestServer, answer: &Value, results: Value) -> (u16, Value) {
+    ptc(s, "alice", cont(&answer["continuation_token"], results)).await
 }
 
 async fn cancel(s: &TestServer, user: &str, body: Value) -> (u16, Value) {
@@ -114,13 +120,10 @@ async fn python_pauses_for_tools_and_runs_the_code_between_calls_once() {
     assert_eq!(v["partial_stdout"], "before hello\n", "{v}");
 
     // the two gathered calls come in one round
-    let (st, v) = ptc(
+    let (st, v) = reply(
         &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_001", "result": {"sum": 3}}]),
-        ),
+        &v,
+        json!([{"call_id": "call_001", "result": {"sum": 3}}]),
     )
     .await;
     assert_eq!(st, 200, "{v}");
@@ -134,34 +137,28 @@ async fn python_pauses_for_tools_and_runs_the_code_between_calls_once() {
     assert_eq!(v["partial_stdout"], "sum 3\n", "{v}");
     let round2 = json!([{"call_id": "call_002", "result": {"sum": 4}},
                         {"call_id": "call_003", "result": {"sum": 30}, "is_error": false}]);
-    let (st, v3) = ptc(&s, "alice", cont(&v["continuation_token"], round2.clone())).await;
+    let (st, v3) = reply(&s, &v, round2.clone()).await;
     assert_eq!(st, 200, "{v3}");
     assert_eq!(calls(&v3)[0].1, "fail");
 
     // a retry of the same results gets the same answer; different ones 409
-    let (st, again) = ptc(&s, "alice", cont(&v["continuation_token"], round2)).await;
+    let (st, again) = reply(&s, &v, round2).await;
     assert_eq!((st, &again), (200, &v3));
-    let (st, e) = ptc(
+    let (st, e) = reply(
         &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_002", "result": {"sum": 5}},
+        &v,
+        json!([{"call_id": "call_002", "result": {"sum": 5}},
                    {"call_id": "call_003", "result": {"sum": 30}}]),
-        ),
     )
     .await;
     assert_eq!(st, 409, "{e}");
 
     // a tool error is raised in the program as ToolExecutionError
-    let (st, done) = ptc(
+    let (st, done) = reply(
         &s,
-        "alice",
-        cont(
-            &v3["continuation_token"],
-            json!([{"call_id": "call_004", "result": null, "is_error": true,
+        &v3,
+        json!([{"call_id": "call_004", "result": null, "is_error": true,
                     "error_message": "no such thing"}]),
-        ),
     )
     .await;
     assert_eq!(st, 200, "{done}");
@@ -196,15 +193,7 @@ async fn paused_time_does_not_count_against_the_timeout() {
     assert_eq!(st, 200, "{v}");
     // the host takes twice the run's timeout
     tokio::time::sleep(Duration::from_millis(3000)).await;
-    let (st, done) = ptc(
-        &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_001", "result": "x"}]),
-        ),
-    )
-    .await;
+    let (st, done) = reply(&s, &v, json!([{"call_id": "call_001", "result": "x"}])).await;
     assert_eq!(st, 200, "{done}");
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["stdout"], "ok x 3\n");
@@ -217,15 +206,7 @@ async fn paused_time_does_not_count_against_the_timeout() {
     )
     .await;
     assert_eq!(st, 200, "{v}");
-    let (st, done) = ptc(
-        &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_001", "result": 1}]),
-        ),
-    )
-    .await;
+    let (st, done) = reply(&s, &v, json!([{"call_id": "call_001", "result": 1}])).await;
     assert_eq!(st, 200, "{done}");
     assert_eq!(done["status"], "error", "{done}");
     assert_eq!(done["error"], "Time limit exceeded", "{done}");
@@ -273,19 +254,12 @@ async fn continuation_tokens_are_signed_and_bound_to_their_principal() {
 
     // two continuations at once: the second is refused while the first
     // waits for the program's next stop (it sleeps 1.5 s)
-    let first = {
-        let (base, body) = (s.v1(), cont(&json!(token), ok1.clone()));
-        tokio::spawn(async move {
-            let r = client()
-                .post(format!("{base}/exec/programmatic"))
-                .header("User-Id", "alice")
-                .json(&body)
-                .send()
-                .await
-                .expect("send");
-            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
-        })
-    };
+    let first = tokio::spawn(post(
+        s.v1(),
+        "alice",
+        None,
+        cont(&json!(token), ok1.clone()),
+    ));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (st, e) = ptc(&s, "alice", cont(&json!(token), ok1.clone())).await;
     assert_eq!(st, 409, "{e}");
@@ -296,15 +270,7 @@ async fn continuation_tokens_are_signed_and_bound_to_their_principal() {
     let (st, v2) = first.await.expect("first");
     assert_eq!(st, 200, "{v2}");
     assert_eq!(calls(&v2)[0].0, "call_002");
-    let (st, done) = ptc(
-        &s,
-        "alice",
-        cont(
-            &v2["continuation_token"],
-            json!([{"call_id": "call_002", "result": 2}]),
-        ),
-    )
-    .await;
+    let (st, done) = reply(&s, &v2, json!([{"call_id": "call_002", "result": 2}])).await;
     assert_eq!(
         (st, done["stdout"].clone()),
         (200, json!("1 2\n")),
@@ -323,15 +289,7 @@ async fn an_unanswered_round_expires_and_ends_its_run() {
     .await;
     assert_eq!(st, 200, "{v}");
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (st, e) = ptc(
-        &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_001", "result": 1}]),
-        ),
-    )
-    .await;
+    let (st, e) = reply(&s, &v, json!([{"call_id": "call_001", "result": 1}])).await;
     assert_eq!(
         (st, e),
         (404, json!({"error": "Execution not found or expired"}))
@@ -351,15 +309,7 @@ async fn paused_runs_are_capped() {
         "Too many programmatic executions in progress (at most 1); retry later"
     );
     // once the first is done, there is room again
-    let (st, done) = ptc(
-        &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_001", "result": 1}]),
-        ),
-    )
-    .await;
+    let (st, done) = reply(&s, &v, json!([{"call_id": "call_001", "result": 1}])).await;
     assert_eq!((st, &done["status"]), (200, &json!("completed")), "{done}");
     let (st, v) = ptc(&s, "bob", body).await;
     assert_eq!(st, 200, "{v}");
@@ -369,25 +319,12 @@ async fn paused_runs_are_capped() {
 async fn cancel_ends_the_request_in_flight() {
     let s = server().await;
     let id = "3f0c2a4e-9d1b-4c8e-a7f5-0b6d2e1c9a88";
-    let (base, body) = (
-        s.v1(),
-        json!({"code": "import time\ntime.sleep(30)\nawait t(a=1)", "tools": [tool("t")]}),
-    );
-    let inflight = tokio::spawn(async move {
-        let r = client()
-            .post(format!("{base}/exec/programmatic"))
-            .header("User-Id", "alice")
-            .header("X-LibreChat-Code-Request-ID", id)
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        (r.status().as_u16(), r.json::<Value>().await.expect("json"))
-    });
+    let body = json!({"code": "import time\ntime.sleep(30)\nawait t(a=1)", "tools": [tool("t")]});
+    let inflight = tokio::spawn(post(s.v1(), "alice", Some(id), body));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // the id is in use while its request is in flight
-    let (st, e) = ptc_with(
-        &s,
+    let (st, e) = post(
+        s.v1(),
         "alice",
         Some(id),
         json!({"code": "await t(a=1)", "tools": [tool("t")]}),
@@ -474,8 +411,8 @@ async fn requests_are_validated_with_the_contracts_messages() {
         let (st, e) = ptc(&s, "alice", body.clone()).await;
         assert_eq!((st, e), (400, json!({"error": msg})), "{body}");
     }
-    let (st, e) = ptc_with(
-        &s,
+    let (st, e) = post(
+        s.v1(),
         "alice",
         Some("not a uuid!"),
         json!({"code": "x", "tools": t}),
@@ -535,25 +472,14 @@ async fn bash_tools_take_a_json_string_and_print_compact_json() {
         [("call_001".into(), "add".into(), json!({"a": 1, "b": 2}))]
     );
     assert_eq!(v["partial_stdout"], "start\n");
-    let (_, v) = ptc(
+    let (_, v) = reply(
         &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_001", "result": {"sum": 3}}]),
-        ),
+        &v,
+        json!([{"call_id": "call_001", "result": {"sum": 3}}]),
     )
     .await;
     assert_eq!(calls(&v)[0].1, "whoami_tool");
-    let (_, v) = ptc(
-        &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_002", "result": "alice"}]),
-        ),
-    )
-    .await;
+    let (_, v) = reply(&s, &v, json!([{"call_id": "call_002", "result": "alice"}])).await;
     // the two background jobs' calls come in one round
     let mut round: Vec<Value> = calls(&v).into_iter().map(|c| c.2).collect();
     round.sort_by_key(|i| i["a"].as_i64());
@@ -564,15 +490,12 @@ async fn bash_tools_take_a_json_string_and_print_compact_json() {
         .map(|(id, _, input)| json!({"call_id": id, "result": [input["a"]]}))
         .collect();
     assert_eq!(ids.len(), 2);
-    let (_, v) = ptc(&s, "alice", cont(&v["continuation_token"], json!(results))).await;
+    let (_, v) = reply(&s, &v, json!(results)).await;
     assert_eq!(calls(&v)[0].1, "failing");
-    let (st, done) = ptc(
+    let (st, done) = reply(
         &s,
-        "alice",
-        cont(
-            &v["continuation_token"],
-            json!([{"call_id": "call_005", "result": null, "is_error": true, "error_message": "denied"}]),
-        ),
+        &v,
+        json!([{"call_id": "call_005", "result": null, "is_error": true, "error_message": "denied"}]),
     )
     .await;
     assert_eq!(st, 200, "{done}");
