@@ -157,6 +157,9 @@ pub enum ApiError {
         class: crate::rate::Class,
         verdict: crate::rate::Verdict,
     },
+    /// A sessions API call failed (`sessions.rs` renders it).
+    #[error("session: {0}")]
+    Session(kiln_exec::kernels::KernelsError),
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),
@@ -235,6 +238,7 @@ impl ApiError {
             InsufficientStorage(e) => plain(StatusCode::INSUFFICIENT_STORAGE, &storage_refusal(e)),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
+            Session(e) => crate::sessions::error_envelope(e),
             SessionLookup { .. } | Panic(_) | EgressLedger(_) => {
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
             }

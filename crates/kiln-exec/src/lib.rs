@@ -10,10 +10,13 @@
 //!   run) → harvest (walk, store outputs) → outcome (status, message,
 //!   usage).
 //! - [`workspace`]: the one place the host touches files a jail controls.
+//! - [`kernels`]: live kernels (Kiln's sessions API): idle TTL, caps, one
+//!   evaluation at a time, slots of their own.
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 
 mod egress;
+pub mod kernels;
 pub mod pipeline;
 pub mod plan;
 pub mod runs;
