@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, server_with, sse_events};
+use common::{Sse, client, server_with, sse_events};
 use kiln::testing::TestServer;
 use serde_json::{Value, json};
 
@@ -341,7 +341,7 @@ async fn sessions_belong_to_their_creator_and_obey_caps_and_the_idle_ttl() {
     assert_eq!(v["error"], "sessions_full");
     // one-shot runs still get jails: kernels have slots of their own
     let run = common::run(&s, "py", "print(1 + 1)").await;
-    assert_eq!(run["run"]["stdout"], "2\n", "{run}");
+    assert_eq!(run["stdout"], "2\n", "{run}");
 
     let (status, v) = call(
         &s,
@@ -469,5 +469,3 @@ async fn workspace_files_can_be_written_read_listed_and_deleted() {
     );
     assert_eq!(named[2].data["result"]["text"], "42");
 }
-
-use common::Sse;

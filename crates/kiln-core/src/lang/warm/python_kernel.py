@@ -67,7 +67,15 @@ def drain(fd, kind):
         send(kind, chunk)
 
 
+def only_main_gets_interrupts():
+    # a process-directed SIGINT then goes to the main thread, waking it from a
+    # blocking call (pthread_kill is no use: the fork's thread ids are the
+    # fork-server's)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def forward():
+    only_main_gets_interrupts()
     streams = {out_r: b"o", err_r: b"e"}
     while True:
         ready, _, _ = select.select(list(streams), [], [])
@@ -89,17 +97,17 @@ def read_exact(n):
 requests = []
 requests_ready = threading.Condition()
 running = [False]
-main_thread = threading.main_thread().ident
 
 
 def receive():
+    only_main_gets_interrupts()
     while True:
         kind, length = HEADER.unpack(read_exact(HEADER.size))
         payload = read_exact(length) if length else b""
         if kind == b"i":
             with requests_ready:
                 if running[0]:
-                    signal.pthread_kill(main_thread, signal.SIGINT)
+                    os.kill(os.getpid(), signal.SIGINT)
             continue
         with requests_ready:
             requests.append(payload)
@@ -144,7 +152,7 @@ def describe(exc):
     return {
         "ename": type(exc).__name__,
         "evalue": str(exc),
-        "traceback": [line.rstrip("\n") for line in lines],
+        "traceback": [line for chunk in lines for line in chunk.rstrip("\n").split("\n")],
     }
 
 
