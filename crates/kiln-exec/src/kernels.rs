@@ -356,11 +356,18 @@ impl Kernels {
             turn: Arc::new(tokio::sync::Mutex::new(())),
         });
         let info = session.info(cfg.max_age);
+        let (park, ready) = session.kernel.start_times();
         lock(&self.inner.state)
             .sessions
             .insert(session.id.clone(), session);
         metrics::gauge!("kiln_sessions_live").set(self.live() as f64);
-        tracing::info!(session = %info.id, template, "session started");
+        tracing::info!(
+            session = %info.id,
+            template,
+            park_ms = park.as_secs_f64() * 1000.0,
+            ready_ms = ready.as_secs_f64() * 1000.0,
+            "session started"
+        );
         Ok(info)
     }
 
@@ -617,17 +624,4 @@ async fn blocking<T: Send + 'static>(
 async fn close(session: &Session) {
     session.kernel.close().await;
     lock(&session.slot).take();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_defaults_keep_an_idle_session_half_an_hour() {
-        let cfg = KernelsConfig::default();
-        assert_eq!(cfg.idle_ttl, Duration::from_secs(1800));
-        assert!(cfg.max_age > cfg.idle_ttl);
-        assert!(cfg.max_per_owner <= cfg.max_total);
-    }
 }

@@ -216,6 +216,10 @@ pub struct Kernel {
     lost: Mutex<Option<KernelLost>>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
     pid: u32,
+    /// How long building and parking the jail took, and then until the
+    /// kernel said it was ready.
+    park_time: Duration,
+    ready_time: Duration,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -238,6 +242,8 @@ impl Sandbox {
         start: KernelStart,
     ) -> Result<Kernel, SandboxError> {
         let jail = self.park(slot, &start.park, &start.limits, None).await?;
+        let park_time = jail.build_time();
+        let t_go = Instant::now();
         let check = RunRequest {
             workspace: jail.workspace().to_path_buf(),
             argv: start.argv.clone(),
@@ -296,6 +302,8 @@ impl Sandbox {
             lost: Mutex::new(None),
             stderr_tail,
             pid: 0,
+            park_time,
+            ready_time: t_go.elapsed(),
         };
         let failed = match ready {
             Ok(Ok(Some((b'r', payload)))) => {
@@ -364,6 +372,12 @@ impl Kernel {
     /// The kernel program's pid inside its jail.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// How long its start took: building and parking the jail, then the
+    /// go until the kernel said it was ready.
+    pub fn start_times(&self) -> (Duration, Duration) {
+        (self.park_time, self.ready_time)
     }
 
     /// Why the kernel is gone, once it is.

@@ -32,6 +32,7 @@ import types
 KERNEL_FILE = sys._getframe().f_code.co_filename
 MAX_VALUE_CHARS = 64 * 1024
 MAX_FILES = 1000
+MAX_TRACEBACK_LINES = 400
 HEADER = struct.Struct(">cI")
 
 # the real stdout becomes the protocol channel; fd 1 and 2 become pipes we read
@@ -149,10 +150,18 @@ def describe(exc):
         lines = traceback.format_exception_only(type(exc), exc)
     else:
         lines = traceback.format_exception(type(exc), exc, tb)
+    lines = [line for chunk in lines for line in chunk.rstrip("\n").split("\n")]
+    if len(lines) > MAX_TRACEBACK_LINES:
+        cut = len(lines) - MAX_TRACEBACK_LINES
+        lines = lines[:50] + ["... %d lines cut ..." % cut] + lines[-(MAX_TRACEBACK_LINES - 50):]
+    try:
+        evalue = str(exc)
+    except BaseException:
+        evalue = "<str() failed>"
     return {
         "ename": type(exc).__name__,
-        "evalue": str(exc),
-        "traceback": [line for chunk in lines for line in chunk.rstrip("\n").split("\n")],
+        "evalue": evalue[:MAX_VALUE_CHARS],
+        "traceback": [line[:4096] for line in lines],
     }
 
 
