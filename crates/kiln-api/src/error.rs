@@ -329,6 +329,18 @@ impl IntoResponse for ApiError {
         if let ApiError::RateLimited { verdict, .. } = &self {
             crate::rate::stamp(resp.headers_mut(), verdict);
         }
+        if let ApiError::Session(
+            kiln_exec::kernels::KernelsError::NodeFull(_)
+            | kiln_exec::kernels::KernelsError::OwnerCap(_),
+        ) = &self
+        {
+            // a session ends within its idle TTL at worst; clients should
+            // not hammer the node meanwhile
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("10"),
+            );
+        }
         if let ApiError::Exec(
             ExecError::RateLimited { retry_after } | ExecError::Busy { retry_after },
         ) = &self

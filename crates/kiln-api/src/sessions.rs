@@ -17,7 +17,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -39,6 +39,7 @@ use crate::body::{read_limited, require_json};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
+use crate::runs::rfc3339;
 
 /// `POST /sessions`'s body.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -190,14 +191,6 @@ pub struct WorkspaceFile {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FileList {
     pub files: Vec<WorkspaceFile>,
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    let ms = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0);
-    crate::codeapi::files::iso8601(ms)
 }
 
 fn view(info: &SessionInfo) -> SessionView {
