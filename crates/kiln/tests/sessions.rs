@@ -200,16 +200,20 @@ async fn a_timeout_or_an_interrupt_stops_the_evaluation_and_keeps_the_state() {
             .await
             .expect("json")
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (status, v) = call(
-        &s,
-        reqwest::Method::GET,
-        &format!("/sessions/{id}"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!((status, v["status"].as_str()), (200, Some("busy")), "{v}");
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = format!("/sessions/{id}");
+        let (status, v) = call(&s, reqwest::Method::GET, &path, None, None).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == "busy" {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the long evaluation never started: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (status, v) = exec_as(&s, &id, None, json!({"code": "1"})).await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"], "session_busy");
