@@ -187,6 +187,8 @@ pub struct AppState {
     pub ops: Option<Arc<dyn Operations>>,
     /// The last hour of key numbers (filled by [`crate::admin::spawn_sampler`]).
     pub history: Arc<History>,
+    /// Live kernels (Kiln's sessions API); `None`: the routes answer 503.
+    pub kernels: Option<kiln_exec::kernels::Kernels>,
 }
 
 impl AppState {
@@ -213,6 +215,7 @@ impl AppState {
             shutdown: CancellationToken::new(),
             ops: None,
             history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
+            kernels: None,
         }
     }
 }

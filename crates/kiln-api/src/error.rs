@@ -157,6 +157,9 @@ pub enum ApiError {
         class: crate::rate::Class,
         verdict: crate::rate::Verdict,
     },
+    /// A sessions API call failed (`sessions.rs` renders it).
+    #[error("session: {0}")]
+    Session(kiln_exec::kernels::KernelsError),
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),
@@ -235,6 +238,7 @@ impl ApiError {
             InsufficientStorage(e) => plain(StatusCode::INSUFFICIENT_STORAGE, &storage_refusal(e)),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
+            Session(e) => crate::sessions::error_envelope(e),
             SessionLookup { .. } | Panic(_) | EgressLedger(_) => {
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
             }
@@ -324,6 +328,18 @@ impl IntoResponse for ApiError {
         let mut resp = (status, Json(body)).into_response();
         if let ApiError::RateLimited { verdict, .. } = &self {
             crate::rate::stamp(resp.headers_mut(), verdict);
+        }
+        if let ApiError::Session(
+            kiln_exec::kernels::KernelsError::NodeFull(_)
+            | kiln_exec::kernels::KernelsError::OwnerCap(_),
+        ) = &self
+        {
+            // a session ends within its idle TTL at worst; clients should
+            // not hammer the node meanwhile
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("10"),
+            );
         }
         if let ApiError::Exec(
             ExecError::RateLimited { retry_after } | ExecError::Busy { retry_after },

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | LibreChat (codeapi) | `POST /exec`, `POST /upload`, `POST /upload/batch`, `GET /download/{session_id}/{file_id}`, `GET /files/{session_id}`, `GET|DELETE /sessions/{session_id}/objects/{file_id}`, `DELETE /files/{session_id}/{file_id}`, `GET /health` | [`codeapi`] |
 //! | Kiln's runs | `GET /runs/{run_id}`, `GET /runs/{run_id}/events`, `POST /runs/{run_id}/cancel` | [`runs`] |
+//! | Kiln's sessions (live kernels) | `POST /sessions`, `GET|DELETE /sessions/{session_id}`, `POST /sessions/{session_id}/exec`, `POST /sessions/{session_id}/interrupt`, `GET /sessions/{session_id}/files`, `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | [`sessions`] |
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
 //! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs` (behind the key) | [`codeapi::health`], [`openapi`], [`admin`] |
 //! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
@@ -38,6 +39,7 @@ pub mod proxy;
 pub mod rate;
 pub mod runs;
 pub mod server;
+pub mod sessions;
 pub mod sse;
 
 pub use codeapi::{exec, files, health, programmatic, upload};
@@ -105,9 +107,26 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
             state.clone(),
             middleware::proxy_auth,
         ));
+    let sessions = OpenApiRouter::new()
+        .routes(routes!(sessions::create))
+        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(sessions::exec))
+        .routes(routes!(sessions::interrupt))
+        .routes(routes!(sessions::list_files))
+        .routes(routes!(
+            sessions::get_file,
+            sessions::put_file,
+            sessions::delete_file
+        ))
+        .layer(upload_limit)
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ));
     OpenApiRouter::new()
         .merge(librechat)
         .merge(seed)
+        .merge(sessions)
         .routes(routes!(health::health))
         .routes(routes!(proxy::health))
 }

@@ -45,12 +45,23 @@ pub fn document(api: OpenApi, root: OpenApi) -> OpenApi {
     )
     .nest("/v1", api);
     doc.merge(root);
+    // a catch-all segment (`{*path}`: a workspace path with slashes) is the
+    // router's syntax; OpenAPI names the parameter plainly
+    let paths = std::mem::take(&mut doc.paths.paths);
+    doc.paths.paths = paths
+        .into_iter()
+        .map(|(path, item)| (path.replace("{*", "{"), item))
+        .collect();
     doc.tags = Some(vec![
         tag(
             "LibreChat",
             "LibreChat's Code Interpreter API (drop-in for `LIBRECHAT_CODE_BASEURL`)",
         ),
         tag("Runs", "Runs as objects: status, events, cancel"),
+        tag(
+            "Sessions",
+            "Live kernels: state that persists between calls, interrupts, the workspace's files",
+        ),
         tag(
             "Seed 000",
             "The code-interpreter-proxy API of seed 000, under /v1/librechat",

@@ -149,7 +149,8 @@ pub struct RunView {
     pub links: RunLinks,
 }
 
-fn rfc3339(t: SystemTime) -> String {
+/// RFC 3339 UTC with milliseconds.
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let ms = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

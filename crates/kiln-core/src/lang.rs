@@ -184,6 +184,13 @@ pub mod warm {
     /// Started in a parked `js` jail at `/etc/kiln/node_warm.js`: reads the
     /// go on stdin, then runs the user's `index.js` as node's main module.
     pub const NODE_BOOTSTRAP: &str = include_str!("lang/warm/node_warm.js");
+    /// A live `py` kernel (a session's program), placed at
+    /// `/etc/kiln/<PYTHON_KERNEL_NAME>` in the kernel's jail and run like a
+    /// program by a fork of a template: evaluates framed requests on stdin
+    /// and answers in frames on stdout (the protocol is at its top).
+    pub const PYTHON_KERNEL: &str = include_str!("lang/warm/python_kernel.py");
+    /// Its file name under `/etc/kiln/`.
+    pub const PYTHON_KERNEL_NAME: &str = "kiln_kernel.py";
 }
 
 /// The jail environment every runtime starts from; a runtime's own

@@ -12,10 +12,13 @@
 //! - [`workspace`]: the one place the host touches files a jail controls.
 //! - [`ptc`]: programmatic tool calling — a run whose program calls the
 //!   host's tools and stays alive, paused, while the host runs them.
+//! - [`kernels`]: live kernels (Kiln's sessions API): idle TTL, caps, one
+//!   evaluation at a time, slots of their own.
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 
 mod egress;
+pub mod kernels;
 pub mod pipeline;
 pub mod plan;
 pub mod ptc;

@@ -38,6 +38,7 @@ mod embed;
 mod error;
 mod jail;
 mod jails;
+mod kernel;
 mod launcher;
 mod netns;
 mod pause;
@@ -60,6 +61,10 @@ pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, S
 pub use error::SandboxError;
 pub use jail::helper_main;
 pub use jails::{BoxFuture, COLD_PROFILE, Jail, JailSource, Jails, ZygoteStart};
+pub use kernel::{
+    EvalError, EvalFile, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart,
+    python_kernel_park,
+};
 pub use launcher::launcher_main;
 pub use netns::JailNetwork;
 pub use pause::PauseClock;

@@ -329,7 +329,7 @@ impl HelperProc {
     }
 
     /// SIGKILL; its death takes the jail down (PDEATHSIG of the jail's init).
-    fn kill(&self) {
+    pub(crate) fn kill(&self) {
         if self.exited {
             return;
         }
@@ -349,7 +349,7 @@ impl HelperProc {
     }
 
     /// Waits for the helper's exit; describes how it ended.
-    async fn wait(&mut self) -> std::io::Result<String> {
+    pub(crate) async fn wait(&mut self) -> std::io::Result<String> {
         let how = match &mut self.kind {
             Some(HelperKind::Launched(pidfd)) => {
                 // A pidfd becomes readable once its process has exited.
@@ -412,6 +412,15 @@ impl std::fmt::Debug for Started {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Started").field("path", &self.path).finish()
     }
+}
+
+/// A running helper taken apart (see [`Started::into_parts`]).
+pub(crate) struct StartedParts {
+    pub proc: HelperProc,
+    pub control: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+    pub status: pipe::Receiver,
 }
 
 /// Starts a jail helper: forked by `launcher` when there is one that
@@ -496,6 +505,18 @@ impl Started {
             && let Err(e) = control.write_all(line).await
         {
             tracing::debug!(error = %e, "writing to the jail helper failed");
+        }
+    }
+
+    /// The process and the pipes, for a driver other than [`Started::drive`]
+    /// (a kernel's: `kernel.rs`).
+    pub(crate) fn into_parts(self) -> StartedParts {
+        StartedParts {
+            proc: self.proc,
+            control: self.control,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            status: self.status,
         }
     }
 

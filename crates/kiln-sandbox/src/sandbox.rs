@@ -131,7 +131,7 @@ fn prepare_root_dir(root: &Path) -> Result<(), SandboxError> {
     check_searchable(root)
 }
 
-fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
+pub(crate) fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
     let bad = |m: String| Err(SandboxError::Request(m));
     let Some(program) = req.argv.first() else {
         return bad("argv is empty".into());
@@ -575,6 +575,7 @@ impl Sandbox {
             env: req.env,
             wall_ms: limits.wall_ms,
             cpu_secs: limits.cpu_secs,
+            kernel: false,
         };
         let mut go_line = serde_json::to_vec(&go)
             .map_err(|e| SandboxError::Request(format!("encode go: {e}")))?;
@@ -723,12 +724,12 @@ impl ParkSpec {
 /// cgroups to a background thread.
 #[derive(Debug)]
 pub struct ParkedJail {
-    name: String,
-    slot_index: u32,
-    workspace: PathBuf,
-    started: Started,
-    cgroups: Option<RunCgroups>,
-    lease: Option<SlotLease>,
+    pub(crate) name: String,
+    pub(crate) slot_index: u32,
+    pub(crate) workspace: PathBuf,
+    pub(crate) started: Started,
+    pub(crate) cgroups: Option<RunCgroups>,
+    pub(crate) lease: Option<SlotLease>,
     mode: ParkMode,
     build_time: Duration,
 }

@@ -128,6 +128,12 @@ pub struct GoMsg {
     /// RLIMIT_CPU soft limit in whole seconds; only ever lowers the parked
     /// jail's limit.
     pub cpu_secs: u64,
+    /// The program is a kernel (`kernel.rs`): after the go, the go pipe
+    /// stays open as its stdin and the helper relays every later byte of
+    /// the control pipe to it (closing the control pipe still stops the
+    /// jail).
+    #[serde(default)]
+    pub kernel: bool,
 }
 
 /// Largest go message a jail accepts (argv + env).

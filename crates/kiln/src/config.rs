@@ -167,6 +167,22 @@ pub struct Config {
     pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// Live kernels (`/v1/sessions`) this node runs at once, each in a jail
+    /// with a uid slot of its own (beyond `max_concurrency` and the warm
+    /// pool: kernels never take one-shot runs' slots); past it, 503. 0
+    /// turns the sessions API off. Needs the Python fork-server.
+    pub max_sessions: u32,
+    /// Live kernels one user may hold; past it, 429.
+    pub max_sessions_per_user: usize,
+    /// A kernel idle this long is closed, seconds (a session may ask for less).
+    pub session_idle_ttl_secs: u64,
+    /// A kernel this old is closed however busy, seconds.
+    pub session_max_age_secs: u64,
+    /// How long an evaluation waits for the one in progress before 409, milliseconds.
+    pub session_busy_wait_ms: u64,
+    /// How long an evaluation interrupted by its timeout may take to come
+    /// back before its kernel is killed (the session is then lost), seconds.
+    pub session_interrupt_grace_secs: u64,
     /// `/metrics` asks for the API key as well (with auth `api-key`).
     pub metrics_require_key: bool,
     /// Serve the operator's web console at `/console/` (behind the API key
@@ -283,6 +299,12 @@ impl Default for Config {
             rate_cancel: "600/min".to_owned(),
             session_ttl_secs: 3600,
             max_run_files: 10,
+            max_sessions: 3,
+            max_sessions_per_user: 2,
+            session_idle_ttl_secs: 30 * 60,
+            session_max_age_secs: 8 * 3600,
+            session_busy_wait_ms: 2000,
+            session_interrupt_grace_secs: 3,
             metrics_require_key: false,
             console: true,
             audit_log: "stderr".into(),
@@ -386,6 +408,12 @@ impl Config {
         self.rate_rules()?;
         if self.session_ttl_secs == 0 {
             bail!("session_ttl_secs must be at least 1");
+        }
+        if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
+            bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
+        }
+        if self.session_idle_ttl_secs == 0 || self.session_max_age_secs == 0 {
+            bail!("session_idle_ttl_secs and session_max_age_secs must be at least 1");
         }
         if self.egress_max_concurrent == 0 || self.egress_max_per_run == 0 {
             bail!("egress_max_concurrent and egress_max_per_run must be at least 1");
@@ -631,6 +659,19 @@ impl Config {
     }
 
     /// Limits of one run.
+    /// The live kernels' registry settings (`/v1/sessions`).
+    pub fn kernels(&self) -> kiln_exec::kernels::KernelsConfig {
+        kiln_exec::kernels::KernelsConfig {
+            idle_ttl: Duration::from_secs(self.session_idle_ttl_secs),
+            max_age: Duration::from_secs(self.session_max_age_secs),
+            max_total: self.max_sessions as usize,
+            max_per_owner: self.max_sessions_per_user,
+            busy_wait: Duration::from_millis(self.session_busy_wait_ms),
+            grace: Duration::from_secs(self.session_interrupt_grace_secs),
+            limits: self.limits(),
+        }
+    }
+
     pub fn limits(&self) -> Limits {
         Limits {
             wall_time: Duration::from_secs(self.timeout_secs),

@@ -21,6 +21,7 @@ use anyhow::Context;
 use config::{Auth, Config};
 use kiln_core::Language;
 use kiln_core::access::Caller;
+use kiln_exec::kernels::Kernels;
 use kiln_exec::sessions::FileSessions;
 use kiln_exec::{
     ExecConfig, ExecRequest, Executor, Outputs, RunEvent, Runs, StartOptions, Stream, WalkLimits,
@@ -42,6 +43,8 @@ pub struct Kiln {
     pub runs: Runs,
     /// Seed 000's named file sessions.
     pub sessions: Arc<FileSessions>,
+    /// Live kernels (`/v1/sessions`); `None` when `max_sessions` is 0.
+    pub kernels: Option<Kernels>,
     pub languages: Vec<kiln_api::LanguageHealth>,
 }
 
@@ -72,8 +75,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let work = prepare_work_dir(&config, &data)?;
     sc.root_dir = work.join("jail-root");
     sc.uid_base = config.uid_base;
-    // parked warm jails hold slots of their own, beyond the concurrency
-    sc.slots = config.max_concurrency + config.warm_jails;
+    // parked warm jails and live kernels hold slots of their own, beyond the
+    // concurrency
+    sc.slots = config.max_concurrency + config.warm_jails + config.max_sessions;
     sc.slots_dir = Some(work.join("slots"));
     sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
     sc.workspace_inodes = config.workspace_files;
@@ -130,6 +134,8 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         store.clone(),
         Duration::from_secs(config.session_ttl_secs),
     ));
+    let kernels =
+        (config.max_sessions > 0).then(|| Kernels::new(jails.sandbox().clone(), config.kernels()));
     let languages = probe_languages().await;
     Ok(Kiln {
         config,
@@ -137,6 +143,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         jails,
         runs,
         sessions,
+        kernels,
         languages,
     })
 }
@@ -304,6 +311,7 @@ pub async fn serve(
         shutdown: stop_new.clone(),
         ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
         history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
+        kernels: kiln.kernels.clone(),
     };
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
     let app = kiln_api::router(state);
@@ -354,6 +362,23 @@ pub async fn serve(
         }
     });
 
+    // idle and too-old kernels are closed within a second of expiring
+    let kernel_sweep = kiln.kernels.clone().map(|kernels| {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let n = kernels.sweep().await;
+                if n > 0 {
+                    info!(sessions = n, "expired sessions closed");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        })
+    });
+
     let grace = Duration::from_secs(kiln.config.shutdown_grace_secs);
     // when the shutdown began (its grace period ends `grace` later)
     let began: Arc<OnceLock<tokio::time::Instant>> = Arc::default();
@@ -399,6 +424,12 @@ pub async fn serve(
     };
     gc.abort();
     sampler.abort();
+    if let Some(t) = kernel_sweep {
+        t.abort();
+    }
+    if let Some(kernels) = &kiln.kernels {
+        kernels.close_all().await;
+    }
     runs.wait_idle(Duration::from_secs(10)).await;
     if let Some(pool) = kiln.jails.warm_pool() {
         pool.shutdown().await;

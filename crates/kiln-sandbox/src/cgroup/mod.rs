@@ -285,6 +285,28 @@ const KILL_AFTER: Duration = Duration::from_millis(300);
 /// How long finishing waits in total.
 const GIVE_UP: Duration = Duration::from_secs(10);
 
+/// The peak memory of the groups since [`RunCgroups::peak_window`].
+#[derive(Debug)]
+pub(crate) enum PeakWindow {
+    V2(fs::File),
+    V1(PathBuf),
+}
+
+impl PeakWindow {
+    pub(crate) fn peak(&mut self) -> Option<u64> {
+        match self {
+            PeakWindow::V2(f) => {
+                use std::io::{Read, Seek};
+                f.rewind().ok()?;
+                let mut text = String::new();
+                f.read_to_string(&mut text).ok()?;
+                text.trim().parse().ok()
+            }
+            PeakWindow::V1(dir) => v1::stats(dir).memory_peak,
+        }
+    }
+}
+
 /// The groups of one run. [`RunCgroups::finish`] waits for them to empty,
 /// reads the stats and removes them; dropping an unfinished guard hands the
 /// same work to a background thread.
@@ -335,6 +357,33 @@ impl RunCgroups {
             && let Some(memory) = self.dirs.first()
         {
             v1::reset_peak(memory);
+        }
+    }
+
+    /// Usage so far while the groups still run (a kernel between two
+    /// evaluations): CPU since `mark_start`, peak memory, OOM kills.
+    pub(crate) fn live_stats(&self) -> CgroupStats {
+        self.read_stats()
+    }
+
+    /// Starts a new peak-memory window and returns a reader of its peak:
+    /// cgroup v2 (Linux 6.12+) resets `memory.peak` for one open descriptor
+    /// only, v1 resets the group's `max_usage_in_bytes`. `None` if neither
+    /// works (then only the groups' lifetime peak is known).
+    pub(crate) fn peak_window(&self) -> Option<PeakWindow> {
+        let memory = self.dirs.first()?;
+        if self.v2 {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(memory.join("memory.peak"))
+                .ok()?;
+            f.write_all(b"reset\n").ok()?;
+            Some(PeakWindow::V2(f))
+        } else {
+            v1::reset_peak(memory);
+            Some(PeakWindow::V1(memory.clone()))
         }
     }
 

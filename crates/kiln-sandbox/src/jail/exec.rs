@@ -11,7 +11,6 @@
 
 use std::convert::Infallible;
 use std::ffi::CString;
-use std::io::Read;
 use std::os::fd::OwnedFd;
 
 use super::confine::{self, Enforcement};
@@ -47,16 +46,30 @@ pub(super) fn exec_main(
     sys::exit_now(127)
 }
 
-/// Reads the go message: everything the helper writes before closing the
-/// go pipe.
-fn read_go(go_r: OwnedFd) -> Result<GoMsg, JailError> {
+/// Reads the go message: one line. The helper writes nothing after it
+/// (and closes the go pipe) unless the program is a kernel, which then
+/// asks for more with its first output; so reading up to the newline never
+/// takes a byte meant for the program. (The line holds no other newline:
+/// it is JSON.)
+fn read_go(go_r: &OwnedFd) -> Result<GoMsg, JailError> {
     let mut bytes = Vec::new();
-    std::fs::File::from(go_r)
-        .take(GO_MAX_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| JailError::setup("read go message", e))?;
-    if bytes.len() > GO_MAX_BYTES {
-        return Err(JailError::Setup("go message too large".to_owned()));
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match nix::unistd::read(go_r, &mut buf) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::setup("read go message", e)),
+        };
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+        if bytes.len() > GO_MAX_BYTES {
+            return Err(JailError::Setup("go message too large".to_owned()));
+        }
+        if bytes.ends_with(b"\n") {
+            break;
+        }
     }
     serde_json::from_slice(&bytes).map_err(|e| JailError::setup("parse go message", e))
 }
@@ -201,7 +214,12 @@ fn exec(
         (Some(mode @ (ParkMode::Exec | ParkMode::Embedded)), Some(go_r)) => {
             write(err_w, &StatusMsg::Parked.to_line())
                 .map_err(|e| JailError::setup("report parked", e))?;
-            let go = read_go(go_r)?;
+            let go = read_go(&go_r)?;
+            if go.kernel {
+                // a kernel reads its requests where the go came from
+                sys::dup2_raw(&go_r, 0).map_err(|e| JailError::setup("go pipe onto stdin", e))?;
+            }
+            drop(go_r);
             // Only ever lowers: the parked limit came from the server's
             // configuration, the go from one request.
             limit(

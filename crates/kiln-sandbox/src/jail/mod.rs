@@ -170,13 +170,17 @@ fn clone_owned_by(
 /// Waits for C. Kills it (and still reaps it, so the whole pid namespace is
 /// gone when this returns) once `deadline` passes or when the server closes
 /// the control pipe — the server's way of stopping a run, and what happens
-/// if the server dies.
+/// if the server dies. With `relay` (a kernel's stdin), what the server
+/// writes on the control pipe is passed on to it; without, any byte there
+/// stops the run too.
 fn wait_init(
     pid: Pid,
     pidfd: Option<&OwnedFd>,
     control: &OwnedFd,
     deadline: Instant,
+    mut relay: Option<File>,
 ) -> Result<WaitStatus, JailError> {
+    let mut buf = vec![0u8; 64 * 1024];
     if let Some(pidfd) = pidfd {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -194,6 +198,20 @@ fn wait_init(
                 }
                 Ok(_) => {
                     let init_done = fds[0].revents().is_some_and(|r| !r.is_empty());
+                    if !init_done && let Some(to) = relay.as_mut() {
+                        // EOF (or an error) on the control pipe stops the
+                        // kernel; so does a kernel that no longer reads
+                        // (EPIPE: it is gone)
+                        let passed = match nix::unistd::read(control, &mut buf) {
+                            Ok(0) => false,
+                            Ok(n) => to.write_all(&buf[..n]).is_ok(),
+                            Err(Errno::EINTR | Errno::EAGAIN) => true,
+                            Err(_) => false,
+                        };
+                        if passed {
+                            continue;
+                        }
+                    }
                     if !init_done {
                         let _ = kill(pid, Signal::SIGKILL);
                     }
@@ -574,6 +592,8 @@ fn helper(status: &File) -> Result<(), JailError> {
         sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach output", e))?;
     }
     let mut wall_ms = spec.limits.wall_ms;
+    // A kernel's stdin: the control pipe's bytes after the go go there.
+    let mut relay = None;
     if let Some(go_w) = go_w {
         match wait_go(pid, pidfd.as_ref(), &control)? {
             Parked::Ended(ws) => {
@@ -591,11 +611,14 @@ fn helper(status: &File) -> Result<(), JailError> {
                 let mut w = File::from(go_w);
                 // A jail that died meanwhile shows up below as init's exit.
                 let _ = w.write_all(&line);
+                if go.kernel {
+                    relay = Some(w);
+                }
             }
         }
     }
     let deadline = started + Duration::from_millis(wall_ms) + BACKSTOP_GRACE;
-    let ended = wait_init(pid, pidfd.as_ref(), &control, deadline)?;
+    let ended = wait_init(pid, pidfd.as_ref(), &control, deadline, relay)?;
     drop(release);
     match ended {
         WaitStatus::Exited(_, 0 | EXIT_REPORTED) => Ok(()),

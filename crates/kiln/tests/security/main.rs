@@ -23,6 +23,7 @@ mod isolation;
 mod network;
 mod privilege;
 mod processes;
+mod sessions;
 mod storage;
 mod syscalls;
 

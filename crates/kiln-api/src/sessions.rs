@@ -1,0 +1,662 @@
+//! Kiln's own sessions API: live kernels whose state persists between
+//! calls (`kiln_exec::kernels`). Parsing and rendering only.
+//!
+//! | Route | What |
+//! |---|---|
+//! | `POST /sessions` `{lang, ttl_seconds?}` | start a kernel → 201 `{session_id, lang, created_at, expires_at}` |
+//! | `GET /sessions/{session_id}` | its state (`idle`, `busy`, `lost`) |
+//! | `DELETE /sessions/{session_id}` | close it → 204 |
+//! | `POST /sessions/{session_id}/exec` `{code, timeout?}` | evaluate (JSON, or SSE with `Accept: text/event-stream`) |
+//! | `POST /sessions/{session_id}/interrupt` | interrupt the evaluation in progress |
+//! | `GET /sessions/{session_id}/files` | list the workspace |
+//! | `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | one file of the workspace |
+//!
+//! A session belongs to the principal that created it; every route asks
+//! the one access rule (no claim) with the creator's user key, exactly as
+//! the runs API does.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use kiln_core::access::Claim;
+use kiln_core::{RelPath, SessionKey};
+use kiln_exec::kernels::{
+    EvalResult, Kernels, KernelsError, OutputSink, OutputStream, Session, SessionInfo,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::body::{read_limited, require_json};
+use crate::config::AppState;
+use crate::error::ApiError;
+use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
+use crate::runs::rfc3339;
+
+/// `POST /sessions`'s body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// `py` (or an alias such as `python`).
+    pub lang: String,
+    /// Idle time after which the session is closed, seconds (at most the
+    /// configured `session_idle_ttl_secs`, its default).
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A session as created.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionCreated {
+    pub session_id: String,
+    pub lang: String,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+    /// When it expires if left idle (or at its maximum age), RFC 3339 UTC.
+    pub expires_at: String,
+}
+
+/// A session's state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionView {
+    pub session_id: String,
+    pub lang: String,
+    /// `idle`, `busy` (an evaluation runs) or `lost` (the kernel is gone:
+    /// see `lost_reason`).
+    pub status: String,
+    pub created_at: String,
+    pub expires_at: String,
+    pub last_used_at: String,
+    /// Evaluations so far.
+    pub evaluations: u64,
+    /// Why the kernel is gone (`session lost: out of memory`, ...).
+    pub lost_reason: Option<String>,
+}
+
+/// `POST /sessions/{session_id}/exec`'s body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    /// Python source; state (variables, imports, functions) persists.
+    pub code: String,
+    /// Milliseconds; at most the configured evaluation timeout (its
+    /// default). Past it the evaluation is interrupted (`KeyboardInterrupt`)
+    /// and the state kept.
+    pub timeout: Option<u64>,
+}
+
+/// The value of a final expression (Jupyter's `execute_result`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ValueView {
+    /// `repr()` of the value, at most 64 KiB.
+    pub text: String,
+}
+
+/// An error the code raised (the kernel's own frames hidden).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EvalErrorView {
+    pub ename: String,
+    pub evalue: String,
+    pub traceback: Vec<String>,
+}
+
+/// A file the evaluation created or changed under `/mnt/data`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileView {
+    /// Relative to `/mnt/data`; read it at `/sessions/{session_id}/files/{path}`.
+    pub path: String,
+    pub size: u64,
+}
+
+/// What one evaluation used (that evaluation alone).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EvalUsage {
+    pub wall_time_ms: u64,
+    /// CPU of every process of the kernel during the evaluation.
+    pub cpu_time_ms: Option<u64>,
+    /// Peak memory of the kernel during the evaluation.
+    pub memory_peak_bytes: Option<u64>,
+}
+
+/// The answer of an evaluation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecView {
+    /// `ok`, `error` (the code raised) or `timeout` (interrupted by the
+    /// timeout; the state is kept).
+    pub status: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub result: Option<ValueView>,
+    pub error: Option<EvalErrorView>,
+    pub files: Vec<FileView>,
+    pub usage: EvalUsage,
+}
+
+impl From<&EvalResult> for ExecView {
+    fn from(r: &EvalResult) -> Self {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let status = if r.timed_out {
+            "timeout"
+        } else if r.error.is_some() {
+            "error"
+        } else {
+            "ok"
+        };
+        ExecView {
+            status: status.to_owned(),
+            stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            result: r.value.clone().map(|text| ValueView { text }),
+            error: r.error.as_ref().map(|e| EvalErrorView {
+                ename: e.ename.clone(),
+                evalue: e.evalue.clone(),
+                traceback: e.traceback.clone(),
+            }),
+            files: r
+                .files
+                .iter()
+                .map(|f| FileView {
+                    path: f.path.clone(),
+                    size: f.size,
+                })
+                .collect(),
+            usage: EvalUsage {
+                wall_time_ms: ms(r.wall_time),
+                cpu_time_ms: r.cpu_time.map(ms),
+                memory_peak_bytes: r.memory_peak,
+            },
+        }
+    }
+}
+
+/// A file of the workspace.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkspaceFile {
+    pub path: String,
+    pub size: u64,
+}
+
+/// The workspace's files.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileList {
+    pub files: Vec<WorkspaceFile>,
+}
+
+fn view(info: &SessionInfo) -> SessionView {
+    let status = match (&info.lost, info.busy) {
+        (Some(_), _) => "lost",
+        (None, true) => "busy",
+        (None, false) => "idle",
+    };
+    SessionView {
+        session_id: info.id.as_str().to_owned(),
+        lang: info.lang.to_owned(),
+        status: status.to_owned(),
+        created_at: rfc3339(info.created_at),
+        expires_at: rfc3339(info.expires_at),
+        last_used_at: rfc3339(info.last_used_at),
+        evaluations: info.evaluations,
+        lost_reason: info.lost.as_ref().map(|l| format!("session lost: {l}")),
+    }
+}
+
+fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
+    state
+        .kernels
+        .as_ref()
+        .ok_or_else(|| ApiError::Session(KernelsError::Unavailable("sessions are off".into())))
+}
+
+type SessionPath = Result<Path<String>, PathRejection>;
+type FilePath = Result<Path<(String, String)>, PathRejection>;
+
+/// The caller's user key (a session's owner).
+fn owner_of(
+    state: &AppState,
+    identity: &Identity,
+    headers: &HeaderMap,
+) -> Result<(kiln_core::access::Caller, SessionKey), ApiError> {
+    let caller = resolve_caller(&state.config, identity, &[header_user_id(headers)?])?;
+    let key = caller.principal.user_key();
+    Ok((caller, key))
+}
+
+/// The session `id`, if the caller may use it (the one access rule, as for
+/// runs: its creator, and identity-less callers unless identity is
+/// required).
+fn find(
+    state: &AppState,
+    identity: &Identity,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<Arc<Session>, ApiError> {
+    let id = parse_id(id)?;
+    let (caller, _) = owner_of(state, identity, headers)?;
+    let session = kernels(state)?.get(&id).map_err(ApiError::Session)?;
+    let owner = SessionKey::from_stored(session.owner().to_owned());
+    authorize(&state.config, &caller, &Claim::none(), &id, &owner)?;
+    Ok(session)
+}
+
+fn session_id(path: SessionPath) -> Result<String, ApiError> {
+    path.map(|Path(id)| id).map_err(|_| ApiError::MalformedId)
+}
+
+fn file_path(path: FilePath) -> Result<(String, RelPath), ApiError> {
+    let Path((id, rel)) = path.map_err(|_| ApiError::MalformedId)?;
+    let rel = RelPath::parse(&rel).map_err(|e| ApiError::BadRequest(format!("path: {e}")))?;
+    Ok((id, rel))
+}
+
+async fn json_body<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    require_json(headers)?;
+    let bytes = read_limited(headers, body, state.config.max_json_bytes).await?;
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
+        .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
+}
+
+/// `POST /sessions`.
+#[utoipa::path(
+    post,
+    path = "/sessions",
+    operation_id = "createSession",
+    tag = "Sessions",
+    summary = "Start a live kernel",
+    description = "Starts a `py` kernel (a fork of the preloaded Python template) in a jail of its own, with a workspace at `/mnt/data` that persists for the session's life. It is closed after `ttl_seconds` idle (default and maximum: the configured idle TTL) or at the maximum age.",
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "Started", body = SessionCreated),
+        (status = 400, description = "Bad body or language", body = crate::error::CodedError),
+        (status = 429, description = "The caller has the most sessions allowed", body = crate::error::CodedError),
+        (status = 503, description = "The node runs the most sessions it allows, or sessions are unavailable", body = crate::error::CodedError),
+    )
+)]
+pub async fn create(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if state.shutdown.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
+    let body: CreateSession = json_body(&state, &headers, body).await?;
+    let ttl = match body.ttl_seconds {
+        Some(0) => return Err(ApiError::BadRequest("ttl_seconds must be positive".into())),
+        t => t.map(Duration::from_secs),
+    };
+    let (_, owner) = owner_of(&state, &identity, &headers)?;
+    let info = kernels(&state)?
+        .create(owner.as_str(), &body.lang, ttl)
+        .await
+        .map_err(ApiError::Session)?;
+    let created = SessionCreated {
+        session_id: info.id.as_str().to_owned(),
+        lang: info.lang.to_owned(),
+        created_at: rfc3339(info.created_at),
+        expires_at: rfc3339(info.expires_at),
+    };
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+/// `GET /sessions/{session_id}`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{session_id}",
+    operation_id = "getSession",
+    tag = "Sessions",
+    summary = "A session's state",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "OK", body = SessionView),
+        (status = 403, description = "Someone else's session", body = crate::error::ErrorBody),
+        (status = 404, description = "No such session", body = crate::error::CodedError),
+    )
+)]
+pub async fn get_session(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: SessionPath,
+) -> Result<Response, ApiError> {
+    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let info = kernels(&state)?.info(&session);
+    Ok(Json(view(&info)).into_response())
+}
+
+/// `DELETE /sessions/{session_id}`.
+#[utoipa::path(
+    delete,
+    path = "/sessions/{session_id}",
+    operation_id = "deleteSession",
+    tag = "Sessions",
+    summary = "Close a session",
+    description = "Kills the kernel and removes its workspace.",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 204, description = "Closed"),
+        (status = 403, description = "Someone else's session", body = crate::error::ErrorBody),
+        (status = 404, description = "No such session", body = crate::error::CodedError),
+    )
+)]
+pub async fn delete_session(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: SessionPath,
+) -> Result<Response, ApiError> {
+    let id = session_id(path)?;
+    find(&state, &identity, &headers, &id)?;
+    let id = parse_id(&id)?;
+    kernels(&state)?
+        .delete(&id)
+        .await
+        .map_err(ApiError::Session)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST /sessions/{session_id}/exec`.
+#[utoipa::path(
+    post,
+    path = "/sessions/{session_id}/exec",
+    operation_id = "execInSession",
+    tag = "Sessions",
+    summary = "Evaluate code in a session",
+    description = "Runs `code` in the session's kernel: variables, imports and functions persist. The value of a final expression is `result.text`. With `Accept: text/event-stream` the answer is Server-Sent Events: `stdout`/`stderr` (`{\"text\"}`) as the code writes, then `result` (this route's JSON) or `error` (`{status, error, message}`). One evaluation at a time: a call made while another runs waits up to `session_busy_wait_ms`, then 409. A kernel that dies (out of memory, an evaluation that ignores its interrupt, `exit()`) ends the session: this and every later call answer 410 `session_lost` with the reason.",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body = ExecBody,
+    responses(
+        (status = 200, description = "Evaluated (`status` says how)", body = ExecView),
+        (status = 400, description = "Bad body", body = crate::error::ErrorBody),
+        (status = 403, description = "Someone else's session", body = crate::error::ErrorBody),
+        (status = 404, description = "No such session", body = crate::error::CodedError),
+        (status = 409, description = "Another evaluation runs", body = crate::error::CodedError),
+        (status = 410, description = "The session is lost (`message` says why)", body = crate::error::CodedError),
+    )
+)]
+pub async fn exec(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: SessionPath,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let body: ExecBody = json_body(&state, &headers, body).await?;
+    let timeout = match body.timeout {
+        Some(0) => return Err(ApiError::BadRequest("timeout must be positive".into())),
+        t => t.map(Duration::from_millis),
+    };
+    let kernels = kernels(&state)?.clone();
+    if !crate::sse::wants_events(&headers) {
+        let result = kernels
+            .exec(session, body.code, timeout, None)
+            .await
+            .map_err(ApiError::Session)?;
+        return Ok(Json(ExecView::from(&result)).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let out = tx.clone();
+    let sink = OutputSink::new(move |stream, data| {
+        let name = match stream {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        };
+        let text = String::from_utf8_lossy(data);
+        let _ = out.send(
+            Event::default()
+                .event(name)
+                .data(serde_json::json!({ "text": text }).to_string()),
+        );
+    });
+    tokio::spawn(async move {
+        let last = match kernels.exec(session, body.code, timeout, Some(sink)).await {
+            Ok(r) => Event::default()
+                .event("result")
+                .data(serde_json::to_string(&ExecView::from(&r)).unwrap_or_default()),
+            Err(e) => {
+                let (status, mut body) = ApiError::Session(e).status_and_body();
+                if let Some(obj) = body.as_object_mut() {
+                    obj.insert("status".into(), status.as_u16().into());
+                }
+                Event::default().event("error").data(body.to_string())
+            }
+        };
+        let _ = tx.send(last);
+    });
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        let ev = rx.recv().await?;
+        Some((Ok::<_, Infallible>(ev), rx))
+    });
+    let mut resp = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(crate::sse::KEEP_ALIVE))
+        .into_response();
+    let h = resp.headers_mut();
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+    Ok(resp)
+}
+
+/// `POST /sessions/{session_id}/interrupt`.
+#[utoipa::path(
+    post,
+    path = "/sessions/{session_id}/interrupt",
+    operation_id = "interruptSession",
+    tag = "Sessions",
+    summary = "Interrupt the evaluation in progress",
+    description = "Raises `KeyboardInterrupt` in the running evaluation (nothing if none runs); the kernel and its state stay.",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 202, description = "Interrupt sent", body = SessionView),
+        (status = 403, description = "Someone else's session", body = crate::error::ErrorBody),
+        (status = 404, description = "No such session", body = crate::error::CodedError),
+        (status = 410, description = "The session is lost", body = crate::error::CodedError),
+    )
+)]
+pub async fn interrupt(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: SessionPath,
+) -> Result<Response, ApiError> {
+    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let kernels = kernels(&state)?;
+    kernels
+        .interrupt(&session)
+        .await
+        .map_err(ApiError::Session)?;
+    Ok((StatusCode::ACCEPTED, Json(view(&kernels.info(&session)))).into_response())
+}
+
+/// `GET /sessions/{session_id}/files`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{session_id}/files",
+    operation_id = "listSessionFiles",
+    tag = "Sessions",
+    summary = "The session's workspace files",
+    description = "Every regular file under `/mnt/data` (links and special files are neither listed nor followed).",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "OK", body = FileList),
+        (status = 403, description = "Someone else's session", body = crate::error::ErrorBody),
+        (status = 404, description = "No such session", body = crate::error::CodedError),
+        (status = 410, description = "The session is lost", body = crate::error::CodedError),
+    )
+)]
+pub async fn list_files(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: SessionPath,
+) -> Result<Response, ApiError> {
+    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let files = kernels(&state)?
+        .list_files(session)
+        .await
+        .map_err(ApiError::Session)?;
+    let files = files
+        .into_iter()
+        .map(|(path, size)| WorkspaceFile { path, size })
+        .collect();
+    Ok(Json(FileList { files }).into_response())
+}
+
+/// `GET /sessions/{session_id}/files/{path}`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{session_id}/files/{*path}",
+    operation_id = "getSessionFile",
+    tag = "Sessions",
+    summary = "Read a workspace file",
+    params(
+        ("session_id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to `/mnt/data`"),
+    ),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, description = "No such session or file", body = crate::error::CodedError),
+        (status = 410, description = "The session is lost", body = crate::error::CodedError),
+    )
+)]
+pub async fn get_file(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: FilePath,
+) -> Result<Response, ApiError> {
+    let (id, rel) = file_path(path)?;
+    let session = find(&state, &identity, &headers, &id)?;
+    let content_type = kiln_exec::content_type(rel.as_str());
+    let (file, size) = kernels(&state)?
+        .read_file(session, rel)
+        .await
+        .map_err(ApiError::Session)?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&content_type) {
+        h.insert(CONTENT_TYPE, v);
+    }
+    h.insert(CONTENT_LENGTH, HeaderValue::from(size));
+    Ok(resp)
+}
+
+/// `PUT /sessions/{session_id}/files/{path}`.
+#[utoipa::path(
+    put,
+    path = "/sessions/{session_id}/files/{*path}",
+    operation_id = "putSessionFile",
+    tag = "Sessions",
+    summary = "Write a workspace file",
+    description = "The body becomes the file (replacing one of that name; parent directories are created), owned by the kernel's user. At most `max_upload_mb`.",
+    params(
+        ("session_id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to `/mnt/data`"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 204, description = "Written"),
+        (status = 400, description = "Not an acceptable path", body = crate::error::ErrorBody),
+        (status = 404, description = "No such session", body = crate::error::CodedError),
+        (status = 410, description = "The session is lost", body = crate::error::CodedError),
+        (status = 413, description = "Too large", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn put_file(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: FilePath,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (id, rel) = file_path(path)?;
+    let session = find(&state, &identity, &headers, &id)?;
+    let limit = usize::try_from(state.config.max_upload_bytes).unwrap_or(usize::MAX);
+    let bytes = read_limited(&headers, body, limit).await?;
+    kernels(&state)?
+        .write_file(session, rel, bytes)
+        .await
+        .map_err(ApiError::Session)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /sessions/{session_id}/files/{path}`.
+#[utoipa::path(
+    delete,
+    path = "/sessions/{session_id}/files/{*path}",
+    operation_id = "deleteSessionFile",
+    tag = "Sessions",
+    summary = "Delete a workspace file",
+    params(
+        ("session_id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to `/mnt/data`"),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such session or file", body = crate::error::CodedError),
+        (status = 410, description = "The session is lost", body = crate::error::CodedError),
+    )
+)]
+pub async fn delete_file(
+    State(state): State<AppState>,
+    identity: Identity,
+    headers: HeaderMap,
+    path: FilePath,
+) -> Result<Response, ApiError> {
+    let (id, rel) = file_path(path)?;
+    let session = find(&state, &identity, &headers, &id)?;
+    kernels(&state)?
+        .delete_file(session, rel)
+        .await
+        .map_err(ApiError::Session)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The status and coded body of a sessions error.
+pub fn error_envelope(e: &KernelsError) -> (StatusCode, serde_json::Value) {
+    let (status, code) = match e {
+        KernelsError::Language(_) => (StatusCode::BAD_REQUEST, "unsupported_language"),
+        KernelsError::NotFound => (StatusCode::NOT_FOUND, "session_not_found"),
+        KernelsError::FileNotFound => (StatusCode::NOT_FOUND, "file_not_found"),
+        KernelsError::OwnerCap(_) => (StatusCode::TOO_MANY_REQUESTS, "session_limit"),
+        KernelsError::NodeFull(_) => (StatusCode::SERVICE_UNAVAILABLE, "sessions_full"),
+        KernelsError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "sessions_unavailable"),
+        KernelsError::Busy => (StatusCode::CONFLICT, "session_busy"),
+        KernelsError::Lost(_) => (StatusCode::GONE, "session_lost"),
+        KernelsError::Files(m) if m.contains("full") => {
+            (StatusCode::INSUFFICIENT_STORAGE, "workspace_full")
+        }
+        KernelsError::Files(_) | KernelsError::Kernel(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "session_failed")
+        }
+    };
+    let message = match e {
+        // internal detail goes to the log
+        KernelsError::Files(m) if !m.contains("full") => "Internal server error".to_owned(),
+        KernelsError::Kernel(_) => "The kernel could not be started or failed".to_owned(),
+        other => other.to_string(),
+    };
+    (
+        status,
+        serde_json::json!({ "error": code, "message": message }),
+    )
+}

@@ -1,0 +1,491 @@
+//! Kiln's sessions API over HTTP: live `py` kernels whose state persists
+//! between calls (`/v1/sessions`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Sse, client, server_with, sse_events};
+use kiln::testing::TestServer;
+use serde_json::{Value, json};
+
+/// A server whose `py` fork-server (the data template only, to start
+/// quickly) is up, so kernels can be forked.
+async fn sessions_server(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestServer {
+    let s = server_with(|c| {
+        c.python_template = "data".into();
+        c.warm_jails = 2;
+        c.warm_per_runtime = 1;
+        tweak(c);
+    })
+    .await;
+    let pool = s.warm.as_ref().expect("warm pool");
+    let until = Instant::now() + Duration::from_secs(180);
+    while !pool.has_profile("py-data") {
+        assert!(
+            Instant::now() < until,
+            "the py-data fork-server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s
+}
+
+async fn call(
+    s: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    user: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = client().request(method, format!("{}{path}", s.v1()));
+    if let Some(u) = user {
+        req = req.header("User-Id", u);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json::<Value>().await.unwrap_or(Value::Null))
+}
+
+async fn create(s: &TestServer, user: Option<&str>) -> String {
+    let (status, v) = call(
+        s,
+        reqwest::Method::POST,
+        "/sessions",
+        user,
+        Some(json!({"lang": "py"})),
+    )
+    .await;
+    assert_eq!(status, 201, "create: {v}");
+    v["session_id"].as_str().expect("session_id").to_owned()
+}
+
+async fn exec_as(s: &TestServer, id: &str, user: Option<&str>, body: Value) -> (u16, Value) {
+    call(
+        s,
+        reqwest::Method::POST,
+        &format!("/sessions/{id}/exec"),
+        user,
+        Some(body),
+    )
+    .await
+}
+
+async fn exec_ok(s: &TestServer, id: &str, code: &str) -> Value {
+    let (status, v) = exec_as(s, id, None, json!({ "code": code })).await;
+    assert_eq!(status, 200, "exec {code:?}: {v}");
+    v
+}
+
+#[tokio::test]
+async fn a_session_keeps_state_and_reports_values_output_and_errors() {
+    let s = sessions_server(|_| {}).await;
+    let t0 = Instant::now();
+    let id = create(&s, None).await;
+    let create_ms = t0.elapsed().as_millis();
+    let (status, v) = call(
+        &s,
+        reqwest::Method::GET,
+        &format!("/sessions/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "idle");
+    assert_eq!(v["lang"], "py");
+
+    let v = exec_ok(
+        &s,
+        &id,
+        "x = 40\nimport math\ndef twice(n):\n    return 2 * n\n",
+    )
+    .await;
+    assert_eq!(v["status"], "ok", "{v}");
+    assert!(v["result"].is_null(), "no final expression: {v}");
+    let v = exec_ok(&s, &id, "twice(x + 1) + math.floor(0.5)").await;
+    assert_eq!(v["result"]["text"], "82", "{v}");
+    let v = exec_ok(&s, &id, "_ + 1").await;
+    assert_eq!(v["result"]["text"], "83", "`_` holds the last value: {v}");
+
+    let v = exec_ok(
+        &s,
+        &id,
+        "import sys, subprocess\nprint('out', x)\nprint('err', file=sys.stderr)\nsubprocess.run(['echo', 'child'])\n'done'",
+    )
+    .await;
+    assert_eq!(v["stdout"], "out 40\nchild\n", "{v}");
+    assert_eq!(v["stderr"], "err\n", "{v}");
+    assert_eq!(v["result"]["text"], "'done'");
+    assert!(v["usage"]["wall_time_ms"].as_u64().is_some(), "{v}");
+    assert!(v["usage"]["cpu_time_ms"].as_u64().is_some(), "{v}");
+    assert!(v["usage"]["memory_peak_bytes"].as_u64().is_some(), "{v}");
+
+    let v = exec_ok(&s, &id, "def g():\n    return 1 / 0\n\ng()").await;
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(v["error"]["ename"], "ZeroDivisionError");
+    assert_eq!(v["error"]["evalue"], "division by zero");
+    let tb = v["error"]["traceback"].to_string();
+    assert!(
+        tb.contains("<cell 5>") && tb.contains("return 1 / 0"),
+        "{tb}"
+    );
+    assert!(!tb.contains("kiln_kernel"), "kernel frames hidden: {tb}");
+
+    let v = exec_ok(&s, &id, "def broken(:\n").await;
+    assert_eq!(v["error"]["ename"], "SyntaxError", "{v}");
+    // the state survived both errors
+    let v = exec_ok(&s, &id, "x").await;
+    assert_eq!(v["result"]["text"], "40");
+
+    let (_, v) = call(
+        &s,
+        reqwest::Method::GET,
+        &format!("/sessions/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(v["evaluations"], 7, "{v}");
+    let (status, _) = call(
+        &s,
+        reqwest::Method::DELETE,
+        &format!("/sessions/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, v) = exec_as(&s, &id, None, json!({"code": "x"})).await;
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"], "session_not_found");
+    eprintln!("session create took {create_ms} ms");
+}
+
+#[tokio::test]
+async fn a_timeout_or_an_interrupt_stops_the_evaluation_and_keeps_the_state() {
+    let s = sessions_server(|c| c.session_busy_wait_ms = 300).await;
+    let id = create(&s, None).await;
+    exec_ok(&s, &id, "kept = 'yes'").await;
+
+    let t0 = Instant::now();
+    let (status, v) = exec_as(
+        &s,
+        &id,
+        None,
+        json!({"code": "import time\nwhile True:\n    time.sleep(0.05)", "timeout": 700}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "timeout", "{v}");
+    assert_eq!(v["error"]["ename"], "KeyboardInterrupt", "{v}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
+
+    // a long evaluation: a second call waits, then 409; the interrupt route
+    // stops the first one
+    let s2 = s.v1();
+    let id2 = id.clone();
+    let long = tokio::spawn(async move {
+        client()
+            .post(format!("{s2}/sessions/{id2}/exec"))
+            .json(&json!({"code": "import time\nfor i in range(600):\n    time.sleep(0.05)"}))
+            .send()
+            .await
+            .expect("send")
+            .json::<Value>()
+            .await
+            .expect("json")
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = format!("/sessions/{id}");
+        let (status, v) = call(&s, reqwest::Method::GET, &path, None, None).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == "busy" {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the long evaluation never started: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, v) = exec_as(&s, &id, None, json!({"code": "1"})).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"], "session_busy");
+    let (status, v) = call(
+        &s,
+        reqwest::Method::POST,
+        &format!("/sessions/{id}/interrupt"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    let v = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the interrupted evaluation answers")
+        .expect("join");
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(v["error"]["ename"], "KeyboardInterrupt", "{v}");
+    assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
+    // an interrupt while idle changes nothing
+    let (status, _) = call(
+        &s,
+        reqwest::Method::POST,
+        &format!("/sessions/{id}/interrupt"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 202);
+    assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
+}
+
+#[tokio::test]
+async fn an_evaluation_that_ignores_its_interrupt_loses_the_session() {
+    let s = sessions_server(|c| c.session_interrupt_grace_secs = 1).await;
+    let id = create(&s, None).await;
+    let code = "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass";
+    let (status, v) = exec_as(&s, &id, None, json!({"code": code, "timeout": 500})).await;
+    assert_eq!(status, 410, "{v}");
+    assert_eq!(v["error"], "session_lost");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("session lost: "), "{msg}");
+    assert!(msg.contains("interrupt"), "{msg}");
+    let (status, again) = exec_as(&s, &id, None, json!({"code": "1"})).await;
+    assert_eq!(status, 410, "{again}");
+    assert_eq!(again["message"], v["message"]);
+}
+
+#[tokio::test]
+async fn out_of_memory_ends_the_session_with_a_distinct_error() {
+    let s = sessions_server(|c| c.memory_mb = 256).await;
+    let id = create(&s, None).await;
+    exec_ok(&s, &id, "state = 1").await;
+    let (status, v) = exec_as(&s, &id, None, json!({"code": "big = b'x' * (1 << 30)"})).await;
+    assert_eq!(status, 410, "{v}");
+    assert_eq!(v["message"], "session lost: out of memory", "{v}");
+    let (status, v) = exec_as(&s, &id, None, json!({"code": "state"})).await;
+    assert_eq!(status, 410, "the next call says so too: {v}");
+    assert_eq!(v["message"], "session lost: out of memory");
+    let (status, v) = call(
+        &s,
+        reqwest::Method::GET,
+        &format!("/sessions/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["status"], "lost");
+    assert_eq!(v["lost_reason"], "session lost: out of memory");
+    // a new session works
+    let id = create(&s, None).await;
+    assert_eq!(exec_ok(&s, &id, "6 * 7").await["result"]["text"], "42");
+}
+
+#[tokio::test]
+async fn sessions_belong_to_their_creator_and_obey_caps_and_the_idle_ttl() {
+    let s = sessions_server(|c| {
+        c.max_sessions = 2;
+        c.max_sessions_per_user = 1;
+    })
+    .await;
+    let alice = create(&s, Some("alice")).await;
+    exec_as(&s, &alice, Some("alice"), json!({"code": "secret = 'a'"})).await;
+    // another user cannot see, use, interrupt or delete it
+    for (method, path, body) in [
+        (reqwest::Method::GET, format!("/sessions/{alice}"), None),
+        (
+            reqwest::Method::POST,
+            format!("/sessions/{alice}/exec"),
+            Some(json!({"code": "secret"})),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/sessions/{alice}/interrupt"),
+            None,
+        ),
+        (
+            reqwest::Method::GET,
+            format!("/sessions/{alice}/files"),
+            None,
+        ),
+        (reqwest::Method::DELETE, format!("/sessions/{alice}"), None),
+    ] {
+        let (status, v) = call(&s, method.clone(), &path, Some("bob"), body).await;
+        assert_eq!(status, 403, "{method} {path}: {v}");
+    }
+    // caps: one per user (429), two on the node (503)
+    let (status, v) = call(
+        &s,
+        reqwest::Method::POST,
+        "/sessions",
+        Some("alice"),
+        Some(json!({"lang": "py"})),
+    )
+    .await;
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"], "session_limit");
+    let bob = create(&s, Some("bob")).await;
+    let (status, v) = call(
+        &s,
+        reqwest::Method::POST,
+        "/sessions",
+        Some("carol"),
+        Some(json!({"lang": "py"})),
+    )
+    .await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"], "sessions_full");
+    // one-shot runs still get jails: kernels have slots of their own
+    let run = common::run(&s, "py", "print(1 + 1)").await;
+    assert_eq!(run["stdout"], "2\n", "{run}");
+
+    let (status, v) = call(
+        &s,
+        reqwest::Method::POST,
+        "/sessions",
+        None,
+        Some(json!({"lang": "cobol"})),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+
+    // the idle TTL: bob's session, asked to live 1 s idle, is closed
+    let (status, _) = call(
+        &s,
+        reqwest::Method::DELETE,
+        &format!("/sessions/{bob}"),
+        Some("bob"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, v) = call(
+        &s,
+        reqwest::Method::POST,
+        "/sessions",
+        Some("bob"),
+        Some(json!({"lang": "py", "ttl_seconds": 1})),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let short = v["session_id"].as_str().unwrap().to_owned();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = call(
+            &s,
+            reqwest::Method::GET,
+            &format!("/sessions/{short}"),
+            Some("bob"),
+            None,
+        )
+        .await;
+        if status == 404 {
+            break;
+        }
+        assert!(Instant::now() < until, "the idle session was not closed");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // alice's, in use, is still there
+    let (status, v) = exec_as(&s, &alice, Some("alice"), json!({"code": "secret"})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["text"], "'a'");
+}
+
+#[tokio::test]
+async fn workspace_files_can_be_written_read_listed_and_deleted() {
+    let s = sessions_server(|_| {}).await;
+    let id = create(&s, None).await;
+    let url = |p: &str| format!("{}/sessions/{id}/files{p}", s.v1());
+    let r = client()
+        .put(url("/data/in.txt"))
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let v = exec_ok(
+        &s,
+        &id,
+        "import os\ntext = open('data/in.txt').read()\nopen('out.csv', 'w').write('a,b\\n1,2\\n')\nos.symlink('/etc/passwd', 'link')\ntext",
+    )
+    .await;
+    assert_eq!(v["result"]["text"], "'hello'", "{v}");
+    assert_eq!(v["files"], json!([{"path": "out.csv", "size": 8}]), "{v}");
+
+    let list: Value = client()
+        .get(url(""))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        list["files"],
+        json!([{"path": "data/in.txt", "size": 5}, {"path": "out.csv", "size": 8}]),
+        "links are not listed: {list}"
+    );
+    let r = client().get(url("/out.csv")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.text().await.unwrap(), "a,b\n1,2\n");
+    // a link the kernel planted is never followed
+    let r = client().get(url("/link")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = client()
+        .get(url("/..%2F..%2Fetc%2Fpasswd"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+
+    let r = client().delete(url("/out.csv")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let r = client().get(url("/out.csv")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let v = exec_ok(&s, &id, "import os\nos.path.exists('out.csv')").await;
+    assert_eq!(v["result"]["text"], "False");
+
+    // streaming: output as it is written, then the result
+    let r = client()
+        .post(format!("{}/sessions/{id}/exec", s.v1()))
+        .header("Accept", "text/event-stream")
+        .json(&json!({"code": "import time\nprint('first', flush=True)\ntime.sleep(0.3)\nprint('second')\n6 * 7"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let events = sse_events(r, Duration::from_secs(20)).await;
+    let named: Vec<&Sse> = events.iter().filter(|e| e.event.is_some()).collect();
+    let (last, output) = named.split_last().expect("events");
+    assert_eq!(last.event.as_deref(), Some("result"), "{events:?}");
+    assert_eq!(last.data["result"]["text"], "42");
+    assert!(
+        output.iter().all(|e| e.event.as_deref() == Some("stdout")),
+        "{events:?}"
+    );
+    let text: String = output
+        .iter()
+        .map(|e| e.data["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(text, "first\nsecond\n");
+    let second = output
+        .iter()
+        .find(|e| {
+            e.data["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("second"))
+        })
+        .expect("second line");
+    assert!(
+        second.at.duration_since(output[0].at) >= Duration::from_millis(200),
+        "the first line arrived as it was written, before the code finished: {events:?}"
+    );
+}
