@@ -28,6 +28,14 @@ if [[ -n "${CI:-}" ]]; then
 fi
 started=$SECONDS
 section() { printf '\n==> %s (+%ss)\n' "$1" "$((SECONDS - started))"; }
+# Debian packages, installed only by callers that found them missing.
+apt_install() {
+  local apt_started=$SECONDS apt
+  if [[ $(id -u) -eq 0 ]]; then apt=(apt-get); else apt=(sudo apt-get); fi
+  "${apt[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@"
+  echo "$* installed in $((SECONDS - apt_started)) s"
+}
 
 section "runtimes"
 scripts/install-runtimes.sh --with-npm
@@ -78,11 +86,7 @@ fi
 if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
   echo "chromium: $(chromium --version 2>/dev/null | head -1)"
 else
-  apt_started=$SECONDS
-  if [[ $(id -u) -eq 0 ]]; then apt=(apt-get); else apt=(sudo apt-get); fi
-  "${apt[@]}" update -qq
-  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends chromium chromium-driver
-  echo "chromium and chromium-driver installed in $((SECONDS - apt_started)) s"
+  apt_install chromium chromium-driver
 fi
 
 section "storage servers (Postgres, S3)"
@@ -94,11 +98,7 @@ section "storage servers (Postgres, S3)"
 if compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null; then
   echo "postgres: $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
 else
-  pg_started=$SECONDS
-  if [[ $(id -u) -eq 0 ]]; then apt=(apt-get); else apt=(sudo apt-get); fi
-  "${apt[@]}" update -qq
-  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends postgresql postgresql-client
-  echo "postgresql installed in $((SECONDS - pg_started)) s"
+  apt_install postgresql postgresql-client
 fi
 if python3 -c 'import moto.server' 2>/dev/null; then
   echo "moto: $(python3 -c 'import moto; print(moto.__version__)')"

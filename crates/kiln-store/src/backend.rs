@@ -4,11 +4,27 @@
 //! nodes share one Postgres database and one bucket.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
+use object_store::{BackoffConfig, ObjectStore, RetryConfig};
 
 use crate::StoreError;
+
+/// How long an S3 request is retried (connection failures, 5xx, throttling)
+/// before the operation fails: a few quick tries, so that an unreachable
+/// bucket fails an upload in seconds rather than object_store's default of
+/// up to three minutes. Each request also has object_store's limits: 5 s to
+/// connect, 30 s in all.
+const RETRY: RetryConfig = RetryConfig {
+    backoff: BackoffConfig {
+        init_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(2),
+        base: 2.0,
+    },
+    max_retries: 3,
+    retry_timeout: Duration::from_secs(15),
+};
 
 /// Where metadata and blobs live.
 #[derive(Debug, Clone, Default)]
@@ -123,6 +139,7 @@ impl S3Config {
         // reqwest's rustls has no provider of its own in this workspace
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut b = AmazonS3Builder::from_env()
+            .with_retry(RETRY)
             .with_bucket_name(&self.bucket)
             .with_virtual_hosted_style_request(!self.path_style)
             .with_allow_http(self.allow_http);

@@ -344,7 +344,7 @@ impl Blobs {
             file.flush()
                 .await
                 .map_err(|e| StoreError::io("copy into", dest, e))?;
-            check_size(&location.to_string(), n, expected_size, dest)
+            check_size(location.as_ref(), n, expected_size, dest)
         }
         .await;
         if let Err(err) = copied {

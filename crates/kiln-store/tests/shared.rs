@@ -166,7 +166,10 @@ async fn the_store_reconnects_after_postgres_drops_its_connections() {
             Err(e) => eprintln!("after the drop: {e}"),
         }
     }
-    assert_eq!(listed.expect("the store reconnects"), [first.clone()]);
+    assert_eq!(
+        listed.expect("the store reconnects"),
+        std::slice::from_ref(&first)
+    );
     let second = put(&store, &sid, "b.txt", b"two").await;
     let names: Vec<String> = store
         .list(&sid)

@@ -113,3 +113,60 @@ async fn upload_exec_download_list_and_delete_on_postgres_and_s3() {
     assert!(!s.data_dir.path().join("store").join("blobs").exists());
     assert!(!s.data_dir.path().join("store").join("kiln.db").exists());
 }
+
+#[tokio::test]
+async fn with_the_bucket_unreachable_uploads_and_outputs_fail_quickly_and_store_nothing() {
+    let Some(pg) = servers::postgres() else {
+        return;
+    };
+    let url = pg.fresh_database();
+    // a port nothing listens on: every S3 request is refused
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let s = server_with(|c| {
+        c.database_url = Some(url.clone());
+        c.s3_bucket = Some("gone".into());
+        c.s3_endpoint = Some(format!("http://127.0.0.1:{closed}"));
+        c.s3_region = Some("us-east-1".into());
+        c.s3_path_style = true;
+        c.s3_access_key_id = Some("kiln-test".into());
+        c.s3_secret_access_key = Some("kiln-test-secret".into());
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    let (st, v) = upload(
+        &s,
+        "alice",
+        &[("kind", "user"), ("id", "alice")],
+        "in.csv",
+        b"x\n1\n".to_vec(),
+    )
+    .await;
+    assert!(st >= 500, "{st} {v}");
+    assert!(
+        v.get("error").is_some() || v.get("message").is_some(),
+        "{v}"
+    );
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+
+    // a run still runs; its output is not kept and not offered
+    let r = exec(
+        &s,
+        json!({"lang":"py","user_id":"alice","code":"open('out.txt','w').write('x')\nprint('ran')"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "ran\n", "{r}");
+    let offered = r["files"].as_array().cloned().unwrap_or_default();
+    assert!(
+        offered.iter().all(|f| f["name"] != "out.txt"),
+        "an output that was never stored is offered: {r}"
+    );
+
+    let db = url.rsplit('/').next().unwrap();
+    assert_eq!(pg.psql(db, "SELECT count(*) FROM objects").trim(), "0");
+}
