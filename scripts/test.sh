@@ -28,6 +28,14 @@ if [[ -n "${CI:-}" ]]; then
 fi
 started=$SECONDS
 section() { printf '\n==> %s (+%ss)\n' "$1" "$((SECONDS - started))"; }
+# Debian packages, installed only by callers that found them missing.
+apt_install() {
+  local apt_started=$SECONDS apt
+  if [[ $(id -u) -eq 0 ]]; then apt=(apt-get); else apt=(sudo apt-get); fi
+  "${apt[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@"
+  echo "$* installed in $((SECONDS - apt_started)) s"
+}
 
 section "runtimes"
 scripts/install-runtimes.sh --with-npm
@@ -78,11 +86,29 @@ fi
 if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
   echo "chromium: $(chromium --version 2>/dev/null | head -1)"
 else
-  apt_started=$SECONDS
-  if [[ $(id -u) -eq 0 ]]; then apt=(apt-get); else apt=(sudo apt-get); fi
-  "${apt[@]}" update -qq
-  DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends chromium chromium-driver
-  echo "chromium and chromium-driver installed in $((SECONDS - apt_started)) s"
+  apt_install chromium chromium-driver
+fi
+
+section "storage servers (Postgres, S3)"
+# kiln-store's tests (and crates/kiln/tests/shared_store.rs) run the store on a throwaway
+# Postgres cluster (initdb + postgres from Debian's postgresql: ~60 MB, ~15 s on a warm
+# mirror, only when missing) and moto's S3 server (PyPI moto[server]: ~25 MB, ~15 s, into a
+# directory of its own when python3 lacks it, as the OpenAPI validator). Starting both costs
+# the tests ~3 s per test binary that uses them.
+if compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null; then
+  echo "postgres: $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
+else
+  apt_install postgresql postgresql-client
+fi
+if python3 -c 'import moto.server' 2>/dev/null; then
+  echo "moto: $(python3 -c 'import moto; print(moto.__version__)')"
+else
+  moto_started=$SECONDS
+  moto_tools=$(mktemp -d)
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$moto_tools" "moto[server]>=5,<6"
+  export KILN_MOTO_PYTHONPATH="$moto_tools"
+  echo "moto installed in $moto_tools in $((SECONDS - moto_started)) s"
 fi
 
 section "Rust tests"

@@ -1,41 +1,69 @@
-//! Blob bytes on local disk, through object_store's `LocalFileSystem`, plus
-//! the two places where bytes cross into or out of an untrusted workspace.
+//! Blob bytes: a local directory (object_store's `LocalFileSystem`) or any
+//! object store (S3-compatible storage, or a test's fault-injecting one),
+//! plus the two places where bytes cross into or out of an untrusted
+//! workspace.
 //!
-//! Layout: `<root>/<session_id>/<file_id>.<version>`. The random per-put
-//! version makes every write go to a fresh path, so a put that loses a race
-//! on a duplicate id can never overwrite the bytes of the object that won.
-//! Writes go through `put_multipart`, which streams into a staging file
-//! `<path>#<n>` and renames it into place on completion (fsynced), so a blob
-//! path only ever holds complete bytes.
+//! Layout: `<session_id>/<file_id>.<version>` (under `<root>/` locally). The
+//! random per-put version makes every write go to a fresh name, so a put
+//! that loses a race on a duplicate id can never overwrite the bytes of the
+//! object that won.
+//!
+//! Every write publishes its bytes atomically, whole or not at all: the
+//! body is hashed and counted on the way and buffered up to one part; a body
+//! that ends within it is stored with one `put`, a longer one as a multipart
+//! upload (parts of `part_size`, at most [`PARTS_IN_FLIGHT`] in flight)
+//! that is completed only after the last byte and aborted on any failure.
+//! Locally both stream into a staging file `<path>#<n>` that is renamed
+//! into place (fsynced); on S3 an object appears only when its `PUT` or
+//! `CompleteMultipartUpload` succeeds.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as BlobPath;
-use object_store::{GetResultPayload, ObjectStoreExt as _, WriteMultipart};
+use object_store::{
+    GetResultPayload, ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart,
+};
 use sha2::{Digest as _, Sha256};
+use tokio::io::AsyncWriteExt as _;
 use tokio_util::io::ReaderStream;
 
 use crate::StoreError;
 
-/// Size of the parts handed to the multipart writer.
-const WRITE_PART: usize = 1024 * 1024;
+/// Size of the parts handed to the multipart writer on local disk.
+const LOCAL_PART: usize = 1024 * 1024;
+/// Size of the parts of a remote multipart upload (S3 refuses parts under
+/// 5 MiB but the last); a body that fits in one is sent with a single `PUT`.
+pub(crate) const REMOTE_PART: usize = 8 * 1024 * 1024;
 /// Parts being written concurrently per upload, before the body is polled again.
 const PARTS_IN_FLIGHT: usize = 4;
 /// Chunk size of streams read from disk.
 pub(crate) const READ_CHUNK: usize = 64 * 1024;
 
-/// The blob store rooted at one directory.
+/// The blob store.
 #[derive(Debug, Clone)]
 pub(crate) struct Blobs {
-    fs: LocalFileSystem,
-    root: PathBuf,
+    store: Arc<dyn ObjectStore>,
+    part_size: usize,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// A directory on this node: reads and copies go to the file directly.
+    Local {
+        fs: Arc<LocalFileSystem>,
+        root: PathBuf,
+    },
+    /// An object store reached over the network (or a test's double).
+    Remote,
 }
 
 /// What a completed write produced.
@@ -88,32 +116,63 @@ fn map_missing(err: object_store::Error) -> StoreError {
     }
 }
 
+/// Where a write's bytes are going: held until they outgrow one part, then
+/// a multipart upload.
+enum Sink {
+    Buffer { chunks: Vec<Bytes>, len: usize },
+    Multipart(WriteMultipart),
+}
+
 impl Blobs {
     /// Use (creating, mode 0700) the directory `root` for blobs.
-    pub(crate) fn open(root: PathBuf) -> Result<Blobs, StoreError> {
+    pub(crate) fn open_local(root: PathBuf) -> Result<Blobs, StoreError> {
         use std::os::unix::fs::DirBuilderExt as _;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&root)
             .map_err(|e| StoreError::io("create directory", &root, e))?;
-        let fs = LocalFileSystem::new_with_prefix(&root)?
-            .with_fsync(true)
-            .with_automatic_cleanup(true);
-        Ok(Blobs { fs, root })
+        let fs = Arc::new(
+            LocalFileSystem::new_with_prefix(&root)?
+                .with_fsync(true)
+                .with_automatic_cleanup(true),
+        );
+        Ok(Blobs {
+            store: fs.clone(),
+            part_size: LOCAL_PART,
+            kind: Kind::Local { fs, root },
+        })
     }
 
-    pub(crate) fn root(&self) -> &Path {
-        &self.root
+    /// Keep blobs in `store` (S3, or a test's object store).
+    pub(crate) fn remote(store: Arc<dyn ObjectStore>) -> Blobs {
+        Blobs {
+            store,
+            part_size: REMOTE_PART,
+            kind: Kind::Remote,
+        }
     }
 
-    fn location(session_id: &str, file_id: &str, version: &str) -> BlobPath {
+    /// The blob directory, when blobs are on this node's disk.
+    pub(crate) fn local_root(&self) -> Option<&Path> {
+        match &self.kind {
+            Kind::Local { root, .. } => Some(root),
+            Kind::Remote => None,
+        }
+    }
+
+    /// The object store itself (the remote collector lists through it).
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub(crate) fn location(session_id: &str, file_id: &str, version: &str) -> BlobPath {
         BlobPath::from(format!("{session_id}/{}", blob_name(file_id, version)))
     }
 
     /// Stream `body` into a new blob, hashing and counting on the way. When
-    /// the body exceeds `max_bytes` or fails, the upload is aborted and its
-    /// staging file removed; nothing is published.
+    /// the body exceeds `max_bytes` or fails, or the store fails, nothing is
+    /// published (a started multipart upload is aborted).
     pub(crate) async fn write<S>(
         &self,
         session_id: &str,
@@ -126,18 +185,21 @@ impl Blobs {
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
         let location = Self::location(session_id, file_id, version);
-        // `put_multipart` opens the staging file on the calling thread and,
-        // when the session directory is missing, creates and fsyncs it there
-        // too; create it off the runtime first so that only the open is left.
-        let root = self.root.clone();
-        let session_dir = self.root.join(session_id);
-        let dir = session_dir.clone();
-        run_blocking("create directory", &session_dir, move || {
-            create_session_dir(&root, &dir)
-        })
-        .await?;
-        let upload = self.fs.put_multipart(&location).await?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, WRITE_PART);
+        if let Kind::Local { root, .. } = &self.kind {
+            // object_store creates a missing session directory (and fsyncs
+            // it) on the calling thread; create it off the runtime first.
+            let root = root.clone();
+            let session_dir = root.join(session_id);
+            let dir = session_dir.clone();
+            run_blocking("create directory", &session_dir, move || {
+                create_session_dir(&root, &dir)
+            })
+            .await?;
+        }
+        let mut sink = Sink::Buffer {
+            chunks: Vec::new(),
+            len: 0,
+        };
         let mut hasher = Sha256::new();
         let mut size = 0u64;
 
@@ -150,28 +212,71 @@ impl Blobs {
                 }
                 size += len;
                 hasher.update(&chunk);
-                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
-                writer.put(chunk);
+                self.push(&mut sink, &location, chunk).await?;
             }
             Ok(())
         }
         .await;
 
-        if let Err(err) = streamed {
-            if let Err(abort) = writer.abort().await {
-                tracing::warn!(blob = %location, error = %abort,
-                    "aborting a failed upload; gc will remove its staging file");
+        let done = match streamed {
+            Ok(()) => match sink {
+                Sink::Buffer { chunks, .. } => self
+                    .store
+                    .put(&location, PutPayload::from_iter(chunks))
+                    .await
+                    .map(|_| ())
+                    .map_err(StoreError::from),
+                // a failed completion aborts the upload itself
+                Sink::Multipart(writer) => writer.finish().await.map(|_| ()).map_err(Into::into),
+            },
+            Err(err) => {
+                if let Sink::Multipart(writer) = sink
+                    && let Err(abort) = writer.abort().await
+                {
+                    tracing::warn!(blob = %location, error = %abort,
+                        "aborting a failed upload; gc removes what it left");
+                }
+                Err(err)
             }
-            return Err(err);
-        }
-        writer.finish().await?;
+        };
+        done?;
         Ok(Written {
             size,
             sha256: hex::encode(hasher.finalize()),
         })
     }
 
-    /// A stream of the blob's bytes, read from disk in chunks.
+    /// Add `chunk` to the write; past one part, start (or feed) the
+    /// multipart upload.
+    async fn push(
+        &self,
+        sink: &mut Sink,
+        location: &BlobPath,
+        chunk: Bytes,
+    ) -> Result<(), StoreError> {
+        match sink {
+            Sink::Buffer { chunks, len } => {
+                *len += chunk.len();
+                chunks.push(chunk);
+                if *len > self.part_size {
+                    let upload = self.store.put_multipart(location).await?;
+                    let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
+                    for held in chunks.drain(..) {
+                        writer.put(held);
+                    }
+                    *sink = Sink::Multipart(writer);
+                }
+            }
+            Sink::Multipart(writer) => {
+                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                writer.put(chunk);
+            }
+        }
+        Ok(())
+    }
+
+    /// A stream of the blob's bytes: read from disk in chunks, or as the
+    /// store sends them. A stream that fails part-way ends with an error.
     pub(crate) async fn read(
         &self,
         session_id: &str,
@@ -179,7 +284,7 @@ impl Blobs {
         version: &str,
     ) -> Result<BoxStream<'static, Result<Bytes, StoreError>>, StoreError> {
         let location = Self::location(session_id, file_id, version);
-        let got = self.fs.get(&location).await.map_err(map_missing)?;
+        let got = self.store.get(&location).await.map_err(map_missing)?;
         Ok(match got.payload {
             GetResultPayload::File(file, path) => {
                 let file = tokio::fs::File::from_std(file);
@@ -187,13 +292,25 @@ impl Blobs {
                     .map_err(move |e| StoreError::io("read", path.clone(), e))
                     .boxed()
             }
-            GetResultPayload::Stream(stream) => stream.map_err(StoreError::Blob).boxed(),
+            // a network store's chunks are whatever its reads returned:
+            // cut them to the same bound as the disk's (without copying)
+            GetResultPayload::Stream(stream) => stream
+                .map_err(StoreError::Blob)
+                .map_ok(|bytes| {
+                    let pieces: Vec<Result<Bytes, StoreError>> = (0..bytes.len())
+                        .step_by(READ_CHUNK)
+                        .map(|at| Ok(bytes.slice(at..(at + READ_CHUNK).min(bytes.len()))))
+                        .collect();
+                    futures::stream::iter(pieces)
+                })
+                .try_flatten()
+                .boxed(),
         })
     }
 
     /// Create `dest` (which must not exist, and is never followed if it is a
     /// symlink) with mode 0600 and copy the blob into it. A partial `dest` is
-    /// removed on failure.
+    /// removed on failure, as is one whose length is not `expected_size`.
     pub(crate) async fn copy_to(
         &self,
         session_id: &str,
@@ -203,15 +320,43 @@ impl Blobs {
         dest: &Path,
     ) -> Result<(), StoreError> {
         let location = Self::location(session_id, file_id, version);
-        let src = self.fs.path_to_filesystem(&location)?;
+        if let Kind::Local { fs, .. } = &self.kind {
+            let src = fs.path_to_filesystem(&location)?;
+            let dest_owned = dest.to_path_buf();
+            return run_blocking("copy", dest, move || {
+                copy_blocking(&src, &dest_owned, expected_size)
+            })
+            .await;
+        }
+        let mut stream = self.read(session_id, file_id, version).await?;
         let dest_owned = dest.to_path_buf();
-        run_blocking("copy", dest, move || {
-            copy_blocking(&src, &dest_owned, expected_size)
-        })
-        .await
+        let file = run_blocking("create", dest, move || create_exclusive(&dest_owned)).await?;
+        let mut file = tokio::fs::File::from_std(file);
+        let copied: Result<(), StoreError> = async {
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                n += chunk.len() as u64;
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| StoreError::io("copy into", dest, e))?;
+            }
+            file.flush()
+                .await
+                .map_err(|e| StoreError::io("copy into", dest, e))?;
+            check_size(location.as_ref(), n, expected_size, dest)
+        }
+        .await;
+        if let Err(err) = copied {
+            drop(file);
+            remove_partial(dest);
+            return Err(err);
+        }
+        Ok(())
     }
 
-    /// Remove a blob; `false` when it was already gone.
+    /// Remove a blob; `false` when it was already gone (stores that answer
+    /// a delete of a missing name with success report `true`).
     pub(crate) async fn delete(
         &self,
         session_id: &str,
@@ -219,7 +364,7 @@ impl Blobs {
         version: &str,
     ) -> Result<bool, StoreError> {
         let location = Self::location(session_id, file_id, version);
-        match self.fs.delete(&location).await {
+        match self.store.delete(&location).await {
             Ok(()) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(e.into()),
@@ -238,43 +383,52 @@ fn create_session_dir(root: &Path, dir: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Create `dest` for writing: `O_CREAT | O_EXCL` (never reuse or follow
+/// what is there), `O_NOFOLLOW`, mode 0600.
+fn create_exclusive(dest: &Path) -> Result<File, StoreError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(dest)
+        .map_err(|e| StoreError::io("create", dest, e))
+}
+
+/// A copy must hold exactly the bytes the object's row records.
+fn check_size(blob: &str, copied: u64, expected: u64, dest: &Path) -> Result<(), StoreError> {
+    if copied == expected {
+        return Ok(());
+    }
+    Err(StoreError::io(
+        "copy into",
+        dest,
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("blob {blob} holds {copied} bytes, expected {expected}"),
+        ),
+    ))
+}
+
+fn remove_partial(dest: &Path) {
+    if let Err(e) = std::fs::remove_file(dest) {
+        tracing::warn!(dest = %dest.display(), error = %e, "removing a partial copy");
+    }
+}
+
 fn copy_blocking(src: &Path, dest: &Path, expected_size: u64) -> Result<(), StoreError> {
     let mut from = File::open(src).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => StoreError::NotFound,
         _ => StoreError::io("open blob", src, e),
     })?;
-    let mut to = OpenOptions::new()
-        .write(true)
-        .create_new(true) // O_CREAT | O_EXCL: never reuse or follow what is there
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
-        .open(dest)
-        .map_err(|e| StoreError::io("create", dest, e))?;
+    let mut to = create_exclusive(dest)?;
     // std::io::copy between two files uses copy_file_range.
     let copied = io::copy(&mut from, &mut to)
         .map_err(|e| StoreError::io("copy into", dest, e))
-        .and_then(|n| {
-            if n == expected_size {
-                Ok(())
-            } else {
-                Err(StoreError::io(
-                    "copy into",
-                    dest,
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "blob {} holds {n} bytes, expected {expected_size}",
-                            src.display()
-                        ),
-                    ),
-                ))
-            }
-        });
+        .and_then(|n| check_size(&src.display().to_string(), n, expected_size, dest));
     if let Err(err) = copied {
         drop(to);
-        if let Err(e) = std::fs::remove_file(dest) {
-            tracing::warn!(dest = %dest.display(), error = %e, "removing a partial copy");
-        }
+        remove_partial(dest);
         return Err(err);
     }
     Ok(())

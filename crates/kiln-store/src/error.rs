@@ -53,6 +53,10 @@ pub enum StoreError {
     #[error("metadata migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
+    /// The storage configuration is unusable (e.g. an unknown database URL).
+    #[error("storage configuration: {0}")]
+    Config(String),
+
     /// The client's body stream failed while we were storing it.
     #[error("reading the request body: {0}")]
     BodyRead(#[source] std::io::Error),

@@ -1,6 +1,9 @@
 //! Garbage collection: objects and sessions past the retention, and the
-//! leftovers of crashes in the blob directory (blobs without a metadata row,
-//! staging files of uploads that never completed).
+//! leftovers of crashes in the blob store (blobs without a metadata row,
+//! staging files of uploads that never completed). A local blob directory
+//! is scanned; a remote store is listed through its API, session by session
+//! (one metadata query per session), and only names Kiln writes
+//! (`<session>/<file>.<version>`) are ever removed from it.
 //!
 //! Leftovers are judged by age only: a blob or staging file is removed when
 //! it has not been written for [`ORPHAN_AGE`] and no row names it. A blob is
@@ -9,6 +12,10 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::TryStreamExt as _;
+use kiln_core::Nanoid;
+use object_store::ObjectStoreExt as _;
 
 use crate::blobs::{Blobs, is_staging_name, parse_blob_name, run_blocking};
 use crate::meta::Meta;
@@ -62,8 +69,11 @@ pub(crate) async fn collect(
     }
 
     report.sessions = meta.delete_empty_sessions_before(cutoff).await?;
-    report.orphan_blobs =
-        sweep(meta, blobs, now_ms.saturating_sub(duration_ms(ORPHAN_AGE))).await?;
+    let orphan_cutoff = now_ms.saturating_sub(duration_ms(ORPHAN_AGE));
+    report.orphan_blobs = match blobs.local_root() {
+        Some(root) => sweep(meta, root, orphan_cutoff).await?,
+        None => sweep_remote(meta, blobs, orphan_cutoff).await?,
+    };
 
     if report != GcReport::default() {
         tracing::info!(
@@ -144,8 +154,8 @@ fn remove_files(paths: &[PathBuf], dir: Option<&Path>) -> u64 {
 }
 
 /// Remove blobs without a row and staging files, both older than `cutoff_ms`.
-async fn sweep(meta: &Meta, blobs: &Blobs, cutoff_ms: i64) -> Result<u64, StoreError> {
-    let root = blobs.root().to_path_buf();
+async fn sweep(meta: &Meta, root: &Path, cutoff_ms: i64) -> Result<u64, StoreError> {
+    let root = root.to_path_buf();
     let top = {
         let dir = root.clone();
         run_blocking("list", &root, move || scan_dir(&dir)).await?
@@ -199,6 +209,53 @@ async fn sweep(meta: &Meta, blobs: &Blobs, cutoff_ms: i64) -> Result<u64, StoreE
         removed += run_blocking("remove", &root, move || Ok(remove_files(&stray, None))).await?;
     }
     Ok(removed)
+}
+
+/// Remove blobs without a row that were last written before `cutoff_ms`,
+/// listing the store session by session. An incomplete multipart upload is
+/// invisible to listing; the bucket's lifecycle rule for incomplete uploads
+/// removes those (docs/deploy.md).
+async fn sweep_remote(meta: &Meta, blobs: &Blobs, cutoff_ms: i64) -> Result<u64, StoreError> {
+    let store = blobs.store();
+    let top = store.list_with_delimiter(None).await?;
+    let mut removed = 0;
+    for prefix in top.common_prefixes {
+        let session = prefix.as_ref().to_owned();
+        if Nanoid::try_from(session.clone()).is_err() {
+            continue; // not a session of ours
+        }
+        let listed: Vec<object_store::ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+        // Read the rows after listing: a row inserted in between belongs
+        // to a blob written moments ago, which is too young to be touched.
+        let known = meta.blob_versions(&session).await?;
+        for obj in listed {
+            let Some(name) = obj.location.filename() else {
+                continue;
+            };
+            let ours = obj.location.parts().count() == 2
+                && parse_blob_name(name)
+                    .is_some_and(|(f, v)| Nanoid::try_from(f.to_owned()).is_ok() && is_version(v));
+            if !ours || obj.last_modified.timestamp_millis() >= cutoff_ms {
+                continue;
+            }
+            let (file, version) = parse_blob_name(name).unwrap_or_default();
+            if known.contains(&(file.to_owned(), version.to_owned())) {
+                continue;
+            }
+            match store.delete(&obj.location).await {
+                Ok(()) => removed += 1,
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => tracing::warn!(blob = %obj.location, error = %e,
+                    "removing an orphan blob"),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// A blob version as `random_version` makes it: 32 lower-case hex digits.
+fn is_version(v: &str) -> bool {
+    v.len() == 32 && v.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use kiln_core::egress::CallRecord;
 
+use crate::meta::with_pool;
 use crate::{Store, StoreError};
 
 /// One row as stored.
@@ -55,10 +56,10 @@ fn to_u64(v: i64) -> u64 {
 impl Store {
     /// Records one egress call.
     pub async fn record_egress_call(&self, c: &CallRecord) -> Result<(), StoreError> {
-        sqlx::query(
+        with_pool!(self.inner.meta.pool(), |p| sqlx::query(
             "INSERT INTO egress_calls (grant_id, owner, tenant, user_id, service, method, path, \
              status, outcome, bytes_up, bytes_down, started_at, duration_ms) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&c.grant_id)
         .bind(&c.owner)
@@ -73,45 +74,49 @@ impl Store {
         .bind(to_i64(c.bytes_down))
         .bind(c.started_at_ms)
         .bind(to_i64(c.duration_ms))
-        .execute(self.inner.meta.pool())
-        .await?;
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
         Ok(())
     }
 
     /// The calls made under grants of `owner` (`run:<id>`), oldest first.
     pub async fn egress_calls(&self, owner: &str) -> Result<Vec<CallRecord>, StoreError> {
-        let rows: Vec<Row> = sqlx::query_as(
+        let rows: Vec<Row> = with_pool!(self.inner.meta.pool(), |p| sqlx::query_as(
             "SELECT grant_id, owner, tenant, user_id, service, method, path, status, outcome, \
              bytes_up, bytes_down, started_at, duration_ms FROM egress_calls \
-             WHERE owner = ? ORDER BY id",
+             WHERE owner = $1 ORDER BY id",
         )
         .bind(owner)
-        .fetch_all(self.inner.meta.pool())
-        .await?;
+        .fetch_all(p)
+        .await)?;
         Ok(rows.into_iter().map(Row::into_record).collect())
     }
 
     /// The `limit` most recent calls of every owner, newest first (the
     /// operator's view).
     pub async fn recent_egress_calls(&self, limit: u32) -> Result<Vec<CallRecord>, StoreError> {
-        let rows: Vec<Row> = sqlx::query_as(
+        let rows: Vec<Row> = with_pool!(self.inner.meta.pool(), |p| sqlx::query_as(
             "SELECT grant_id, owner, tenant, user_id, service, method, path, status, outcome, \
              bytes_up, bytes_down, started_at, duration_ms FROM egress_calls \
-             ORDER BY started_at DESC, id DESC LIMIT ?",
+             ORDER BY started_at DESC, id DESC LIMIT $1",
         )
         .bind(i64::from(limit))
-        .fetch_all(self.inner.meta.pool())
-        .await?;
+        .fetch_all(p)
+        .await)?;
         Ok(rows.into_iter().map(Row::into_record).collect())
     }
 
     /// Removes calls that started before `cutoff_ms`; returns how many.
     pub async fn prune_egress_calls(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
-        let res = sqlx::query("DELETE FROM egress_calls WHERE started_at < ?")
-            .bind(cutoff_ms)
-            .execute(self.inner.meta.pool())
-            .await?;
-        Ok(res.rows_affected())
+        let res = with_pool!(self.inner.meta.pool(), |p| sqlx::query(
+            "DELETE FROM egress_calls WHERE started_at < $1"
+        )
+        .bind(cutoff_ms)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(res)
     }
 }
 

@@ -1,5 +1,7 @@
-//! Kiln's storage: object metadata in SQLite (sqlx, embedded migrations) and
-//! blobs on local disk (object_store's `LocalFileSystem`, atomic writes).
+//! Kiln's storage: object metadata in SQLite or Postgres (sqlx, migrations
+//! per backend) and blobs on local disk or in an S3-compatible bucket
+//! (object_store; every write published atomically). [`Backends`] picks the
+//! engines; the default is the embedded pair in the data directory.
 //!
 //! Invariants:
 //! - a metadata row exists only for a blob that is completely written
@@ -15,7 +17,8 @@
 //! pub struct StoreConfig { pub dir: PathBuf, pub retention: Duration, pub budget: StorageBudget }
 //! pub struct Store;                                   // Clone (Arc inside)
 //! impl Store {
-//!   pub async fn open(cfg: StoreConfig) -> Result<Store, StoreError>;
+//!   pub async fn open(cfg: StoreConfig) -> Result<Store, StoreError>;   // embedded backends
+//!   pub async fn open_with(cfg: StoreConfig, backends: Backends) -> Result<Store, StoreError>;
 //!   pub fn retention(&self) -> Duration;
 //!   pub async fn create_session(&self, id: &Nanoid, key: &SessionKey) -> Result<(), StoreError>;
 //!   pub async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError>;
@@ -34,15 +37,19 @@
 //! }
 //! ```
 //!
-//! Layout on disk: `<dir>/kiln.db` (SQLite, WAL) and
-//! `<dir>/blobs/<session_id>/<file_id>.<version>`.
+//! Layout: `<dir>/kiln.db` (SQLite, WAL) or the Postgres database; blobs
+//! at `<session_id>/<file_id>.<version>` under `<dir>/blobs/` or in the
+//! bucket.
 //!
 //! Retention: `gc_at` removes objects created before `now - retention`, then
 //! sessions created before that cutoff that hold no objects any more (a
 //! session keeps living while it still holds a younger object), then blobs
 //! and staging files that no row names and that were last written more than
-//! an hour ago.
+//! an hour ago (found by listing the bucket when blobs are remote). Several
+//! nodes may collect at once: each expired row is removed by exactly one of
+//! them, and removing a blob twice is harmless.
 
+mod backend;
 mod blobs;
 mod error;
 mod gc;
@@ -62,6 +69,7 @@ use rand::Rng as _;
 use tokio::io::AsyncReadExt as _;
 use tokio_util::io::ReaderStream;
 
+pub use backend::{Backends, BlobBackend, MetaBackend, S3Config};
 pub use error::StoreError;
 pub use usage::StoredBytes;
 
@@ -161,8 +169,11 @@ struct Inner {
     blobs: Blobs,
     retention: Duration,
     budget: StorageBudget,
-    /// The store's directory (its filesystem's free space is the floor's).
+    /// The store's directory (its filesystem's free space is the floor's
+    /// when blobs are kept there).
     dir: PathBuf,
+    /// What `kiln doctor` and the start-up log say is in use.
+    names: (&'static str, &'static str),
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -177,18 +188,38 @@ fn random_version() -> String {
 }
 
 impl Store {
-    /// Open (creating if needed) the store in `cfg.dir` and apply migrations.
+    /// Open (creating if needed) the embedded store in `cfg.dir` (SQLite
+    /// and a blob directory) and apply migrations.
     pub async fn open(cfg: StoreConfig) -> Result<Store, StoreError> {
+        Store::open_with(cfg, Backends::default()).await
+    }
+
+    /// Open the store on `backends`; `cfg.dir` is created either way and
+    /// holds whatever of the store is embedded.
+    pub async fn open_with(cfg: StoreConfig, backends: Backends) -> Result<Store, StoreError> {
         let dir = cfg.dir.clone();
-        let blobs = run_blocking("create directory", &cfg.dir, move || {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| StoreError::io("create directory", &dir, e))?;
-            Blobs::open(dir.join("blobs"))
+        run_blocking("create directory", &cfg.dir, move || {
+            std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("create directory", &dir, e))
         })
         .await?;
-        let meta = Meta::open(&cfg.dir.join("kiln.db")).await?;
+        let blobs = match &backends.blobs {
+            BlobBackend::Local => {
+                let root = cfg.dir.join("blobs");
+                run_blocking("create directory", &cfg.dir, move || {
+                    Blobs::open_local(root)
+                })
+                .await?
+            }
+            BlobBackend::S3(s3) => Blobs::remote(s3.build()?),
+            BlobBackend::Custom(store) => Blobs::remote(store.clone()),
+        };
+        let meta = match &backends.meta {
+            MetaBackend::Sqlite => Meta::open_sqlite(&cfg.dir.join("kiln.db")).await?,
+            MetaBackend::Postgres { url } => Meta::open_postgres(url).await?,
+        };
+        let names = (backends.meta.name(), backends.blobs.name());
         tracing::info!(dir = %cfg.dir.display(), retention_s = cfg.retention.as_secs(),
-            "store open");
+            metadata = names.0, blobs = names.1, "store open");
         Ok(Store {
             inner: Arc::new(Inner {
                 meta,
@@ -196,8 +227,19 @@ impl Store {
                 retention: cfg.retention,
                 budget: cfg.budget,
                 dir: cfg.dir,
+                names,
             }),
         })
+    }
+
+    /// The metadata backend in use: `sqlite` or `postgres`.
+    pub fn metadata_backend(&self) -> &'static str {
+        self.inner.names.0
+    }
+
+    /// The blob backend in use: `local`, `s3` or `custom`.
+    pub fn blob_backend(&self) -> &'static str {
+        self.inner.names.1
     }
 
     /// How long objects and sessions live.
@@ -237,7 +279,8 @@ impl Store {
         self.inner.meta.owner_bytes(owner.as_str()).await
     }
 
-    /// Free bytes (for unprivileged users) on the store's filesystem.
+    /// Free bytes (for unprivileged users) on the filesystem of the store's
+    /// directory.
     pub fn free_bytes(&self) -> Result<u64, StoreError> {
         let dir = &self.inner.dir;
         let st = nix::sys::statvfs::statvfs(dir.as_path())
@@ -263,7 +306,8 @@ impl Store {
                 cut = Some(StoreError::QuotaExceeded { quota });
             }
         }
-        if budget.min_free_bytes > 0 {
+        // the floor guards the disk the blobs are written to
+        if budget.min_free_bytes > 0 && self.inner.blobs.local_root().is_some() {
             let left = self.free_bytes()?.saturating_sub(budget.min_free_bytes);
             if left < limit {
                 limit = left;
@@ -377,8 +421,9 @@ impl Store {
         self.inner.meta.list(session).await
     }
 
-    /// The object's bytes as a stream read from disk in chunks. `NotFound`
-    /// when the bytes are gone.
+    /// The object's bytes as a stream (read from disk in chunks, or as the
+    /// bucket sends them). `NotFound` when the bytes are gone; a read that
+    /// fails part-way ends the stream with an error, never early.
     pub async fn read(
         &self,
         meta: &ObjectMeta,

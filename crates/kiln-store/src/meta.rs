@@ -1,5 +1,12 @@
-//! Object and session metadata in SQLite (sqlx): connection settings, the
-//! embedded migrations, and every query the store runs.
+//! Object and session metadata in SQLite (embedded) or Postgres (several
+//! nodes), through sqlx: connection settings, the migrations of each
+//! backend, and every query the store runs.
+//!
+//! Both backends run the same SQL text (`$N` placeholders, which sqlx's
+//! SQLite driver binds by number too) except where they differ in kind:
+//! the expired-object batch (SQLite's `rowid`; Postgres skips rows another
+//! node's collection holds, `FOR UPDATE SKIP LOCKED`). [`with_pool!`] runs
+//! one statement on whichever pool is open.
 //!
 //! All statements are single auto-commit statements, so concurrent writers
 //! only ever wait on SQLite's write lock (bounded by `busy_timeout`) and never
@@ -12,25 +19,51 @@ use std::time::Duration;
 
 use kiln_core::{Nanoid, SessionKey};
 use sqlx::error::ErrorKind;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::{ObjectMeta, SessionInfo, StoreError};
 
-/// Connections in the pool. Reads run in parallel under WAL; writes are
-/// serialized by SQLite whatever the pool size.
+/// Connections in the SQLite pool. Reads run in parallel under WAL; writes
+/// are serialized by SQLite whatever the pool size.
 const MAX_CONNECTIONS: u32 = 8;
+
+/// Connections each node keeps to Postgres at most.
+const PG_MAX_CONNECTIONS: u32 = 16;
 
 /// How long a writer waits for SQLite's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a Postgres connection may take to open (or to be had from the
+/// pool) before the operation fails instead of hanging.
+const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The open database: one pool of either backend.
+#[derive(Debug, Clone)]
+pub(crate) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Run `$body` with `$p` bound to the open pool, whichever backend it is
+/// (the body is compiled once per backend).
+macro_rules! with_pool {
+    ($pool:expr, |$p:ident| $body:expr) => {
+        match $pool {
+            $crate::meta::Pool::Sqlite($p) => $body,
+            $crate::meta::Pool::Postgres($p) => $body,
+        }
+    };
+}
+pub(crate) use with_pool;
+
 /// The metadata database.
 #[derive(Debug, Clone)]
 pub(crate) struct Meta {
-    pool: SqlitePool,
+    pool: Pool,
 }
-
 /// One `objects` row as stored.
 #[derive(sqlx::FromRow)]
 struct ObjectRow {
@@ -105,8 +138,9 @@ fn is_kind(err: &sqlx::Error, kind: ErrorKind) -> bool {
 }
 
 impl Meta {
-    /// Open (creating if missing) the database at `path` and apply migrations.
-    pub(crate) async fn open(path: &Path) -> Result<Meta, StoreError> {
+    /// Open (creating if missing) the SQLite database at `path` and apply
+    /// its migrations.
+    pub(crate) async fn open_sqlite(path: &Path) -> Result<Meta, StoreError> {
         let options = SqliteConnectOptions::from_str("sqlite:")?
             .filename(path)
             .create_if_missing(true)
@@ -118,19 +152,38 @@ impl Meta {
             .max_connections(MAX_CONNECTIONS)
             .connect_with(options)
             .await?;
-        sqlx::migrate!().run(&pool).await?;
-        tracing::debug!(db = %path.display(), "metadata database open");
-        Ok(Meta { pool })
+        sqlx::migrate!("migrations/sqlite").run(&pool).await?;
+        tracing::debug!(db = %path.display(), "metadata database open (SQLite)");
+        Ok(Meta {
+            pool: Pool::Sqlite(pool),
+        })
     }
 
-    /// The pool, for the store's other tables (`ledger.rs`).
-    pub(crate) fn pool(&self) -> &SqlitePool {
+    /// Connect to the Postgres database at `url` and apply its migrations
+    /// (sqlx holds an advisory lock while migrating, so nodes starting at
+    /// once migrate one after the other).
+    pub(crate) async fn open_postgres(url: &str) -> Result<Meta, StoreError> {
+        let options = PgConnectOptions::from_str(url)?.application_name("kiln");
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_MAX_CONNECTIONS)
+            .acquire_timeout(PG_ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("migrations/postgres").run(&pool).await?;
+        tracing::debug!("metadata database open (Postgres)");
+        Ok(Meta {
+            pool: Pool::Postgres(pool),
+        })
+    }
+
+    /// The pool, for the store's other tables (`ledger.rs`, `usage.rs`).
+    pub(crate) fn pool(&self) -> &Pool {
         &self.pool
     }
 
-    /// Close every connection (checkpointing the WAL on the last one).
+    /// Close every connection (checkpointing SQLite's WAL on the last one).
     pub(crate) async fn close(&self) {
-        self.pool.close().await;
+        with_pool!(&self.pool, |p| p.close().await)
     }
 
     pub(crate) async fn insert_session(
@@ -140,17 +193,18 @@ impl Meta {
         owner: &SessionKey,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let res = sqlx::query(
-            "INSERT INTO sessions (id, session_key, owner, created_at) VALUES (?, ?, ?, ?)",
+        let res = with_pool!(&self.pool, |p| sqlx::query(
+            "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4)",
         )
         .bind(id.as_str())
         .bind(key.as_str())
         .bind(owner.as_str())
         .bind(now_ms)
-        .execute(&self.pool)
-        .await;
+        .execute(p)
+        .await
+        .map(|_| ()));
         match res {
-            Ok(_) => Ok(()),
+            Ok(()) => Ok(()),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => {
                 Err(StoreError::Conflict(format!("session {id} already exists")))
             }
@@ -159,33 +213,36 @@ impl Meta {
     }
 
     pub(crate) async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError> {
-        let row: Option<SessionRow> =
-            sqlx::query_as("SELECT id, session_key, created_at FROM sessions WHERE id = ?")
-                .bind(id.as_str())
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<SessionRow> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT id, session_key, created_at FROM sessions WHERE id = $1"
+        )
+        .bind(id.as_str())
+        .fetch_optional(p)
+        .await?);
         row.map(SessionInfo::try_from).transpose()
     }
 
     /// The owner of session `id` (`None`: no such session).
     pub(crate) async fn session_owner(&self, id: &Nanoid) -> Result<Option<String>, StoreError> {
-        let row: Option<(Option<String>, String)> =
-            sqlx::query_as("SELECT owner, session_key FROM sessions WHERE id = ?")
-                .bind(id.as_str())
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<(Option<String>, String)> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT owner, session_key FROM sessions WHERE id = $1"
+        )
+        .bind(id.as_str())
+        .fetch_optional(p)
+        .await?);
         Ok(row.map(|(owner, key)| owner.unwrap_or(key)))
     }
 
     /// Bytes stored in every session `owner` created.
     pub(crate) async fn owner_bytes(&self, owner: &str) -> Result<u64, StoreError> {
-        let (sum,): (i64,) = sqlx::query_as(
-            "SELECT COALESCE(SUM(o.size), 0) FROM objects o \
-             JOIN sessions s ON s.id = o.session_id WHERE s.owner = ?",
+        // SUM over BIGINT is NUMERIC in Postgres: cast back
+        let (sum,): (i64,) = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(o.size), 0) AS BIGINT) FROM objects o \
+             JOIN sessions s ON s.id = o.session_id WHERE s.owner = $1",
         )
         .bind(owner)
-        .fetch_one(&self.pool)
-        .await?;
+        .fetch_one(p)
+        .await?);
         Ok(u64::try_from(sum).unwrap_or(0))
     }
 
@@ -195,9 +252,9 @@ impl Meta {
         let size = i64::try_from(meta.size).map_err(|_| StoreError::TooLarge {
             limit: i64::MAX as u64,
         })?;
-        let res = sqlx::query(
+        let res = with_pool!(&self.pool, |p| sqlx::query(
             "INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
-             read_only, created_at, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             read_only, created_at, version) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(meta.session_id.as_str())
         .bind(meta.file_id.as_str())
@@ -208,10 +265,11 @@ impl Meta {
         .bind(meta.read_only)
         .bind(meta.created_at_ms)
         .bind(&meta.version)
-        .execute(&self.pool)
-        .await;
+        .execute(p)
+        .await
+        .map(|_| ()));
         match res {
-            Ok(_) => Ok(()),
+            Ok(()) => Ok(()),
             Err(e) if is_kind(&e, ErrorKind::ForeignKeyViolation) => Err(StoreError::NotFound),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => Err(StoreError::Conflict(
                 format!("object {}/{} already exists", meta.session_id, meta.file_id),
@@ -225,26 +283,26 @@ impl Meta {
         session: &Nanoid,
         file: &Nanoid,
     ) -> Result<Option<ObjectMeta>, StoreError> {
-        let row: Option<ObjectRow> = sqlx::query_as(
+        let row: Option<ObjectRow> = with_pool!(&self.pool, |p| sqlx::query_as(
             "SELECT session_id, file_id, name, size, sha256, content_type, read_only, \
-             created_at, version FROM objects WHERE session_id = ? AND file_id = ?",
+             created_at, version FROM objects WHERE session_id = $1 AND file_id = $2",
         )
         .bind(session.as_str())
         .bind(file.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
+        .fetch_optional(p)
+        .await?);
         row.map(ObjectMeta::try_from).transpose()
     }
 
     /// Every object of a session, ordered by name (then id, for ties).
     pub(crate) async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError> {
-        let rows: Vec<ObjectRow> = sqlx::query_as(
+        let rows: Vec<ObjectRow> = with_pool!(&self.pool, |p| sqlx::query_as(
             "SELECT session_id, file_id, name, size, sha256, content_type, read_only, \
-             created_at, version FROM objects WHERE session_id = ? ORDER BY name, file_id",
+             created_at, version FROM objects WHERE session_id = $1 ORDER BY name, file_id",
         )
         .bind(session.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+        .fetch_all(p)
+        .await?);
         rows.into_iter().map(ObjectMeta::try_from).collect()
     }
 
@@ -254,31 +312,51 @@ impl Meta {
         session: &Nanoid,
         file: &Nanoid,
     ) -> Result<Option<String>, StoreError> {
-        let version: Option<(String,)> = sqlx::query_as(
-            "DELETE FROM objects WHERE session_id = ? AND file_id = ? RETURNING version",
+        let version: Option<(String,)> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "DELETE FROM objects WHERE session_id = $1 AND file_id = $2 RETURNING version",
         )
         .bind(session.as_str())
         .bind(file.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
+        .fetch_optional(p)
+        .await?);
         Ok(version.map(|(v,)| v))
     }
 
-    /// Remove up to `limit` object rows created before `cutoff_ms`.
+    /// Remove up to `limit` object rows created before `cutoff_ms`. Each row
+    /// is returned to the one caller that removed it, so of several nodes
+    /// collecting at once each deletes the blobs of its own rows; on
+    /// Postgres they skip the rows another node is removing instead of
+    /// waiting for it.
     pub(crate) async fn delete_objects_before(
         &self,
         cutoff_ms: i64,
         limit: i64,
     ) -> Result<Vec<RemovedObject>, StoreError> {
-        let rows: Vec<(String, String, String)> = sqlx::query_as(
-            "DELETE FROM objects WHERE rowid IN \
-             (SELECT rowid FROM objects WHERE created_at < ? LIMIT ?) \
-             RETURNING session_id, file_id, version",
-        )
-        .bind(cutoff_ms)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<(String, String, String)> = match &self.pool {
+            Pool::Sqlite(p) => {
+                sqlx::query_as(
+                    "DELETE FROM objects WHERE rowid IN \
+                     (SELECT rowid FROM objects WHERE created_at < $1 LIMIT $2) \
+                     RETURNING session_id, file_id, version",
+                )
+                .bind(cutoff_ms)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+            }
+            Pool::Postgres(p) => {
+                sqlx::query_as(
+                    "DELETE FROM objects WHERE (session_id, file_id) IN \
+                     (SELECT session_id, file_id FROM objects WHERE created_at < $1 \
+                      LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                     RETURNING session_id, file_id, version",
+                )
+                .bind(cutoff_ms)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+            }
+        };
         Ok(rows
             .into_iter()
             .map(|(session_id, file_id, version)| RemovedObject {
@@ -290,32 +368,44 @@ impl Meta {
     }
 
     /// Remove sessions created before `cutoff_ms` that hold no objects any
-    /// more; returns how many were removed.
+    /// more; returns how many were removed. On Postgres a put into one of
+    /// them can commit between the check and the delete (the foreign key
+    /// then refuses the delete): nothing is removed this time and the next
+    /// collection tries again.
     pub(crate) async fn delete_empty_sessions_before(
         &self,
         cutoff_ms: i64,
     ) -> Result<u64, StoreError> {
-        let res = sqlx::query(
-            "DELETE FROM sessions WHERE created_at < ? AND NOT EXISTS \
+        let res = with_pool!(&self.pool, |p| sqlx::query(
+            "DELETE FROM sessions WHERE created_at < $1 AND NOT EXISTS \
              (SELECT 1 FROM objects WHERE objects.session_id = sessions.id)",
         )
         .bind(cutoff_ms)
-        .execute(&self.pool)
-        .await?;
-        Ok(res.rows_affected())
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()));
+        match res {
+            Ok(n) => Ok(n),
+            Err(e) if is_kind(&e, ErrorKind::ForeignKeyViolation) => {
+                tracing::debug!("an expired session got an object while being collected");
+                Ok(0)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// `(file_id, version)` of every object recorded in a session, by the
-    /// session directory's raw name.
+    /// session's raw name in the blob store.
     pub(crate) async fn blob_versions(
         &self,
         session_id: &str,
     ) -> Result<HashSet<(String, String)>, StoreError> {
-        let rows: Vec<(String, String)> =
-            sqlx::query_as("SELECT file_id, version FROM objects WHERE session_id = ?")
-                .bind(session_id)
-                .fetch_all(&self.pool)
-                .await?;
+        let rows: Vec<(String, String)> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT file_id, version FROM objects WHERE session_id = $1"
+        )
+        .bind(session_id)
+        .fetch_all(p)
+        .await?);
         Ok(rows.into_iter().collect())
     }
 }

@@ -1,5 +1,6 @@
 //! What each owner keeps in the store, for the operator's console.
 
+use crate::meta::with_pool;
 use crate::{Store, StoreError};
 
 /// Bytes and files stored by one owner (the user key of whoever created
@@ -17,14 +18,15 @@ impl Store {
     /// `limit` owners. One aggregate query over the metadata (no blob is
     /// read), bounded by the retention period.
     pub async fn stored_by_owner(&self, limit: u32) -> Result<Vec<StoredBytes>, StoreError> {
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-            "SELECT s.owner, COALESCE(SUM(o.size), 0), COUNT(o.file_id) \
+        let rows: Vec<(String, i64, i64)> =
+            with_pool!(self.inner.meta.pool(), |p| sqlx::query_as(
+                "SELECT s.owner, CAST(COALESCE(SUM(o.size), 0) AS BIGINT), COUNT(o.file_id) \
              FROM objects o JOIN sessions s ON s.id = o.session_id \
-             GROUP BY s.owner ORDER BY 2 DESC, 1 LIMIT ?",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(self.inner.meta.pool())
-        .await?;
+             GROUP BY s.owner ORDER BY 2 DESC, 1 LIMIT $1",
+            )
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await)?;
         Ok(rows
             .into_iter()
             .map(|(owner, bytes, files)| StoredBytes {

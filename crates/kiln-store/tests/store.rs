@@ -1,24 +1,23 @@
-//! Behaviour of the public `Store` API against a real SQLite database and
-//! blob directory in a temporary directory.
+//! Behaviour of the public `Store` API, on every backend: the embedded pair
+//! (SQLite and a blob directory in a temporary directory) and Postgres + S3
+//! on real servers the tests start (`support/servers.rs`).
+
+mod support;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _, TryStreamExt as _, stream};
 use kiln_core::{Nanoid, RelPath, SessionKey};
-use kiln_store::{GcReport, NewObject, ObjectMeta, Store, StoreConfig, StoreError};
+use kiln_store::{GcReport, NewObject, ObjectMeta, Store, StoreError};
+use support::{DAY, Fixture, Kind};
 
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 const HOUR_MS: i64 = 60 * 60 * 1000;
 const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 const HELLO_SHA256: &str = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
-
-async fn open(dir: &Path) -> Store {
-    open_with(dir, Default::default()).await
-}
 
 fn key() -> SessionKey {
     SessionKey::from_stored("local:user:alice".to_owned())
@@ -53,23 +52,6 @@ async fn read_all(store: &Store, meta: &ObjectMeta) -> Vec<u8> {
     chunks.concat()
 }
 
-/// Every non-directory entry under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let entry = entry.unwrap();
-            if entry.file_type().unwrap().is_dir() {
-                todo.push(entry.path());
-            } else {
-                out.push(entry.path());
-            }
-        }
-    }
-    out
-}
-
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -77,10 +59,11 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-#[tokio::test]
-async fn put_read_list_object_and_delete_round_trip() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn put_read_list_object_and_delete_round_trip(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
 
     let mut b = new_object(&sid, "b.txt");
@@ -123,11 +106,7 @@ async fn put_read_list_object_and_delete_round_trip() {
     assert!(!store.delete(&sid, &b.file_id).await.unwrap());
     assert_eq!(store.object(&sid, &b.file_id).await.unwrap(), None);
     assert!(matches!(store.read(&b).await, Err(StoreError::NotFound)));
-    assert_eq!(
-        files_under(&dir.path().join("blobs")).len(),
-        1,
-        "only a's blob remains"
-    );
+    assert_eq!(fx.blobs().await.len(), 1, "only a's blob remains");
 
     // deleting the last object keeps the session
     assert!(store.delete(&sid, &a.file_id).await.unwrap());
@@ -135,13 +114,14 @@ async fn put_read_list_object_and_delete_round_trip() {
     assert_eq!(info.id, sid);
     assert_eq!(info.key, key());
     assert!(store.list(&sid).await.unwrap().is_empty());
-    assert!(files_under(&dir.path().join("blobs")).is_empty());
+    assert!(fx.blobs().await.is_empty());
 }
 
-#[tokio::test]
-async fn zero_byte_objects_are_stored_read_and_copied() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn zero_byte_objects_are_stored_read_and_copied(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
 
     let meta = store
@@ -152,15 +132,16 @@ async fn zero_byte_objects_are_stored_read_and_copied() {
     assert_eq!(meta.sha256, EMPTY_SHA256);
     assert!(read_all(&store, &meta).await.is_empty());
 
-    let dest = dir.path().join("staged");
+    let dest = fx.dir.path().join("staged");
     store.copy_to(&meta, &dest).await.unwrap();
     assert_eq!(std::fs::read(&dest).unwrap(), b"");
 }
 
-#[tokio::test]
-async fn reads_stream_in_bounded_chunks() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn reads_stream_in_bounded_chunks(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
     let data: Vec<u8> = (0..3 * 1024 * 1024 + 17).map(|i| (i % 251) as u8).collect();
     let chunks: Vec<&[u8]> = data.chunks(10_000).collect();
@@ -183,10 +164,11 @@ async fn reads_stream_in_bounded_chunks() {
     assert_eq!(got, data);
 }
 
-#[tokio::test]
-async fn too_large_bodies_leave_no_row_blob_or_staging_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn too_large_bodies_leave_no_row_blob_or_staging_file(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
 
     // one byte over: rejected
@@ -209,10 +191,7 @@ async fn too_large_bodies_leave_no_row_blob_or_staging_file() {
     assert!(matches!(err, StoreError::TooLarge { .. }), "{err:?}");
 
     assert!(store.list(&sid).await.unwrap().is_empty());
-    assert_eq!(
-        files_under(&dir.path().join("blobs")),
-        Vec::<PathBuf>::new()
-    );
+    assert_eq!(fx.blobs().await, Vec::<String>::new());
 
     // exactly at the limit: accepted
     let meta = store
@@ -222,10 +201,11 @@ async fn too_large_bodies_leave_no_row_blob_or_staging_file() {
     assert_eq!(meta.size, 10);
 }
 
-#[tokio::test]
-async fn a_failing_body_leaves_no_row_blob_or_staging_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn a_failing_body_leaves_no_row_blob_or_staging_file(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
 
     let big = Bytes::from(vec![1u8; 2 * 1024 * 1024]);
@@ -245,16 +225,14 @@ async fn a_failing_body_leaves_no_row_blob_or_staging_file() {
         other => panic!("expected BodyRead, got {other:?}"),
     }
     assert!(store.list(&sid).await.unwrap().is_empty());
-    assert_eq!(
-        files_under(&dir.path().join("blobs")),
-        Vec::<PathBuf>::new()
-    );
+    assert_eq!(fx.blobs().await, Vec::<String>::new());
 }
 
-#[tokio::test]
-async fn puts_into_a_missing_session_are_refused_without_leftovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn puts_into_a_missing_session_are_refused_without_leftovers(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let err = store
         .put_stream(
             new_object(&Nanoid::random(), "x.txt"),
@@ -264,13 +242,14 @@ async fn puts_into_a_missing_session_are_refused_without_leftovers() {
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::NotFound), "{err:?}");
-    assert!(files_under(&dir.path().join("blobs")).is_empty());
+    assert!(fx.blobs().await.is_empty());
 }
 
-#[tokio::test]
-async fn duplicate_ids_conflict_and_keep_the_original_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn duplicate_ids_conflict_and_keep_the_original_bytes(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
 
     let err = store.create_session(&sid, &key()).await.unwrap_err();
@@ -294,15 +273,16 @@ async fn duplicate_ids_conflict_and_keep_the_original_bytes() {
         Some(original.clone())
     );
     assert_eq!(read_all(&store, &original).await, b"original");
-    assert_eq!(files_under(&dir.path().join("blobs")).len(), 1);
+    assert_eq!(fx.blobs().await.len(), 1);
 }
 
-#[tokio::test]
-async fn put_file_stores_a_regular_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn put_file_stores_a_regular_file(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
-    let src = dir.path().join("out.txt");
+    let src = fx.dir.path().join("out.txt");
     std::fs::write(&src, b"hello").unwrap();
 
     let meta = store
@@ -315,12 +295,13 @@ async fn put_file_stores_a_regular_file() {
     assert_eq!(store.list(&sid).await.unwrap(), [meta]);
 }
 
-#[tokio::test]
-async fn put_file_refuses_a_symlink_to_etc_passwd() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn put_file_refuses_a_symlink_to_etc_passwd(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
-    let link = dir.path().join("passwd.txt");
+    let link = fx.dir.path().join("passwd.txt");
     std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
 
     let err = store
@@ -339,15 +320,16 @@ async fn put_file_refuses_a_symlink_to_etc_passwd() {
         other => panic!("expected an ELOOP open error, got {other:?}"),
     }
     assert!(store.list(&sid).await.unwrap().is_empty());
-    assert!(files_under(&dir.path().join("blobs")).is_empty());
+    assert!(fx.blobs().await.is_empty());
 }
 
-#[tokio::test]
-async fn put_file_refuses_a_fifo_without_blocking() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn put_file_refuses_a_fifo_without_blocking(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
-    let fifo = dir.path().join("pipe.txt");
+    let fifo = fx.dir.path().join("pipe.txt");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
 
     let put = store.put_file(new_object(&sid, "pipe.txt"), &fifo);
@@ -366,17 +348,18 @@ async fn put_file_refuses_a_fifo_without_blocking() {
     assert!(store.list(&sid).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn copy_to_materialises_the_object_owner_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn copy_to_materialises_the_object_owner_only(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
     let meta = store
         .put_stream(new_object(&sid, "a.txt"), body(&[b"hello"]), 100)
         .await
         .unwrap();
 
-    let dest = dir.path().join("a.txt");
+    let dest = fx.dir.path().join("a.txt");
     store.copy_to(&meta, &dest).await.unwrap();
     assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
     let meta_fs = std::fs::symlink_metadata(&dest).unwrap();
@@ -384,17 +367,18 @@ async fn copy_to_materialises_the_object_owner_only() {
     assert_eq!(meta_fs.permissions().mode() & 0o777, 0o600);
 }
 
-#[tokio::test]
-async fn copy_to_refuses_an_existing_destination() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn copy_to_refuses_an_existing_destination(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
     let meta = store
         .put_stream(new_object(&sid, "a.txt"), body(&[b"new"]), 100)
         .await
         .unwrap();
 
-    let dest = dir.path().join("a.txt");
+    let dest = fx.dir.path().join("a.txt");
     std::fs::write(&dest, b"old").unwrap();
     let err = store.copy_to(&meta, &dest).await.unwrap_err();
     assert!(
@@ -404,10 +388,11 @@ async fn copy_to_refuses_an_existing_destination() {
     assert_eq!(std::fs::read(&dest).unwrap(), b"old");
 }
 
-#[tokio::test]
-async fn copy_to_never_follows_a_symlink_destination() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn copy_to_never_follows_a_symlink_destination(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
     let meta = store
         .put_stream(new_object(&sid, "a.txt"), body(&[b"evil"]), 100)
@@ -415,16 +400,16 @@ async fn copy_to_never_follows_a_symlink_destination() {
         .unwrap();
 
     // a dangling link: following it would create the target
-    let target = dir.path().join("target-outside");
-    let dangling = dir.path().join("dangling.txt");
+    let target = fx.dir.path().join("target-outside");
+    let dangling = fx.dir.path().join("dangling.txt");
     std::os::unix::fs::symlink(&target, &dangling).unwrap();
     assert!(store.copy_to(&meta, &dangling).await.is_err());
     assert!(!target.exists());
 
     // a link to an existing file: following it would overwrite the file
-    let victim = dir.path().join("victim");
+    let victim = fx.dir.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
-    let link = dir.path().join("link.txt");
+    let link = fx.dir.path().join("link.txt");
     std::os::unix::fs::symlink(&victim, &link).unwrap();
     assert!(store.copy_to(&meta, &link).await.is_err());
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
@@ -436,10 +421,11 @@ async fn copy_to_never_follows_a_symlink_destination() {
     );
 }
 
-#[tokio::test]
-async fn gc_removes_expired_objects_and_sessions_and_keeps_fresh_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn gc_removes_expired_objects_and_sessions_and_keeps_fresh_ones(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let pause = || tokio::time::sleep(Duration::from_millis(5));
 
     let old = new_session(&store).await;
@@ -493,7 +479,7 @@ async fn gc_removes_expired_objects_and_sessions_and_keeps_fresh_ones() {
     assert!(store.session(&fresh_session).await.unwrap().is_some());
     assert_eq!(read_all(&store, &fresh).await, b"new");
     assert_eq!(read_all(&store, &fresh_in_mixed).await, b"new2");
-    assert_eq!(files_under(&dir.path().join("blobs")).len(), 2);
+    assert_eq!(fx.blobs().await.len(), 2);
 
     // a second pass finds nothing more
     assert_eq!(store.gc_at(now).await.unwrap(), GcReport::default());
@@ -511,21 +497,21 @@ async fn gc_removes_expired_objects_and_sessions_and_keeps_fresh_ones() {
             orphan_blobs: 0
         }
     );
-    assert!(files_under(&dir.path().join("blobs")).is_empty());
+    assert!(fx.blobs().await.is_empty());
 }
 
 #[tokio::test]
 async fn gc_removes_old_orphan_blobs_and_staging_files_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+    let fx = Fixture::new(Kind::Embedded).unwrap();
+    let store = fx.open().await;
     let sid = new_session(&store).await;
     let kept = store
         .put_stream(new_object(&sid, "a.txt"), body(&[b"keep"]), 100)
         .await
         .unwrap();
 
-    let session_dir = dir.path().join("blobs").join(sid.as_str());
-    let orphan_dir = dir.path().join("blobs").join(Nanoid::random().as_str());
+    let session_dir = fx.dir.path().join("blobs").join(sid.as_str());
+    let orphan_dir = fx.dir.path().join("blobs").join(Nanoid::random().as_str());
     std::fs::create_dir(&orphan_dir).unwrap();
     let write = |path: PathBuf, age: Duration| {
         std::fs::write(&path, b"leftover").unwrap();
@@ -579,11 +565,12 @@ async fn gc_removes_old_orphan_blobs_and_staging_files_only() {
     assert_eq!(read_all(&store, &kept).await, b"keep");
 }
 
-#[tokio::test]
-async fn data_survives_dropping_and_reopening_the_store() {
-    let dir = tempfile::tempdir().unwrap();
+async fn data_survives_dropping_and_reopening_the_store(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
     let (sid, meta) = {
-        let store = open(dir.path()).await;
+        let store = fx.open().await;
         let sid = new_session(&store).await;
         let meta = store
             .put_stream(new_object(&sid, "keep.txt"), body(&[b"durable"]), 100)
@@ -591,7 +578,7 @@ async fn data_survives_dropping_and_reopening_the_store() {
             .unwrap();
         (sid, meta)
     };
-    let store = open(dir.path()).await;
+    let store = fx.open().await;
     assert_eq!(
         store.session(&sid).await.unwrap().map(|s| s.key),
         Some(key())
@@ -603,14 +590,15 @@ async fn data_survives_dropping_and_reopening_the_store() {
     assert_eq!(read_all(&store, &meta).await, b"durable");
     store.close().await;
 
-    let store = open(dir.path()).await;
+    let store = fx.open().await;
     assert_eq!(store.list(&sid).await.unwrap(), [meta]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_parallel_puts_and_reads_all_succeed() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn fifty_parallel_puts_and_reads_all_succeed(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let sid = new_session(&store).await;
 
     let puts: Vec<_> = (0..50)
@@ -658,27 +646,16 @@ async fn fifty_parallel_puts_and_reads_all_succeed() {
     assert_eq!(names, expected);
 }
 
-async fn open_with(dir: &Path, budget: kiln_store::StorageBudget) -> Store {
-    Store::open(StoreConfig {
-        dir: dir.to_path_buf(),
-        retention: DAY,
-        budget,
-    })
-    .await
-    .unwrap()
-}
-
-#[tokio::test]
-async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_with(
-        dir.path(),
-        kiln_store::StorageBudget {
+async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx
+        .open_with(kiln_store::StorageBudget {
             owner_quota_bytes: Some(10),
             min_free_bytes: 0,
-        },
-    )
-    .await;
+        })
+        .await;
     let alice = key();
     let bob = SessionKey::from_stored("local:user:bob".to_owned());
     let agent = SessionKey::from_stored("local:agent:a1".to_owned());
@@ -725,17 +702,13 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it()
         .put_stream(new_object(&own, "c"), body(&[b"12"]), 100)
         .await
         .unwrap();
-    assert_eq!(
-        files_under(&dir.path().join("blobs")).len(),
-        3,
-        "a, deleted, took its blob along"
-    );
+    assert_eq!(fx.blobs().await.len(), 3, "a, deleted, took its blob along");
 }
 
 #[tokio::test]
 async fn below_the_free_space_floor_a_put_is_refused_and_leaves_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let free = open(dir.path()).await.free_bytes().unwrap();
+    let fx = Fixture::new(Kind::Embedded).unwrap();
+    let free = fx.open().await.free_bytes().unwrap();
     assert!(free > 1 << 20, "{free}");
     let floor = |min_free_bytes| kiln_store::StorageBudget {
         owner_quota_bytes: None,
@@ -743,7 +716,7 @@ async fn below_the_free_space_floor_a_put_is_refused_and_leaves_nothing() {
     };
     // a floor well under what is free (other writers on this disk cannot
     // close a gap this wide during the test): puts pass
-    let roomy = open_with(dir.path(), floor(free / 2)).await;
+    let roomy = fx.open_with(floor(free / 2)).await;
     let sid = new_session(&roomy).await;
     let mib = vec![0u8; 1 << 20];
     roomy
@@ -752,7 +725,7 @@ async fn below_the_free_space_floor_a_put_is_refused_and_leaves_nothing() {
         .unwrap();
     drop(roomy);
     // a floor over what is free: every byte is refused, nothing remains
-    let full = open_with(dir.path(), floor(free + (1 << 30))).await;
+    let full = fx.open_with(floor(free + (1 << 30))).await;
     let e = full
         .put_stream(new_object(&sid, "one"), body(&[b"x"]), 1 << 30)
         .await
@@ -770,13 +743,14 @@ async fn below_the_free_space_floor_a_put_is_refused_and_leaves_nothing() {
         .map(|m| m.name)
         .collect();
     assert_eq!(names, ["empty", "mib"]);
-    assert_eq!(files_under(&dir.path().join("blobs")).len(), 2);
+    assert_eq!(fx.blobs().await.len(), 2);
 }
 
-#[tokio::test]
-async fn stored_bytes_are_summed_per_owner_largest_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+async fn stored_bytes_are_summed_per_owner_largest_first(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
     let alice1 = new_session(&store).await;
     let alice2 = new_session(&store).await;
     let bob = Nanoid::random();
@@ -801,4 +775,47 @@ async fn stored_bytes_are_summed_per_owner_largest_first() {
         .collect();
     assert_eq!(got, [("local:user:bob", 10, 1), ("local:user:alice", 8, 2)]);
     assert_eq!(store.stored_by_owner(1).await.unwrap().len(), 1);
+}
+
+on_every_backend!(
+    a_body_larger_than_one_part_is_stored_whole,
+    put_read_list_object_and_delete_round_trip,
+    zero_byte_objects_are_stored_read_and_copied,
+    reads_stream_in_bounded_chunks,
+    too_large_bodies_leave_no_row_blob_or_staging_file,
+    a_failing_body_leaves_no_row_blob_or_staging_file,
+    puts_into_a_missing_session_are_refused_without_leftovers,
+    duplicate_ids_conflict_and_keep_the_original_bytes,
+    put_file_stores_a_regular_file,
+    put_file_refuses_a_symlink_to_etc_passwd,
+    put_file_refuses_a_fifo_without_blocking,
+    copy_to_materialises_the_object_owner_only,
+    copy_to_refuses_an_existing_destination,
+    copy_to_never_follows_a_symlink_destination,
+    gc_removes_expired_objects_and_sessions_and_keeps_fresh_ones,
+    data_survives_dropping_and_reopening_the_store,
+    fifty_parallel_puts_and_reads_all_succeed,
+    an_owners_quota_counts_every_session_they_created_and_refuses_past_it,
+    stored_bytes_are_summed_per_owner_largest_first,
+);
+
+async fn a_body_larger_than_one_part_is_stored_whole(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
+    let sid = new_session(&store).await;
+    // past the S3 part size (8 MiB) twice over: a multipart upload of 3 parts
+    let data: Vec<u8> = (0..20 * 1024 * 1024 + 5).map(|i| (i % 253) as u8).collect();
+    let chunks: Vec<&[u8]> = data.chunks(256 * 1024).collect();
+    let meta = store
+        .put_stream(new_object(&sid, "big.bin"), body(&chunks), u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, data.len() as u64);
+    assert_eq!(read_all(&store, &meta).await, data);
+    let dest = fx.dir.path().join("staged.bin");
+    store.copy_to(&meta, &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), data);
+    assert_eq!(fx.blobs().await.len(), 1);
 }

@@ -108,6 +108,27 @@ pub struct Config {
     pub retention_hours: u64,
     /// How often expired files are collected, seconds.
     pub gc_interval_secs: u64,
+    /// Metadata database. Unset: the embedded SQLite database in the data
+    /// dir. `postgres://user:password@host:port/db[?sslmode=require]`: a
+    /// Postgres database several nodes share (migrated at start).
+    pub database_url: Option<String>,
+    /// Stored files' bytes. Unset: the data dir. A bucket name: an
+    /// S3-compatible bucket (credentials from `s3_access_key_id` /
+    /// `s3_secret_access_key` or the environment's `AWS_*`).
+    pub s3_bucket: Option<String>,
+    /// S3 endpoint, e.g. `http://minio:9000`. Unset: AWS (or `AWS_ENDPOINT`).
+    pub s3_endpoint: Option<String>,
+    /// S3 region. Unset: `AWS_REGION`, else `us-east-1`.
+    pub s3_region: Option<String>,
+    /// Address the bucket in the path (`endpoint/bucket/key`), as most
+    /// self-hosted S3 servers need.
+    pub s3_path_style: bool,
+    /// Allow a plain-HTTP endpoint. Unset: when `s3_endpoint` is `http://`.
+    pub s3_allow_http: Option<bool>,
+    /// S3 access key. Unset: `AWS_ACCESS_KEY_ID` or the host's role.
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret key. Unset: `AWS_SECRET_ACCESS_KEY` or the host's role.
+    pub s3_secret_access_key: Option<String>,
     /// On SIGTERM, how long running executions may finish before they are killed, seconds.
     pub shutdown_grace_secs: u64,
     /// First host uid of the jail uid ranges (65 536 uids per concurrent execution).
@@ -274,6 +295,14 @@ impl Default for Config {
             min_free_disk_mb: 1024,
             retention_hours: 24,
             gc_interval_secs: 600,
+            database_url: None,
+            s3_bucket: None,
+            s3_endpoint: None,
+            s3_region: None,
+            s3_path_style: false,
+            s3_allow_http: None,
+            s3_access_key_id: None,
+            s3_secret_access_key: None,
             shutdown_grace_secs: 20,
             uid_base: 200_000,
             workspace_mb: 1024,
@@ -388,6 +417,7 @@ impl Config {
             bail!("timeout_secs must be > 0, memory_mb >= 16 and pids >= 4");
         }
         self.quota_mode()?;
+        self.store_backends()?;
         let cores_ok = |c: f64| c.is_finite() && (0.01..=4096.0).contains(&c);
         if !cores_ok(self.cpus_per_run)
             || !(self.cpus_all_runs == 0.0 || cores_ok(self.cpus_all_runs))
@@ -591,6 +621,48 @@ impl Config {
             "off" => QuotaMode::Off,
             other => bail!("workspace_quota must be auto, loop, tmpfs or off, not {other:?}"),
         })
+    }
+
+    /// The store's engines: metadata (SQLite or Postgres) and blobs (the
+    /// data dir or S3).
+    pub fn store_backends(&self) -> anyhow::Result<kiln_store::Backends> {
+        let meta = kiln_store::MetaBackend::from_url(self.database_url.as_deref())?;
+        let set = |v: &Option<String>| {
+            v.as_ref()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        };
+        let blobs = match set(&self.s3_bucket) {
+            None => {
+                if self.s3_endpoint.is_some() || self.s3_region.is_some() {
+                    bail!("s3_endpoint and s3_region need s3_bucket");
+                }
+                kiln_store::BlobBackend::Local
+            }
+            Some(bucket) => {
+                let endpoint = set(&self.s3_endpoint);
+                let allow_http = self.s3_allow_http.unwrap_or_else(|| {
+                    endpoint
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with("http://"))
+                });
+                if set(&self.s3_access_key_id).is_some()
+                    != set(&self.s3_secret_access_key).is_some()
+                {
+                    bail!("s3_access_key_id and s3_secret_access_key go together");
+                }
+                kiln_store::BlobBackend::S3(kiln_store::S3Config {
+                    bucket,
+                    endpoint,
+                    region: set(&self.s3_region),
+                    path_style: self.s3_path_style,
+                    allow_http,
+                    access_key_id: set(&self.s3_access_key_id),
+                    secret_access_key: set(&self.s3_secret_access_key),
+                })
+            }
+        };
+        Ok(kiln_store::Backends { meta, blobs })
     }
 
     /// Limits on the bytes the store keeps.
@@ -806,6 +878,44 @@ inject_header = { Authorization = "DeepL-Auth-Key ${DEEPL_API_KEY}" }   # from K
 max_body_bytes = 31457280
 rate = "60/min"
 "#;
+
+    #[test]
+    #[allow(clippy::result_large_err)]
+    fn storage_backends_come_from_kiln_database_url_and_the_s3_keys() {
+        figment::Jail::expect_with(|jail| {
+            // the default: the embedded pair
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            let b = c.store_backends().map_err(|e| e.to_string())?;
+            assert_eq!(b.meta, kiln_store::MetaBackend::Sqlite);
+            assert!(matches!(b.blobs, kiln_store::BlobBackend::Local));
+            jail.set_env("KILN_DATABASE_URL", "postgres://kiln:pw@db:5432/kiln");
+            jail.set_env("KILN_S3_BUCKET", "files");
+            jail.set_env("KILN_S3_ENDPOINT", "http://minio:9000");
+            jail.set_env("KILN_S3_PATH_STYLE", "true");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            let b = c.store_backends().map_err(|e| e.to_string())?;
+            assert_eq!(
+                b.meta,
+                kiln_store::MetaBackend::Postgres {
+                    url: "postgres://kiln:pw@db:5432/kiln".into()
+                }
+            );
+            let kiln_store::BlobBackend::S3(s3) = b.blobs else {
+                panic!("not S3");
+            };
+            assert_eq!(s3.bucket, "files");
+            assert!(s3.path_style);
+            assert!(s3.allow_http, "an http:// endpoint allows plain HTTP");
+            // what cannot work is refused at start
+            jail.set_env("KILN_DATABASE_URL", "mysql://db/kiln");
+            let e = Config::load(None).unwrap_err();
+            assert!(format!("{e:#}").contains("postgres://"), "{e:#}");
+            jail.set_env("KILN_DATABASE_URL", "");
+            jail.set_env("KILN_S3_ACCESS_KEY_ID", "only-half");
+            assert!(Config::load(None).is_err());
+            Ok(())
+        });
+    }
 
     #[test]
     #[allow(clippy::result_large_err)]

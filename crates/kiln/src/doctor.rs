@@ -727,6 +727,7 @@ pub fn checks(
         .map(|l| (l.name.clone(), l.reason.clone().unwrap_or_default()))
         .collect();
     out.push(judge_runtimes(&missing, languages.len()));
+    out.push(judge_storage(&config.store_backends()));
     match disk_facts(&absolute(&config.data_dir)) {
         Some((at, d)) => out.push(judge_disk(
             &d,
@@ -741,6 +742,64 @@ pub fn checks(
         )),
     }
     out
+}
+
+/// Which engines hold stored files: the embedded pair, or Postgres / S3
+/// (named without secrets). Nothing is contacted.
+pub fn judge_storage(backends: &anyhow::Result<kiln_store::Backends>) -> Finding {
+    use kiln_store::{BlobBackend, MetaBackend};
+    let b = match backends {
+        Ok(b) => b,
+        Err(e) => {
+            return Finding::fail(
+                "storage",
+                format!("{e:#}"),
+                "set database_url to a postgres:// URL (or unset it), and s3_bucket with its \
+                 s3_* settings (or unset them); see docs/deploy.md",
+            );
+        }
+    };
+    let meta = match &b.meta {
+        MetaBackend::Sqlite => "SQLite in the data dir".to_owned(),
+        MetaBackend::Postgres { url } => format!("Postgres at {}", redact_url(url)),
+    };
+    let blobs = match &b.blobs {
+        BlobBackend::Local => "blobs in the data dir".to_owned(),
+        BlobBackend::S3(s3) => format!(
+            "blobs in S3 bucket {} at {}{}",
+            s3.bucket,
+            s3.endpoint.as_deref().unwrap_or("AWS"),
+            if s3.path_style { " (path-style)" } else { "" }
+        ),
+        BlobBackend::Custom(_) => "blobs in a custom object store".to_owned(),
+    };
+    let shared = !matches!(b.meta, MetaBackend::Sqlite) && !matches!(b.blobs, BlobBackend::Local);
+    let nodes = if shared {
+        "several nodes may share them"
+    } else {
+        "one node only"
+    };
+    Finding::ok("storage", format!("metadata: {meta}; {blobs}; {nodes}"))
+}
+
+/// A connection URL without its password (`user:***@host`).
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparsable URL>".to_owned();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some((auth, host)) => (Some(auth), host),
+        None => (None, rest),
+    };
+    let host = host.split('?').next().unwrap_or(host);
+    match auth {
+        Some(auth) => {
+            let user = auth.split(':').next().unwrap_or("");
+            let hidden = if auth.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}")
+        }
+        None => format!("{scheme}://{host}"),
+    }
 }
 
 /// `p` against the current directory, without `.` components.
@@ -758,6 +817,45 @@ fn absolute(p: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn storage_names_the_backends_without_secrets() {
+        let embedded = judge_storage(&Ok(kiln_store::Backends::default()));
+        assert_eq!(embedded.level, Level::Ok);
+        assert!(
+            embedded.message.contains("SQLite in the data dir"),
+            "{}",
+            embedded.message
+        );
+        assert!(
+            embedded.message.contains("one node only"),
+            "{}",
+            embedded.message
+        );
+        let shared = kiln_store::Backends {
+            meta: kiln_store::MetaBackend::Postgres {
+                url: "postgres://kiln:hunter2@db:5432/kiln?sslmode=require".into(),
+            },
+            blobs: kiln_store::BlobBackend::S3(kiln_store::S3Config {
+                bucket: "kiln-files".into(),
+                endpoint: Some("http://minio:9000".into()),
+                path_style: true,
+                secret_access_key: Some("s3cret".into()),
+                ..Default::default()
+            }),
+        };
+        let f = judge_storage(&Ok(shared));
+        assert_eq!(f.level, Level::Ok);
+        assert_eq!(
+            f.message,
+            "metadata: Postgres at postgres://kiln:***@db:5432/kiln; blobs in S3 bucket \
+             kiln-files at http://minio:9000 (path-style); several nodes may share them"
+        );
+        let bad = judge_storage(&Err(anyhow::anyhow!(
+            "database_url must be a postgres:// URL"
+        )));
+        assert_eq!(bad.level, Level::Fail);
+    }
 
     fn dir(path: &str, mode: u32) -> DirInfo {
         DirInfo {

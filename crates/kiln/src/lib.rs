@@ -60,11 +60,14 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         .canonicalize()
         .with_context(|| format!("resolve {}", data.display()))?;
 
-    let store = Store::open(StoreConfig {
-        dir: data.join("store"),
-        retention: Duration::from_secs(config.retention_hours * 3600),
-        budget: config.storage_budget(),
-    })
+    let store = Store::open_with(
+        StoreConfig {
+            dir: data.join("store"),
+            retention: Duration::from_secs(config.retention_hours * 3600),
+            budget: config.storage_budget(),
+        },
+        config.store_backends()?,
+    )
     .await
     .context("open store")?;
 
