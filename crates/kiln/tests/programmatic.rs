@@ -446,7 +446,7 @@ const BASH: &str = r#"
 echo start
 n=$(cat /mnt/data/n 2>/dev/null || echo 0); echo $((n + 1)) > /mnt/data/n
 r=$(add '{"a":1,"b":2}')
-echo "sum=$r"
+echo "sum=$r jq=$(printf '%s' "$r" | jq -r .sum)"
 echo "who=$(whoami_tool)"
 add '{"a":5}' > /mnt/data/x.json &
 add '{"a":6}' > /mnt/data/y.json &
@@ -501,7 +501,8 @@ async fn bash_tools_take_a_json_string_and_print_compact_json() {
     assert_eq!(st, 200, "{done}");
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(
-        done["stdout"], "start\nsum={\"sum\":3}\nwho=alice\nx=[5] y=[6]\nfailed: denied\nruns=1\n",
+        done["stdout"],
+        "start\nsum={\"sum\":3} jq=3\nwho=alice\nx=[5] y=[6]\nfailed: denied\nruns=1\n",
         "{done}"
     );
 }
