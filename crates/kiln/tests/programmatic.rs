@@ -520,3 +520,45 @@ async fn more_than_200_tool_calls_end_the_run_with_400() {
         )
     );
 }
+
+#[tokio::test]
+async fn a_paused_runs_watchers_see_its_tool_calls() {
+    let s = server().await;
+    let resp = client()
+        .post(format!("{}/exec/programmatic", s.v1()))
+        .header("User-Id", "alice")
+        .json(&json!({"code": "print('hi')\nawait t(a=7)", "tools": [tool("t")]}))
+        .send()
+        .await
+        .expect("send");
+    let run_id = resp.headers()["x-kiln-run-id"]
+        .to_str()
+        .expect("run id")
+        .to_owned();
+    let v: Value = resp.json().await.expect("json");
+    let events = client()
+        .get(format!("{}/runs/{run_id}/events", s.v1()))
+        .header("User-Id", "alice")
+        .send()
+        .await
+        .expect("events");
+    // the run is paused: read what is there, then answer the round
+    let watch = tokio::spawn(sse_events(events, Duration::from_secs(15)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (st, done) = reply(&s, &v, json!([{"call_id": "call_001", "result": 1}])).await;
+    assert_eq!((st, &done["status"]), (200, &json!("completed")), "{done}");
+    let events = watch.await.expect("watch");
+    let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name);
+    let calls = &events
+        .iter()
+        .find(|e| e.event.as_deref() == Some("tool_calls"))
+        .expect("a tool_calls event")
+        .data;
+    assert_eq!(
+        calls["tool_calls"],
+        json!([{"id": "call_001", "name": "t", "input": {"a": 7}}])
+    );
+    assert!(at("stdout") < at("tool_calls"), "{names:?}");
+    assert!(at("tool_calls") < at("result"), "{names:?}");
+}
