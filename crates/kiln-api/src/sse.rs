@@ -176,7 +176,14 @@ impl<K> Cursor<K> {
                     }
                 }
             }
-            // events of later kinds (tool calls) are not shown by these faces yet
+            RunEvent::ToolCalls(calls) => {
+                let calls: Vec<Value> = calls
+                    .into_iter()
+                    .map(|c| json!({"id": c.id, "name": c.name, "input": c.input}))
+                    .collect();
+                data("tool_calls", &json!({ "run_id": id, "tool_calls": calls }))
+            }
+            // events of later kinds are not shown by these faces yet
             _ => Event::default().comment("event"),
         }
     }

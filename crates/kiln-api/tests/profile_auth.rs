@@ -115,7 +115,8 @@ async fn every_response_carries_the_profile_header_including_404_405_and_health(
         ("GET", "/v1/health", 200),
         ("GET", "/health", 200),
         ("GET", "/v1/nope", 404),
-        ("POST", "/v1/exec/programmatic", 404),
+        ("POST", "/v1/exec/nope", 404),
+        ("POST", "/v1/exec/programmatic", 400),
         ("GET", "/v1/exec", 405),
         ("GET", "/v1/download/bad/ids", 400),
     ] {

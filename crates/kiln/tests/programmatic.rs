@@ -446,7 +446,7 @@ const BASH: &str = r#"
 echo start
 n=$(cat /mnt/data/n 2>/dev/null || echo 0); echo $((n + 1)) > /mnt/data/n
 r=$(add '{"a":1,"b":2}')
-echo "sum=$r"
+echo "sum=$r jq=$(printf '%s' "$r" | jq -r .sum)"
 echo "who=$(whoami_tool)"
 add '{"a":5}' > /mnt/data/x.json &
 add '{"a":6}' > /mnt/data/y.json &
@@ -501,7 +501,8 @@ async fn bash_tools_take_a_json_string_and_print_compact_json() {
     assert_eq!(st, 200, "{done}");
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(
-        done["stdout"], "start\nsum={\"sum\":3}\nwho=alice\nx=[5] y=[6]\nfailed: denied\nruns=1\n",
+        done["stdout"],
+        "start\nsum={\"sum\":3} jq=3\nwho=alice\nx=[5] y=[6]\nfailed: denied\nruns=1\n",
         "{done}"
     );
 }
@@ -518,4 +519,46 @@ async fn more_than_200_tool_calls_end_the_run_with_400() {
             json!({"error": "Tool call limit exceeded: at most 200 tool calls per execution"})
         )
     );
+}
+
+#[tokio::test]
+async fn a_paused_runs_watchers_see_its_tool_calls() {
+    let s = server().await;
+    let resp = client()
+        .post(format!("{}/exec/programmatic", s.v1()))
+        .header("User-Id", "alice")
+        .json(&json!({"code": "print('hi')\nawait t(a=7)", "tools": [tool("t")]}))
+        .send()
+        .await
+        .expect("send");
+    let run_id = resp.headers()["x-kiln-run-id"]
+        .to_str()
+        .expect("run id")
+        .to_owned();
+    let v: Value = resp.json().await.expect("json");
+    let events = client()
+        .get(format!("{}/runs/{run_id}/events", s.v1()))
+        .header("User-Id", "alice")
+        .send()
+        .await
+        .expect("events");
+    // the run is paused: read what is there, then answer the round
+    let watch = tokio::spawn(sse_events(events, Duration::from_secs(15)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (st, done) = reply(&s, &v, json!([{"call_id": "call_001", "result": 1}])).await;
+    assert_eq!((st, &done["status"]), (200, &json!("completed")), "{done}");
+    let events = watch.await.expect("watch");
+    let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name);
+    let calls = &events
+        .iter()
+        .find(|e| e.event.as_deref() == Some("tool_calls"))
+        .expect("a tool_calls event")
+        .data;
+    assert_eq!(
+        calls["tool_calls"],
+        json!([{"id": "call_001", "name": "t", "input": {"a": 7}}])
+    );
+    assert!(at("stdout") < at("tool_calls"), "{names:?}");
+    assert!(at("tool_calls") < at("result"), "{names:?}");
 }

@@ -33,7 +33,7 @@ use tokio::sync::{oneshot, watch};
 pub use channel::TOOLS_PORT;
 pub(crate) use channel::ToolChannel;
 
-use crate::runs::{CancelReason, RunContext};
+use crate::runs::{CancelReason, RunContext, RunEvent};
 
 /// How long the bridge waits for more calls once one arrived, so calls
 /// made together go out in one round.
@@ -346,6 +346,10 @@ impl Bridge {
             st.round = std::mem::take(&mut st.gathering);
         }
         self.clock.pause();
+        // the run's watchers see the round too
+        if let Some(run) = self.run.get() {
+            run.log().push(RunEvent::ToolCalls(self.open_round()));
+        }
         self.bump(|s| s.rounds += 1);
         true
     }

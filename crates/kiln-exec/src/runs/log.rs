@@ -49,8 +49,7 @@ pub enum Stream {
 
 /// What a subscriber sees, in order.
 ///
-/// `non_exhaustive`: runs that pause for tool calls (`ToolCall`, resumed
-/// through the control side) will add events.
+/// `non_exhaustive`: later kinds of runs may add events.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RunEvent {
@@ -63,6 +62,9 @@ pub enum RunEvent {
     Output { stream: Stream, text: String },
     /// An output file was stored.
     File(OutputFile),
+    /// A programmatic run paused for these tool calls (one round); it
+    /// resumes when the host posts their results ([`crate::ptc`]).
+    ToolCalls(Vec<crate::ptc::ToolCall>),
     /// The run is over. Always the last event.
     Done(Arc<Result<ExecResult, ExecError>>),
 }

@@ -127,6 +127,7 @@ async fn a_run_is_found_by_id_watched_from_the_start_and_kept_when_done() {
             RunEvent::Started { .. } => "started",
             RunEvent::Output { .. } => "output",
             RunEvent::File(_) => "file",
+            RunEvent::ToolCalls(_) => "tool_calls",
             RunEvent::Done(_) => "done",
         });
     }
