@@ -14,7 +14,8 @@
 #   5. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line;
 #   6. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
-#      (scripts/container-test.sh --ci); the full container proof is opt-in.
+#      (scripts/container-test.sh --ci); the full container proof is opt-in;
+#   7. under CI: the Kubernetes manifests rendered and schema-checked (scripts/validate-k8s.sh).
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
 # Usage: scripts/test.sh [extra args for cargo test (or cargo nextest run)]
@@ -170,6 +171,25 @@ else
   status=1
 fi
 # ---- container image: end -------------------------------------------------------------------
+
+# ---- kubernetes manifests: begin (owned by scripts/validate-k8s.sh) ------------------------
+# deploy/kubernetes/ rendered by `kubectl kustomize` and checked offline against the API schemas
+# by kubernetes-validate (PyPI, into a cache directory of its own: ~120 MB, ~6 s once) plus the
+# promises docs/deploy.md makes. ~3 s a run. kubectl comes from Debian's kubernetes-client
+# (1.20, an 8 MB package) when missing; always under CI, opt-in otherwise (KILN_K8S_TEST=1).
+section "kubernetes manifests"
+if [[ -n "${CI:-}" || "${KILN_K8S_TEST:-0}" == 1 ]]; then
+  command -v kubectl >/dev/null || apt_install kubernetes-client
+  if scripts/validate-k8s.sh; then
+    echo "kubernetes: passed"
+  else
+    echo "kubernetes: FAILED (scripts/validate-k8s.sh; see above)"
+    status=1
+  fi
+else
+  echo "kubernetes: not run (CI runs scripts/validate-k8s.sh; KILN_K8S_TEST=1 runs it here)"
+fi
+# ---- kubernetes manifests: end ---------------------------------------------------------------
 
 section "done"
 # Sum cargo's "test result:" lines and nextest's "Summary" line.

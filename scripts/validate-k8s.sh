@@ -7,15 +7,17 @@
 #      kubernetes-client, kustomize v2.0.3 inside) and with current kubectl (kustomize v5);
 #   2. kubernetes-validate (PyPI) checks every rendered object against the Kubernetes API's
 #      JSON schemas, strictly (an unknown field is an error), for each version in
-#      KILN_K8S_VERSIONS (default "1.30.0 1.35.0": the oldest and a recent one it ships);
-#   3. the manifests keep the promises docs/deploy.md makes: probes on /v1/health, a grace
-#      period that covers Kiln's drain (preStop pause + KILN_SHUTDOWN_GRACE_SECS + 10 s), an
-#      emptyDir data dir, a PodDisruptionBudget; the shared-storage overlay has several
-#      replicas and takes its database URL from a Secret.
+#      KILN_K8S_VERSIONS (default "1.30.0 1.35.0": the oldest Kubernetes the docs claim, and a
+#      recent one);
+#   3. the manifests keep the promises docs/deploy.md makes: startup, readiness and liveness
+#      probes on /v1/health, a grace period that covers Kiln's drain (preStop pause +
+#      KILN_SHUTDOWN_GRACE_SECS + 10 s), an emptyDir data dir, a PodDisruptionBudget, one
+#      replica in the base; the shared-storage overlay has several replicas and takes its
+#      database URL and S3 settings from a Secret.
 # Any failure fails the script (exit 1).
 #
 # kubernetes-validate is installed from PyPI into a directory of its own when missing
-# ($KILN_K8S_TOOLS, default ~/.cache/kiln/k8s-validate: ~150 MB of schemas, ~15 s once; kept
+# ($KILN_K8S_TOOLS, default ~/.cache/kiln/k8s-validate: ~120 MB, mostly schemas, ~6 s once here; kept
 # between runs), never into python3's site-packages, which the jails see. kubectl is not
 # installed here: scripts/test.sh installs Debian's kubernetes-client when it is missing.
 # Usage: scripts/validate-k8s.sh
@@ -44,6 +46,7 @@ trap 'rm -rf "$out"' EXIT
 fail=0
 n=0
 while IFS= read -r k; do
+  n=$((n + 1))
   dir=$(dirname "$k")
   name=${dir#deploy/kubernetes/}
   rendered="$out/${name//\//_}.yaml"
@@ -76,7 +79,7 @@ for want in ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget"):
 dep = kinds.get("Deployment", {})
 pod = dep.get("spec", {}).get("template", {}).get("spec", {})
 c = (pod.get("containers") or [{}])[0]
-for probe in ("readinessProbe", "livenessProbe"):
+for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
     if c.get(probe, {}).get("httpGet", {}).get("path") != "/v1/health":
         problems.append(f"{probe} is not GET /v1/health")
 cfg = kinds.get("ConfigMap", {}).get("data", {})
@@ -109,7 +112,6 @@ PY
   else
     fail=1
   fi
-  n=$((n + 1))
 done < <(find deploy/kubernetes -name kustomization.yaml | sort)
 
 if ((n == 0)); then
