@@ -1019,4 +1019,26 @@ upstream = 1
             assert!(c.validate().is_err(), "{per_run} {all}");
         }
     }
+
+    #[test]
+    fn runtime_session_mode_is_affinity_unless_set_to_a_known_mode() {
+        let c = Config::default();
+        assert_eq!(
+            c.runtime_session_mode().unwrap(),
+            kiln_api::RuntimeSessionMode::Affinity
+        );
+        let c = Config {
+            runtime_session_mode: "Strict".into(),
+            ..Config::default()
+        };
+        assert_eq!(
+            c.runtime_session_mode().unwrap(),
+            kiln_api::RuntimeSessionMode::Strict
+        );
+        let c = Config {
+            runtime_session_mode: "sticky".into(),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
 }
