@@ -116,6 +116,22 @@ async fn the_sessions_files_are_staged_unless_the_request_sends_that_name() {
         InputFile::Ref(r) => assert_eq!((&r.storage_session_id, &r.id), (&ws, &kept)),
         InputFile::Inline { .. } => unreachable!(),
     }
+    // a reference to a replaced version of a session file stands for the
+    // current one (LibreChat may still hold an older output's id)
+    let mut b = body("alice", Some(HINT));
+    b["files"] = json!([{"id": kiln_core::Nanoid::random().as_str(), "storage_session_id": ws.as_str(),
+                         "name": "state.json", "kind": "user"}]);
+    assert_eq!(post(&s, Some("stateful"), b).await.status(), 200);
+    let files = s.exec.last().1.files;
+    let refs: Vec<(&str, &kiln_core::Nanoid)> = files
+        .iter()
+        .filter_map(|f| match f {
+            InputFile::Ref(r) => Some((r.name.as_str(), &r.id)),
+            InputFile::Inline { .. } => None,
+        })
+        .collect();
+    assert_eq!(refs.len(), 2, "{refs:?}");
+    assert!(refs.contains(&("state.json", &kept)));
     // bob's session of the same hint sees none of alice's files
     post(&s, Some("stateful"), body("bob", Some(HINT))).await;
     assert!(s.exec.last().1.files.is_empty());

@@ -17,7 +17,8 @@
 //! LibreChat's stateful profile (spec §13.4): with `X-CodeAPI-Expected-Profile:
 //! stateful` a `runtime_session_hint` names a runtime session of the caller's
 //! ([`kiln_exec::sessions::FileSessions::open_runtime`]): its files are
-//! staged in `/mnt/data` before the request's own, outputs go into it
+//! staged in `/mnt/data` before the request's own (a reference to a replaced
+//! version of a session file stands for the current one), outputs go into it
 //! ([`Outputs::Workspace`]: a modified file replaces the one it changed), its
 //! calls take turns (409 `runtime_session_busy` past the wait) and each is a
 //! fresh process. The answer adds `runtime_session_id` and `runtime_status`
@@ -272,6 +273,14 @@ async fn open_runtime(
         .await
         .map_err(|e| storage(&e))?;
     let req = &mut parsed.req;
+    // A reference to an earlier version of a session file (a later call
+    // replaced it) stands for that file: the session's current one is staged.
+    req.files.retain(|f| match f {
+        InputFile::Ref(r) if r.storage_session_id == workspace => {
+            objects.iter().any(|o| o.file_id == r.id)
+        }
+        _ => true,
+    });
     let sent_names: HashSet<&str> = req.files.iter().map(|f| f.name().as_str()).collect();
     let mut files = Vec::new();
     for m in crate::proxy::newest_per_name(&objects) {
