@@ -39,13 +39,19 @@ const CSV_V1 = 'x,y\n1,2\n2,4\n3,9\n';
 const CSV_V2 = `${CSV_V1}4,16\n`;
 const STEP_TIMEOUT_MS = 120_000;
 
-/** One agent's tool layer: the package's ToolNode holding the code session, as LibreChat builds it. */
-function makeAgentTools() {
+/**
+ * One agent's tool layer: the package's ToolNode holding the code session, as LibreChat builds it.
+ * `stateful` (optional) makes it an agent with stateful code sessions: `{ hint }` is the runtime
+ * session hint LibreChat derives for the agent and user.
+ */
+function makeAgentTools(stateful) {
   // LibreChat reads the base URL from this variable; the tools read it when they are created.
   process.env.LIBRECHAT_CODE_BASEURL = KILN_URL;
   const authHeaders = API_KEY ? { 'X-API-Key': API_KEY } : {};
   // LibreChat passes the user id and the expected execution profile to the tool factories.
-  const factoryParams = { user_id: USER_ID, executionProfile: 'default', authHeaders };
+  const factoryParams = stateful
+    ? { user_id: USER_ID, executionProfile: 'stateful', statefulSessions: true, runtimeSessionHint: stateful.hint, authHeaders }
+    : { user_id: USER_ID, executionProfile: 'default', authHeaders };
   const sessions = new Map();
   const node = new ToolNode({
     tools: [createCodeExecutionTool(factoryParams), createBashExecutionTool(factoryParams)],
@@ -329,6 +335,41 @@ describe('LibreChat code tools against Kiln', () => {
     // the injected files were still tracked and nothing new was produced
     const created = (msg.artifact.files ?? []).filter((f) => f.inherited !== true);
     assert.deepEqual(created, []);
+  });
+
+  it('i) stateful profile: /mnt/data persists between calls of one runtime session, each a fresh process', { timeout: STEP_TIMEOUT_MS }, async () => {
+    const hint = `v2:user:${'e2e0'.repeat(8)}`;
+    const code = [
+      'import json, os',
+      'p = "/mnt/data/state.json"',
+      'n = json.load(open(p))["n"] if os.path.exists(p) else 0',
+      'json.dump({"n": n + 1}, open(p, "w"))',
+      'print("n", n + 1, "fresh", "counter" not in globals())',
+      'counter = n',
+    ].join('\n');
+    const one = await makeAgentTools({ hint }).call('execute_code', { lang: 'py', code });
+    assertToolSucceeded(one);
+    assert.match(one.content, /^stdout:\nn 1 fresh True$/m);
+    assert.match(one.artifact.runtime_session_id, /^rt_[0-9a-f]{40}$/);
+    assert.equal(one.artifact.runtime_status, 'new');
+    assert.deepEqual(one.artifact.files.map((f) => f.name), ['state.json']);
+    // a new tool layer (no files to re-send): the file is there because the session kept it
+    const two = await makeAgentTools({ hint }).call('execute_code', { lang: 'py', code });
+    assertToolSucceeded(two);
+    assert.match(two.content, /^stdout:\nn 2 fresh True$/m);
+    assert.equal(two.artifact.runtime_session_id, one.artifact.runtime_session_id);
+    assert.equal(two.artifact.runtime_status, 'reused');
+    const changed = fileNamed(two.artifact.files, 'state.json');
+    assert.notEqual(changed.inherited, true, 'the changed file is reported again');
+    // reading only: the unchanged session file is not reported again
+    const three = await makeAgentTools({ hint }).call('execute_code', { lang: 'py', code: 'print(open("/mnt/data/state.json").read())' });
+    assertToolSucceeded(three);
+    assert.match(three.content, /^stdout:\n\{"n": 2\}$/m);
+    assert.deepEqual(three.artifact.files ?? [], []);
+    // another hint is another session
+    const other = await makeAgentTools({ hint: `${hint}x` }).call('execute_code', { lang: 'py', code });
+    assert.match(other.content, /^stdout:\nn 1 fresh True$/m);
+    assert.notEqual(other.artifact.runtime_session_id, one.artifact.runtime_session_id);
   });
 
   it('e) the js runtime runs through the same tool', { timeout: STEP_TIMEOUT_MS }, async () => {

@@ -71,6 +71,37 @@ pub struct ApiConfig {
     pub console: bool,
     /// Programmatic tool calling: token secret, cap, limits.
     pub ptc: crate::programmatic::PtcSettings,
+    /// LibreChat's stateful profile: what `runtime_session_hint` does.
+    pub runtime_session_mode: RuntimeSessionMode,
+    /// How long a call waits for its runtime session's previous call
+    /// before 409 `runtime_session_busy` (spec §13.4: 15 s).
+    pub runtime_session_busy_wait: std::time::Duration,
+}
+
+/// What `/exec` does with `runtime_session_hint` under the stateful
+/// profile (spec §13.4, OSS `CODEAPI_RUNTIME_SESSION_MODE`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RuntimeSessionMode {
+    /// The hint is ignored, not even validated: every call is stateless.
+    Stateless,
+    /// A hint names a runtime session whose `/mnt/data` persists; no hint,
+    /// a stateless call.
+    #[default]
+    Affinity,
+    /// A hint is required (400 without one).
+    Strict,
+}
+
+impl RuntimeSessionMode {
+    /// `stateless`, `affinity` or `strict`.
+    pub fn parse(s: &str) -> Option<RuntimeSessionMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "stateless" => Some(RuntimeSessionMode::Stateless),
+            "affinity" => Some(RuntimeSessionMode::Affinity),
+            "strict" => Some(RuntimeSessionMode::Strict),
+            _ => None,
+        }
+    }
 }
 
 impl Default for ApiConfig {
@@ -89,6 +120,8 @@ impl Default for ApiConfig {
             rate_limits: crate::rate::RateRules::default(),
             console: true,
             ptc: crate::programmatic::PtcSettings::default(),
+            runtime_session_mode: RuntimeSessionMode::default(),
+            runtime_session_busy_wait: crate::codeapi::exec::RUNTIME_BUSY_WAIT,
         }
     }
 }
@@ -110,6 +143,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("metrics_require_key", &self.metrics_require_key)
             .field("console", &self.console)
             .field("ptc", &self.ptc)
+            .field("runtime_session_mode", &self.runtime_session_mode)
             .finish()
     }
 }

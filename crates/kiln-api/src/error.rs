@@ -33,7 +33,8 @@ pub struct CodedError {
     pub retry_after_seconds: Option<u64>,
 }
 
-/// The only deployment profile Kiln serves (stateless executions).
+/// The deployment profile Kiln reports unless a client expects `stateful`
+/// (runtime sessions, spec §13.4), which it serves too.
 pub const PROFILE: &str = "default";
 
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +48,10 @@ pub enum ApiError {
     /// `X-CodeAPI-Expected-Profile` is neither `default` nor `stateful`.
     #[error("invalid execution profile {0:?}")]
     InvalidProfile(String),
-    /// The caller expected the stateful deployment.
-    #[error("expected execution profile {0:?}")]
-    ProfileMismatch(String),
+    /// Another call of the same runtime session held it past the wait
+    /// (409 `runtime_session_busy`, spec §13.4).
+    #[error("runtime session is busy")]
+    RuntimeSessionBusy,
     /// Missing or wrong API key.
     #[error("missing or invalid credentials")]
     Unauthenticated,
@@ -195,13 +197,11 @@ impl ApiError {
                     "actual_profile": PROFILE,
                 }),
             ),
-            ProfileMismatch(p) => (
+            RuntimeSessionBusy => (
                 StatusCode::CONFLICT,
                 json!({
-                    "error": "execution_profile_mismatch",
-                    "message": format!("Expected the {p} execution profile, but reached {PROFILE}"),
-                    "expected_profile": p,
-                    "actual_profile": PROFILE,
+                    "error": "runtime_session_busy",
+                    "message": "Runtime session is busy",
                 }),
             ),
             Unauthenticated => plain(StatusCode::UNAUTHORIZED, "Unauthorized"),

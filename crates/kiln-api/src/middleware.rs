@@ -34,18 +34,32 @@ pub fn request_id(headers: &axum::http::HeaderMap) -> Option<String> {
 }
 
 /// Check `X-CodeAPI-Expected-Profile` before anything else and stamp
-/// `X-CodeAPI-Execution-Profile: default` on every response.
+/// `X-CodeAPI-Execution-Profile` on every response: `stateful` when the
+/// client asked for it (Kiln serves both profiles, spec §3), else `default`.
 pub async fn profile(req: Request, next: Next) -> axum::response::Response {
-    let mut resp = match check_profile(&req) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+    let (mut resp, reached) = match check_profile(&req) {
+        Ok(p) => (next.run(req).await, p),
+        Err(e) => (e.into_response(), PROFILE),
     };
     resp.headers_mut()
-        .insert(EXECUTION_PROFILE, HeaderValue::from_static(PROFILE));
+        .insert(EXECUTION_PROFILE, HeaderValue::from_static(reached));
     resp
 }
 
-fn check_profile(req: &Request) -> Result<(), ApiError> {
+/// Whether the request expects the stateful profile (the middleware has
+/// refused any other value than these two).
+pub fn expects_stateful(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(EXPECTED_PROFILE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(STATEFUL))
+}
+
+/// The profile of LibreChat's runtime sessions.
+pub const STATEFUL: &str = "stateful";
+
+/// The profile the request reaches, or why it is refused.
+fn check_profile(req: &Request) -> Result<&'static str, ApiError> {
     let values: Vec<String> = req
         .headers()
         .get_all(EXPECTED_PROFILE)
@@ -53,11 +67,9 @@ fn check_profile(req: &Request) -> Result<(), ApiError> {
         .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
         .collect();
     match values.as_slice() {
-        [] => Ok(()),
-        [one] if one.eq_ignore_ascii_case(PROFILE) => Ok(()),
-        [one] if one.eq_ignore_ascii_case("stateful") => {
-            Err(ApiError::ProfileMismatch("stateful".to_owned()))
-        }
+        [] => Ok(PROFILE),
+        [one] if one.eq_ignore_ascii_case(PROFILE) => Ok(PROFILE),
+        [one] if one.eq_ignore_ascii_case(STATEFUL) => Ok(STATEFUL),
         // Anything else, including a duplicated header, is invalid.
         many => Err(ApiError::InvalidProfile(many.join(", "))),
     }
@@ -255,13 +267,16 @@ mod tests {
     }
 
     #[test]
-    fn profile_check_accepts_absent_and_default() {
-        assert!(check_profile(&req_with(&[])).is_ok());
-        assert!(check_profile(&req_with(&[("x-codeapi-expected-profile", "default")])).is_ok());
+    fn profile_check_reaches_default_or_stateful() {
+        assert_eq!(check_profile(&req_with(&[])).ok(), Some("default"));
+        let d = check_profile(&req_with(&[("x-codeapi-expected-profile", "default")]));
+        assert_eq!(d.ok(), Some("default"));
+        let st = check_profile(&req_with(&[("x-codeapi-expected-profile", "Stateful")]));
+        assert_eq!(st.ok(), Some("stateful"));
     }
 
     #[test]
-    fn profile_check_rejects_unknown_duplicate_and_stateful() {
+    fn profile_check_rejects_unknown_and_duplicate() {
         let bad = check_profile(&req_with(&[("x-codeapi-expected-profile", "turbo")]));
         assert!(matches!(bad, Err(ApiError::InvalidProfile(p)) if p == "turbo"));
         let dup = check_profile(&req_with(&[
@@ -269,8 +284,6 @@ mod tests {
             ("x-codeapi-expected-profile", "default"),
         ]));
         assert!(matches!(dup, Err(ApiError::InvalidProfile(_))));
-        let st = check_profile(&req_with(&[("x-codeapi-expected-profile", "stateful")]));
-        assert!(matches!(st, Err(ApiError::ProfileMismatch(p)) if p == "stateful"));
     }
 
     #[test]

@@ -264,7 +264,7 @@ pub async fn run_events(
     path: RunPath,
 ) -> Result<Response, ApiError> {
     let run = find(&state, &identity, &headers, path)?;
-    Ok(sse::respond(run.clone(), Arc::new(CodeApi), Early::Event, ()).await)
+    Ok(sse::respond(run.clone(), Arc::new(CodeApi::default()), Early::Event, ()).await)
 }
 
 /// `POST /runs/{run_id}/cancel`.

@@ -79,14 +79,14 @@ async fn duplicated_expected_profile_header_is_invalid() {
 }
 
 #[tokio::test]
-async fn stateful_expected_profile_is_409_mismatch_before_auth() {
+async fn stateful_expected_profile_is_served_and_still_needs_the_key() {
     let s = start(ApiConfig {
         auth: AuthMode::ApiKey,
         api_key: Some("k".into()),
         ..ApiConfig::default()
     })
     .await;
-    // No key: the profile check still comes first.
+    // Kiln serves the stateful profile too (runtime sessions: tests/stateful.rs)
     let r = s
         .client
         .post(s.url("/v1/exec"))
@@ -95,17 +95,19 @@ async fn stateful_expected_profile_is_409_mismatch_before_auth() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 409);
-    assert_eq!(r.headers()[PROFILE_HDR], "default");
-    assert_eq!(
-        json(r).await,
-        json!({
-            "error": "execution_profile_mismatch",
-            "message": "Expected the stateful execution profile, but reached default",
-            "expected_profile": "stateful",
-            "actual_profile": "default",
-        })
-    );
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()[PROFILE_HDR], "stateful");
+    let r = s
+        .client
+        .post(s.url("/v1/exec"))
+        .header("X-CodeAPI-Expected-Profile", "stateful")
+        .header("X-API-Key", "k")
+        .json(&exec_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[PROFILE_HDR], "stateful");
 }
 
 #[tokio::test]

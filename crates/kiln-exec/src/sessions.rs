@@ -11,9 +11,14 @@
 //! modified. When a session was last used is kept in memory: after a
 //! restart, a session not used again expires with the store's retention
 //! instead of the TTL.
+//!
+//! LibreChat's stateful profile (spec §13.4) is the same machinery under
+//! another name: a runtime session (`rt_` + 40 hex of sha256(tenant, user,
+//! hint)) is a workspace derived in its own namespace ([`FileSessions::open_runtime`]),
+//! and its calls take turns ([`FileSessions::take_turn`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln_core::Nanoid;
@@ -21,6 +26,7 @@ use kiln_core::access::Caller;
 use kiln_core::id::is_resource_id;
 use kiln_store::{Store, StoreError};
 use sha2::{Digest, Sha256};
+use tokio::sync::OwnedMutexGuard;
 
 /// Why a session name is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +39,38 @@ pub struct FileSessions {
     store: Store,
     ttl: Duration,
     last_used: Mutex<HashMap<Nanoid, Instant>>,
+    /// One lock per workspace whose calls take turns (runtime sessions).
+    turns: Mutex<HashMap<Nanoid, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The namespaces of derived workspaces: a seed-000 session and a runtime
+/// session of the same name are different workspaces.
+const FILE_SESSION: &[u8] = b"kiln file session\0";
+const RUNTIME_SESSION: &[u8] = b"kiln runtime session\0";
+
+/// Another call of the same runtime session held it past the wait.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("runtime session is busy")]
+pub struct Busy;
+
+/// LibreChat's runtime session id: `rt_` + the first 40 hex digits of
+/// sha256(`tenant \0 user \0 hint`), or of the JSON array of the three when
+/// one of them contains a NUL (spec §13.4).
+pub fn runtime_session_id(caller: &Caller, hint: &str) -> String {
+    let p = &caller.principal;
+    let fields = [p.tenant.as_str(), p.user_id.as_str(), hint];
+    let digest = if fields.iter().any(|f| f.contains('\0')) {
+        Sha256::digest(
+            serde_json::to_string(&fields)
+                .unwrap_or_default()
+                .as_bytes(),
+        )
+    } else {
+        Sha256::digest(fields.join("\0").as_bytes())
+    };
+    let mut id = String::from("rt_");
+    id.push_str(&hex::encode(digest)[..40]);
+    id
 }
 
 /// The URL-safe nanoid alphabet, indexed by 6-bit values.
@@ -44,6 +82,7 @@ impl FileSessions {
             store,
             ttl,
             last_used: Mutex::new(HashMap::new()),
+            turns: Mutex::new(HashMap::new()),
         }
     }
 
@@ -53,12 +92,21 @@ impl FileSessions {
 
     /// The storage session that holds `caller`'s session `name`.
     pub fn storage_id(caller: &Caller, name: &str) -> Result<Nanoid, BadSessionName> {
+        Self::derive(FILE_SESSION, caller, name)
+    }
+
+    /// The storage session that holds `caller`'s runtime session `hint`.
+    pub fn runtime_storage_id(caller: &Caller, hint: &str) -> Result<Nanoid, BadSessionName> {
+        Self::derive(RUNTIME_SESSION, caller, hint)
+    }
+
+    fn derive(namespace: &[u8], caller: &Caller, name: &str) -> Result<Nanoid, BadSessionName> {
         if !is_resource_id(name) {
             return Err(BadSessionName);
         }
         let p = &caller.principal;
         let digest = Sha256::new()
-            .chain_update(b"kiln file session\0")
+            .chain_update(namespace)
             .chain_update(p.tenant.as_bytes())
             .chain_update(b"\0")
             .chain_update(p.user_id.as_bytes())
@@ -77,6 +125,42 @@ impl FileSessions {
     /// and marks it used.
     pub async fn open(&self, caller: &Caller, name: &str) -> Result<Nanoid, OpenError> {
         let id = Self::storage_id(caller, name)?;
+        self.open_id(caller, id).await
+    }
+
+    /// The storage id of `caller`'s runtime session `hint`, created on
+    /// first use, and whether it was in use within the TTL (LibreChat's
+    /// `runtime_status: reused`); marks it used.
+    pub async fn open_runtime(
+        &self,
+        caller: &Caller,
+        hint: &str,
+    ) -> Result<(Nanoid, bool), OpenError> {
+        let id = Self::runtime_storage_id(caller, hint)?;
+        let reused = self.lock().contains_key(&id);
+        Ok((self.open_id(caller, id).await?, reused))
+    }
+
+    /// Waits up to `wait` for the workspace's turn: one call at a time.
+    /// The turn lasts as long as the guard.
+    pub async fn take_turn(
+        &self,
+        id: &Nanoid,
+        wait: Duration,
+    ) -> Result<OwnedMutexGuard<()>, Busy> {
+        let lock = self
+            .turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.clone())
+            .or_default()
+            .clone();
+        tokio::time::timeout(wait, lock.lock_owned())
+            .await
+            .map_err(|_| Busy)
+    }
+
+    async fn open_id(&self, caller: &Caller, id: Nanoid) -> Result<Nanoid, OpenError> {
         let key = caller.principal.user_key();
         match self.store.session(&id).await? {
             Some(s) if s.key == key => {}
@@ -116,6 +200,11 @@ impl FileSessions {
     /// Empties every session idle longer than the TTL as of `now`; returns
     /// how many files it deleted.
     pub async fn sweep_at(&self, now: Instant) -> Result<u64, StoreError> {
+        // locks nobody holds or waits for
+        self.turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, l| Arc::strong_count(l) > 1);
         let idle: Vec<Nanoid> = self
             .lock()
             .iter()
@@ -183,6 +272,64 @@ mod tests {
         );
         assert!(FileSessions::storage_id(&caller("alice"), "").is_err());
         assert!(FileSessions::storage_id(&caller("alice"), "a/b").is_err());
+    }
+
+    #[test]
+    fn runtime_session_ids_follow_librechats_derivation() {
+        // sha256("local\0alice\0v2:user:abc"), first 40 hex digits
+        assert_eq!(
+            runtime_session_id(&caller("alice"), "v2:user:abc"),
+            "rt_e266c61e3ba433332da8266576573e1d38c978fc"
+        );
+        assert_ne!(
+            runtime_session_id(&caller("bob"), "v2:user:abc"),
+            runtime_session_id(&caller("alice"), "v2:user:abc")
+        );
+        // a runtime session and a seed-000 session of the same name differ
+        assert_ne!(
+            FileSessions::runtime_storage_id(&caller("alice"), "h").unwrap(),
+            FileSessions::storage_id(&caller("alice"), "h").unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_second_turn_waits_then_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(kiln_store::StoreConfig {
+            dir: dir.path().to_path_buf(),
+            retention: Duration::from_secs(3600),
+            budget: Default::default(),
+        })
+        .await
+        .unwrap();
+        let sessions = FileSessions::new(store, Duration::from_secs(60));
+        let (id, reused) = sessions.open_runtime(&caller("alice"), "h").await.unwrap();
+        assert!(!reused);
+        assert!(
+            sessions
+                .open_runtime(&caller("alice"), "h")
+                .await
+                .unwrap()
+                .1
+        );
+        let first = sessions
+            .take_turn(&id, Duration::from_millis(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            sessions
+                .take_turn(&id, Duration::from_millis(50))
+                .await
+                .err(),
+            Some(Busy)
+        );
+        drop(first);
+        assert!(
+            sessions
+                .take_turn(&id, Duration::from_millis(10))
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]

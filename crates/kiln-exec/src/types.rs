@@ -47,6 +47,16 @@ pub enum InputFile {
     Inline { name: RelPath, content: Vec<u8> },
 }
 
+impl InputFile {
+    /// Where it goes below `/mnt/data`.
+    pub fn name(&self) -> &RelPath {
+        match self {
+            InputFile::Ref(r) => &r.name,
+            InputFile::Inline { name, .. } => name,
+        }
+    }
+}
+
 /// A by-reference input, in any client generation's shape.
 #[derive(Debug, Clone)]
 pub struct InputRef {

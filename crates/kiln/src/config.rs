@@ -188,6 +188,10 @@ pub struct Config {
     pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// LibreChat's stateful profile: `stateless` (`runtime_session_hint`
+    /// ignored), `affinity` (a hint names a runtime session whose
+    /// `/mnt/data` persists) or `strict` (a hint is required).
+    pub runtime_session_mode: String,
     /// Live kernels (`/v1/sessions`) this node runs at once, each in a jail
     /// with a uid slot of its own (beyond `max_concurrency` and the warm
     /// pool: kernels never take one-shot runs' slots); past it, 503. 0
@@ -328,6 +332,7 @@ impl Default for Config {
             rate_cancel: "600/min".to_owned(),
             session_ttl_secs: 3600,
             max_run_files: 10,
+            runtime_session_mode: "affinity".to_owned(),
             max_sessions: 3,
             max_sessions_per_user: 2,
             session_idle_ttl_secs: 30 * 60,
@@ -439,6 +444,7 @@ impl Config {
         if self.session_ttl_secs == 0 {
             bail!("session_ttl_secs must be at least 1");
         }
+        self.runtime_session_mode()?;
         if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
             bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
         }
@@ -476,6 +482,16 @@ impl Config {
     }
 
     /// Programmatic tool calling's settings (`ptc_*`).
+    /// `runtime_session_mode`, parsed.
+    pub fn runtime_session_mode(&self) -> anyhow::Result<kiln_api::RuntimeSessionMode> {
+        kiln_api::RuntimeSessionMode::parse(&self.runtime_session_mode).with_context(|| {
+            format!(
+                "runtime_session_mode must be stateless, affinity or strict, not {:?}",
+                self.runtime_session_mode
+            )
+        })
+    }
+
     pub fn ptc_settings(&self) -> kiln_api::programmatic::PtcSettings {
         let ttl = std::time::Duration::from_secs(self.ptc_state_ttl_secs.max(1));
         kiln_api::programmatic::PtcSettings {
@@ -1002,5 +1018,27 @@ upstream = 1
             };
             assert!(c.validate().is_err(), "{per_run} {all}");
         }
+    }
+
+    #[test]
+    fn runtime_session_mode_is_affinity_unless_set_to_a_known_mode() {
+        let c = Config::default();
+        assert_eq!(
+            c.runtime_session_mode().unwrap(),
+            kiln_api::RuntimeSessionMode::Affinity
+        );
+        let c = Config {
+            runtime_session_mode: "Strict".into(),
+            ..Config::default()
+        };
+        assert_eq!(
+            c.runtime_session_mode().unwrap(),
+            kiln_api::RuntimeSessionMode::Strict
+        );
+        let c = Config {
+            runtime_session_mode: "sticky".into(),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
     }
 }

@@ -288,6 +288,7 @@ pub async fn serve(
         rate_limits: kiln.config.rate_rules()?,
         console: kiln.config.console,
         ptc: kiln.config.ptc_settings(),
+        runtime_session_mode: kiln.config.runtime_session_mode()?,
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {

@@ -13,7 +13,18 @@
 //! once, pointing at `/v1/runs/{run_id}`); every answer names its run in
 //! `X-Kiln-Run-Id`. Without these, the request is LibreChat's: it waits for
 //! the run, and a client that goes away cancels it.
+//!
+//! LibreChat's stateful profile (spec §13.4): with `X-CodeAPI-Expected-Profile:
+//! stateful` a `runtime_session_hint` names a runtime session of the caller's
+//! ([`kiln_exec::sessions::FileSessions::open_runtime`]): its files are
+//! staged in `/mnt/data` before the request's own (a reference to a replaced
+//! version of a session file stands for the current one), outputs go into it
+//! ([`Outputs::Workspace`]: a modified file replaces the one it changed), its
+//! calls take turns (409 `runtime_session_busy` past the wait) and each is a
+//! fresh process. The answer adds `runtime_session_id` and `runtime_status`
+//! and leaves out unchanged files of the session the request did not send.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::Json;
@@ -36,7 +47,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::body::{parse_object, read_limited, require_json};
-use crate::config::{ApiConfig, AppState};
+use crate::config::{ApiConfig, AppState, RuntimeSessionMode};
 use crate::error::ApiError;
 use crate::identity::{Caller, Identity, header_user_id, resolve_caller};
 use crate::rate::{Class, Peer, address_key, stamp};
@@ -65,6 +76,9 @@ pub struct ExecBody {
     entity_id: Option<String>,
     /// Kiln: keep running when the client disconnects.
     detach: Option<bool>,
+    /// Stateful profile only: names the caller's runtime session, whose
+    /// `/mnt/data` persists between calls (`^[A-Za-z0-9._:-]{1,128}$`).
+    runtime_session_hint: Option<String>,
 }
 
 /// An input file: a stored object by reference (G2/G3 shape; G1 sends
@@ -103,6 +117,7 @@ pub struct FileRefBody {
         (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::runs::RunStarted),
         (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
         (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
+        (status = 409, description = "The runtime session is busy with another call past the wait (`runtime_session_busy`)", body = crate::error::CodedError),
         (status = 401, description = "Missing or invalid credentials (API key or LibreChat's JWT)", body = crate::error::ErrorBody),
         (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`; `retry_after_seconds`)", body = crate::error::CodedError),
         (status = 503, description = "Sandbox unavailable, too many runs waiting (`Retry-After`), or shutting down", body = crate::error::CodedError),
@@ -152,9 +167,22 @@ pub async fn exec(
 async fn run(
     state: AppState,
     headers: &HeaderMap,
-    parsed: ParsedExec,
+    mut parsed: ParsedExec,
 ) -> Result<Response, ApiError> {
     let detach = parsed.detach;
+    let (face, turn) = match parsed.runtime_hint.take() {
+        None => (CodeApi::default(), None),
+        Some(hint) => {
+            let (runtime, turn) = open_runtime(&state, &mut parsed, &hint).await?;
+            (
+                CodeApi {
+                    runtime: Some(Arc::new(runtime)),
+                },
+                Some(turn),
+            )
+        }
+    };
+    let workspace = face.runtime.as_ref().map(|r| r.workspace.clone());
     let watch = state.runs.start(
         parsed.caller,
         parsed.req,
@@ -163,9 +191,20 @@ async fn run(
             request_id: crate::middleware::request_id(headers),
         },
     )?;
+    if let (Some(turn), Some(workspace)) = (turn, workspace) {
+        // the session's turn lasts until the run ends, however it is watched
+        let run = watch.handle().clone();
+        let sessions = state.sessions.clone();
+        tokio::spawn(async move {
+            run.outcome().await;
+            sessions.touch(&workspace);
+            drop(turn);
+        });
+    }
+    let face = Arc::new(face);
     if sse::wants_events(headers) {
         let run = watch.handle().clone();
-        return Ok(sse::respond(run, Arc::new(CodeApi), Early::HttpError, watch).await);
+        return Ok(sse::respond(run, face, Early::HttpError, watch).await);
     }
     if detach && prefers_async(headers) {
         return Ok(crate::runs::started_response(watch.handle()));
@@ -174,7 +213,7 @@ async fn run(
     // cancels the run unless it is detached.
     let outcome = watch.outcome().await;
     let mut resp = match &*outcome {
-        Ok(r) => Json(exec_response(r)).into_response(),
+        Ok(r) => Json(face.render(r)).into_response(),
         Err(e) => ApiError::Exec(e.clone()).into_response(),
     };
     sse::insert_run_id(resp.headers_mut(), watch.handle());
@@ -191,12 +230,122 @@ fn prefers_async(headers: &HeaderMap) -> bool {
         .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
 }
 
+/// A runtime session of the stateful profile, as one call sees it.
+#[derive(Debug)]
+pub struct Runtime {
+    /// `rt_` + 40 hex digits.
+    id: String,
+    /// The session was in use within its TTL (`runtime_status: reused`).
+    reused: bool,
+    /// The storage session that is its `/mnt/data`.
+    workspace: Nanoid,
+    /// `(storage_session_id, id)` of every reference the request sent:
+    /// those are echoed when unchanged, the session's other files are not.
+    sent: HashSet<(Nanoid, Nanoid)>,
+}
+
+/// How long a call waits for its runtime session's previous call (spec
+/// §13.4: 15 s, then 409).
+pub const RUNTIME_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Opens the caller's runtime session `hint` and takes its turn; the run
+/// then starts from the session's files (the newest per name, unless the
+/// request sends a file of that name) and stores its outputs there.
+async fn open_runtime(
+    state: &AppState,
+    parsed: &mut ParsedExec,
+    hint: &str,
+) -> Result<(Runtime, tokio::sync::OwnedMutexGuard<()>), ApiError> {
+    let storage = |e: &dyn std::fmt::Display| ApiError::Exec(ExecError::Storage(e.to_string()));
+    let (workspace, reused) = state
+        .sessions
+        .open_runtime(&parsed.caller, hint)
+        .await
+        .map_err(|e| storage(&e))?;
+    let turn = state
+        .sessions
+        .take_turn(&workspace, state.config.runtime_session_busy_wait)
+        .await
+        .map_err(|_| ApiError::RuntimeSessionBusy)?;
+    let objects = state
+        .store
+        .list(&workspace)
+        .await
+        .map_err(|e| storage(&e))?;
+    let req = &mut parsed.req;
+    // A reference to an earlier version of a session file (a later call
+    // replaced it) stands for that file: the session's current one is staged.
+    req.files.retain(|f| match f {
+        InputFile::Ref(r) if r.storage_session_id == workspace => {
+            objects.iter().any(|o| o.file_id == r.id)
+        }
+        _ => true,
+    });
+    let sent_names: HashSet<&str> = req.files.iter().map(|f| f.name().as_str()).collect();
+    let mut files = Vec::new();
+    for m in crate::proxy::newest_per_name(&objects) {
+        if !sent_names.contains(m.name.as_str()) {
+            files.push(crate::proxy::as_input(m).map_err(|e| storage(&e))?);
+        }
+    }
+    let sent = req
+        .files
+        .iter()
+        .filter_map(|f| match f {
+            InputFile::Ref(r) => Some((r.storage_session_id.clone(), r.id.clone())),
+            InputFile::Inline { .. } => None,
+        })
+        .collect();
+    files.append(&mut req.files);
+    req.files = files;
+    req.outputs = Outputs::Workspace(workspace.clone());
+    let runtime = Runtime {
+        id: kiln_exec::sessions::runtime_session_id(&parsed.caller, hint),
+        reused,
+        workspace,
+        sent,
+    };
+    Ok((runtime, turn))
+}
+
 /// How LibreChat's face shows a run.
-pub struct CodeApi;
+#[derive(Debug, Default)]
+pub struct CodeApi {
+    /// The runtime session of a stateful call.
+    runtime: Option<Arc<Runtime>>,
+}
+
+impl CodeApi {
+    /// The response JSON of a completed run of this call.
+    fn render(&self, r: &ExecResult) -> Value {
+        let mut resp = ExecResponse::from(r);
+        if let Some(rt) = &self.runtime {
+            stateful_response(&mut resp, rt);
+        }
+        serde_json::to_value(resp).unwrap_or_default()
+    }
+}
+
+/// The stateful profile's additions: the runtime session's id and status,
+/// and no echo of an unchanged file of the session the request did not send
+/// (it was reported in an earlier turn).
+fn stateful_response(resp: &mut ExecResponse, rt: &Runtime) {
+    resp.runtime_session_id = Some(rt.id.clone());
+    resp.runtime_status = Some(if rt.reused { "reused" } else { "new" });
+    let workspace = rt.workspace.as_str();
+    resp.files.retain(|f| {
+        !(f.inherited
+            && f.storage_session_id == workspace
+            && !rt
+                .sent
+                .iter()
+                .any(|(sid, id)| sid.as_str() == workspace && id.as_str() == f.id))
+    });
+}
 
 impl Face for CodeApi {
     fn result<'a>(&'a self, _run: &'a RunHandle, r: &'a ExecResult) -> BoxFuture<'a, Value> {
-        Box::pin(async move { exec_response(r) })
+        Box::pin(async move { self.render(r) })
     }
 
     fn error(&self, e: &ExecError) -> (StatusCode, Value) {
@@ -214,6 +363,8 @@ pub struct ParsedExec {
     pub req: ExecRequest,
     /// Kiln's `detach`.
     pub detach: bool,
+    /// The stateful profile's runtime session, when the call names one.
+    pub runtime_hint: Option<String>,
 }
 
 /// The fields of an `/exec` body Kiln reads; any other is skipped unbuilt.
@@ -226,6 +377,7 @@ const EXEC_FIELDS: &[&str] = &[
     "entity_id",
     "files",
     "detach",
+    "runtime_session_hint",
 ];
 
 /// The handler's parser: an `/exec` body's bytes → the caller, the request
@@ -249,6 +401,11 @@ pub fn parse_exec(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("detach must be a boolean")),
     };
+    let runtime_hint = runtime_hint(
+        config.runtime_session_mode,
+        crate::middleware::expects_stateful(headers),
+        field(&obj, "runtime_session_hint"),
+    )?;
     let req = ExecRequest {
         lang: top.lang,
         code: top.code,
@@ -262,7 +419,39 @@ pub fn parse_exec(
         caller,
         req,
         detach,
+        runtime_hint,
     })
+}
+
+/// The runtime session a call names (spec §13.4): only under the stateful
+/// profile and outside `stateless` mode (where the hint is not even
+/// validated); required in `strict` mode.
+fn runtime_hint(
+    mode: RuntimeSessionMode,
+    stateful: bool,
+    hint: Option<&Value>,
+) -> Result<Option<String>, ApiError> {
+    if !stateful || mode == RuntimeSessionMode::Stateless {
+        return Ok(None);
+    }
+    let hint = match hint {
+        None => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(bad("runtime_session_hint must be a string")),
+    };
+    match hint {
+        None if mode == RuntimeSessionMode::Strict => {
+            Err(bad("runtime_session_hint is required in strict mode"))
+        }
+        None => Ok(None),
+        Some(h) if h.chars().count() > 128 => {
+            Err(bad("runtime_session_hint must be at most 128 characters"))
+        }
+        Some(h) if h.is_empty() || !is_resource_id(h) => Err(bad(
+            "runtime_session_hint may only contain letters, digits, \".\", \"_\", \":\", and \"-\"",
+        )),
+        Some(h) => Ok(Some(h.clone())),
+    }
 }
 
 /// Fuzz entry point: an `/exec` body's bytes → the caller and the request
@@ -555,6 +744,12 @@ pub struct ExecResponse {
     pub message: Option<String>,
     /// Milliseconds.
     pub wall_time: u64,
+    /// Stateful profile: the runtime session (`rt_` + 40 hex digits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_session_id: Option<String>,
+    /// Stateful profile: `new` or `reused`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_status: Option<&'static str>,
 }
 
 /// One entry of `files`.
@@ -664,6 +859,8 @@ impl From<&ExecResult> for ExecResponse {
             status: r.status.map(|s| s.code().to_owned()),
             message: r.message.clone(),
             wall_time: u64::try_from(r.wall_time.as_millis()).unwrap_or(u64::MAX),
+            runtime_session_id: None,
+            runtime_status: None,
         }
     }
 }
@@ -748,6 +945,67 @@ mod tests {
             InputFile::Ref(r) => assert_eq!(r.version.as_deref(), Some("2")),
             InputFile::Inline { .. } => panic!("expected a reference"),
         }
+    }
+
+    #[test]
+    fn stateful_answers_leave_out_unchanged_session_files_the_request_did_not_send() {
+        let ws = Nanoid::random();
+        let sent_id = Nanoid::random();
+        let file = |id: &Nanoid, sid: &Nanoid, name: &str, inherited: bool| OutputFile {
+            id: id.clone(),
+            name: name.into(),
+            storage_session_id: sid.clone(),
+            inherited,
+            modified_from: None,
+            entity_id: None,
+        };
+        let other = Nanoid::random();
+        let r = ExecResult {
+            session_id: ws.clone(),
+            stdout: String::new(),
+            stderr: String::new(),
+            files: vec![
+                // reported in an earlier turn, unchanged, not re-sent
+                file(&Nanoid::random(), &ws, "old.csv", true),
+                // re-sent by the client, unchanged
+                file(&sent_id, &ws, "sent.csv", true),
+                // an unchanged input of another session
+                file(&Nanoid::random(), &other, "primed.txt", true),
+                // new this turn
+                file(&Nanoid::random(), &ws, "new.png", false),
+            ],
+            deleted_files: vec![],
+            truncation: None,
+            delivery: None,
+            exit: ExitStatus::Code(0),
+            status: None,
+            message: None,
+            wall_time: Duration::from_millis(1),
+            usage: Default::default(),
+            cancelled: false,
+        };
+        let face = CodeApi {
+            runtime: Some(Arc::new(Runtime {
+                id: "rt_0123".into(),
+                reused: true,
+                workspace: ws.clone(),
+                sent: [(ws.clone(), sent_id.clone())].into_iter().collect(),
+            })),
+        };
+        let v = face.render(&r);
+        let names: Vec<&str> = v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["sent.csv", "primed.txt", "new.png"]);
+        assert_eq!(v["runtime_session_id"], "rt_0123");
+        assert_eq!(v["runtime_status"], "reused");
+        // a stateless answer has neither field
+        let v = CodeApi::default().render(&r);
+        assert_eq!(v["files"].as_array().unwrap().len(), 4);
+        assert!(v.get("runtime_session_id").is_none() && v.get("runtime_status").is_none());
     }
 
     #[test]
