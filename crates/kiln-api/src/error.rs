@@ -161,7 +161,7 @@ pub enum ApiError {
     },
     /// A sessions API call failed (`sessions.rs` renders it).
     #[error("session: {0}")]
-    Session(kiln_exec::kernels::KernelsError),
+    Session(#[from] kiln_exec::kernels::KernelsError),
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),

@@ -23,9 +23,9 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
@@ -243,7 +243,7 @@ fn find(
 ) -> Result<Arc<Session>, ApiError> {
     let id = parse_id(id)?;
     let (caller, _) = owner_of(state, identity, headers)?;
-    let session = kernels(state)?.get(&id).map_err(ApiError::Session)?;
+    let session = kernels(state)?.get(&id)?;
     let owner = SessionKey::from_stored(session.owner().to_owned());
     authorize(&state.config, &caller, &Claim::none(), &id, &owner)?;
     Ok(session)
@@ -303,8 +303,7 @@ pub async fn create(
     let (_, owner) = owner_of(&state, &identity, &headers)?;
     let info = kernels(&state)?
         .create(owner.as_str(), &body.lang, ttl)
-        .await
-        .map_err(ApiError::Session)?;
+        .await?;
     let created = SessionCreated {
         session_id: info.id.as_str().to_owned(),
         lang: info.lang.to_owned(),
@@ -363,10 +362,7 @@ pub async fn delete_session(
     let id = session_id(path)?;
     find(&state, &identity, &headers, &id)?;
     let id = parse_id(&id)?;
-    kernels(&state)?
-        .delete(&id)
-        .await
-        .map_err(ApiError::Session)?;
+    kernels(&state)?.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -404,10 +400,7 @@ pub async fn exec(
     };
     let kernels = kernels(&state)?.clone();
     if !crate::sse::wants_events(&headers) {
-        let result = kernels
-            .exec(session, body.code, timeout, None)
-            .await
-            .map_err(ApiError::Session)?;
+        let result = kernels.exec(session, body.code, timeout, None).await?;
         return Ok(Json(ExecView::from(&result)).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
@@ -443,16 +436,7 @@ pub async fn exec(
         let ev = rx.recv().await?;
         Some((Ok::<_, Infallible>(ev), rx))
     });
-    let mut resp = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(crate::sse::KEEP_ALIVE))
-        .into_response();
-    let h = resp.headers_mut();
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(
-        HeaderName::from_static("x-accel-buffering"),
-        HeaderValue::from_static("no"),
-    );
-    Ok(resp)
+    Ok(crate::sse::response(events))
 }
 
 /// `POST /sessions/{session_id}/interrupt`.
@@ -479,10 +463,7 @@ pub async fn interrupt(
 ) -> Result<Response, ApiError> {
     let session = find(&state, &identity, &headers, &session_id(path)?)?;
     let kernels = kernels(&state)?;
-    kernels
-        .interrupt(&session)
-        .await
-        .map_err(ApiError::Session)?;
+    kernels.interrupt(&session).await?;
     Ok((StatusCode::ACCEPTED, Json(view(&kernels.info(&session)))).into_response())
 }
 
@@ -509,10 +490,7 @@ pub async fn list_files(
     path: SessionPath,
 ) -> Result<Response, ApiError> {
     let session = find(&state, &identity, &headers, &session_id(path)?)?;
-    let files = kernels(&state)?
-        .list_files(session)
-        .await
-        .map_err(ApiError::Session)?;
+    let files = kernels(&state)?.list_files(session).await?;
     let files = files
         .into_iter()
         .map(|(path, size)| WorkspaceFile { path, size })
@@ -546,10 +524,7 @@ pub async fn get_file(
     let (id, rel) = file_path(path)?;
     let session = find(&state, &identity, &headers, &id)?;
     let content_type = kiln_exec::content_type(rel.as_str());
-    let (file, size) = kernels(&state)?
-        .read_file(session, rel)
-        .await
-        .map_err(ApiError::Session)?;
+    let (file, size) = kernels(&state)?.read_file(session, rel).await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();
@@ -592,10 +567,7 @@ pub async fn put_file(
     let session = find(&state, &identity, &headers, &id)?;
     let limit = usize::try_from(state.config.max_upload_bytes).unwrap_or(usize::MAX);
     let bytes = read_limited(&headers, body, limit).await?;
-    kernels(&state)?
-        .write_file(session, rel, bytes)
-        .await
-        .map_err(ApiError::Session)?;
+    kernels(&state)?.write_file(session, rel, bytes).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -624,10 +596,7 @@ pub async fn delete_file(
 ) -> Result<Response, ApiError> {
     let (id, rel) = file_path(path)?;
     let session = find(&state, &identity, &headers, &id)?;
-    kernels(&state)?
-        .delete_file(session, rel)
-        .await
-        .map_err(ApiError::Session)?;
+    kernels(&state)?.delete_file(session, rel).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

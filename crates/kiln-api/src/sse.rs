@@ -104,6 +104,18 @@ pub async fn respond<K: Send + 'static>(
         let ev = c.next_event().await?;
         Some((Ok::<_, Infallible>(ev), c))
     });
+    let mut resp = response(events);
+    insert_run_id(resp.headers_mut(), &run);
+    resp
+}
+
+/// An SSE response of `events`, as every streaming route answers: a
+/// keep-alive comment every [`KEEP_ALIVE`], not cached, not buffered by
+/// proxies.
+pub fn response<S>(events: S) -> Response
+where
+    S: futures::Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
     let mut resp = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response();
@@ -114,7 +126,6 @@ pub async fn respond<K: Send + 'static>(
         HeaderName::from_static("x-accel-buffering"),
         HeaderValue::from_static("no"),
     );
-    insert_run_id(h, &run);
     resp
 }
 
