@@ -25,7 +25,8 @@ use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits, Nanoid, RelPath};
 pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, OutputStream};
 use kiln_sandbox::{
-    EvalLimits, Kernel, KernelError, KernelStart, Sandbox, Slot, python_kernel_park,
+    EvalLimits, Kernel, KernelError, KernelStart, ParkSpec, Sandbox, Slot, node_kernel_park,
+    python_kernel_park,
 };
 
 use crate::workspace::{EntryKind, Workspace};
@@ -73,7 +74,7 @@ impl Default for KernelsConfig {
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelsError {
-    #[error("unsupported session language {0:?}: sessions run py")]
+    #[error("unsupported session language {0:?}: sessions run py or js")]
     Language(String),
     #[error("no such session")]
     NotFound,
@@ -289,17 +290,9 @@ impl Kernels {
     ) -> Result<SessionInfo, KernelsError> {
         let cfg = &self.inner.cfg;
         let language = Language::resolve(lang)
-            .filter(|l| l.name() == "py")
+            .filter(|l| matches!(l.name(), "py" | "js"))
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
-        let Some(WarmRecipe::Embedded { interpreter, .. }) = &language.spec().warm else {
-            return Err(KernelsError::Language(lang.to_owned()));
-        };
-        let template = PY_KERNEL_TEMPLATES
-            .iter()
-            .find(|t| self.inner.sandbox.has_zygote(t))
-            .ok_or_else(|| {
-                KernelsError::Unavailable("no Python fork-server is running".to_owned())
-            })?;
+        let (park, argv, template) = self.kernel_program(language)?;
         let _reservation = {
             let mut state = lock(&self.inner.state);
             let mine = state.live(Some(owner));
@@ -323,12 +316,8 @@ impl Kernels {
         limits.cpu_time = limits.wall_time;
         let slot = self.inner.sandbox.acquire_slot().await;
         let start = KernelStart {
-            park: python_kernel_park(template),
-            argv: vec![
-                (*interpreter).to_owned(),
-                "-u".to_owned(),
-                format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
-            ],
+            park,
+            argv,
             env: language.environment(&cfg.limits),
             limits,
         };
@@ -369,6 +358,44 @@ impl Kernels {
             "session started"
         );
         Ok(info)
+    }
+
+    /// How a kernel of `language` is parked and started, and the template
+    /// it forks (`py`) or `node` (`js`, a pre-started node like a warm `js`
+    /// jail's, in the same environment).
+    fn kernel_program(
+        &self,
+        language: Language,
+    ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
+        let cfg = &self.inner.cfg;
+        match &language.spec().warm {
+            Some(WarmRecipe::Embedded { interpreter, .. }) => {
+                let template = PY_KERNEL_TEMPLATES
+                    .iter()
+                    .find(|t| self.inner.sandbox.has_zygote(t))
+                    .ok_or_else(|| {
+                        KernelsError::Unavailable("no Python fork-server is running".to_owned())
+                    })?;
+                let argv = vec![
+                    (*interpreter).to_owned(),
+                    "-u".to_owned(),
+                    format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
+                ];
+                Ok((python_kernel_park(template), argv, template))
+            }
+            Some(WarmRecipe::Prestart { .. }) => {
+                let node = language.spec().run[0];
+                if !std::path::Path::new(node).is_file() {
+                    return Err(KernelsError::Unavailable(format!(
+                        "{node} is not installed"
+                    )));
+                }
+                let park = node_kernel_park(node, language.environment(&cfg.limits));
+                let argv = park.argv.clone();
+                Ok((park, argv, "node"))
+            }
+            None => Err(KernelsError::Language(language.name().to_owned())),
+        }
     }
 
     /// The session `id`, whoever owns it (the face checks the owner with
