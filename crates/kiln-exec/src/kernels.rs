@@ -16,6 +16,14 @@
 //! - A kernel that died (out of memory, unresponsive, exited) stays listed
 //!   as lost, and every later call says why, until it is deleted or
 //!   expires; its slot and workspace are released at once.
+//! - Named kernels ([`Kernels::named`]) keep the live Python state of a
+//!   runtime session of LibreChat's stateful profile: each `/exec` call of
+//!   that session runs through the one-shot pipeline in a [`Kernels::seat`]
+//!   (its workspace emptied and staged from the session's files, the
+//!   program evaluated in the kernel, the workspace harvested), so the
+//!   response, the files and their de-duplication are the profile's; a lost
+//!   kernel is replaced at the next call (its files persist, its variables
+//!   do not).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,6 +38,9 @@ use kiln_sandbox::{
 };
 
 use crate::workspace::{EntryKind, Workspace};
+use kiln_core::ExitStatus;
+use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
+use tokio_util::sync::CancellationToken;
 
 /// The templates a `py` kernel may fork, in order of preference: the data
 /// stack without the rich one's fork and exit cost, then the others.
@@ -140,6 +151,10 @@ pub struct Session {
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// Runs of the pipeline using the kernel ([`Kernels::seat`]): its
+    /// workspace stays until they are done with it, even once it is lost
+    /// (their harvest must not take the files for deleted).
+    seats: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -198,7 +213,8 @@ impl Session {
     /// Releases the slot (and with it the workspace) once the kernel is
     /// gone.
     fn release_if_lost(&self) {
-        if self.kernel.lost().is_some() {
+        if self.kernel.lost().is_some() && self.seats.load(std::sync::atomic::Ordering::SeqCst) == 0
+        {
             lock(&self.slot).take();
         }
     }
@@ -209,6 +225,8 @@ struct State {
     sessions: HashMap<Nanoid, Arc<Session>>,
     /// Kernels being started, by owner (they count against the caps).
     starting: HashMap<String, usize>,
+    /// Named kernels: `owner \0 name` → id.
+    named: HashMap<String, Nanoid>,
 }
 
 impl State {
@@ -343,6 +361,7 @@ impl Kernels {
                 evaluations: 0,
             }),
             turn: Arc::new(tokio::sync::Mutex::new(())),
+            seats: std::sync::atomic::AtomicUsize::new(0),
         });
         let info = session.info(cfg.max_age);
         let (park, ready) = session.kernel.start_times();
@@ -396,6 +415,50 @@ impl Kernels {
             }
             None => Err(KernelsError::Language(language.name().to_owned())),
         }
+    }
+
+    /// The live kernel of `lang` named `name` of `owner` (a runtime session
+    /// of LibreChat's stateful profile), started when there is none or the
+    /// last one is gone; `true` when started now. The caller serializes
+    /// calls of one name (the runtime session's turn).
+    pub async fn named(
+        &self,
+        owner: &str,
+        name: &str,
+        lang: &str,
+    ) -> Result<(Arc<Session>, bool), KernelsError> {
+        let key = format!("{owner}\0{name}");
+        let existing = {
+            let state = lock(&self.inner.state);
+            state
+                .named
+                .get(&key)
+                .and_then(|id| state.sessions.get(id))
+                .cloned()
+        };
+        if let Some(session) = existing {
+            if session.kernel.lost().is_none() {
+                return Ok((session, false));
+            }
+            let _ = self.delete(&session.id).await;
+        }
+        let info = self.create(owner, lang, None).await?;
+        lock(&self.inner.state).named.insert(key, info.id.clone());
+        Ok((self.get(&info.id)?, true))
+    }
+
+    /// A jail source whose one jail is `session`'s kernel, for a run of the
+    /// one-shot pipeline (see [`crate::ExecRequest::jail`]): acquiring it
+    /// empties the kernel's workspace for staging; running it evaluates the
+    /// staged entry file in the kernel (a final expression's value is not
+    /// shown, as in a fresh process; an exception's traceback goes to
+    /// stderr with exit code 1, `SystemExit` exits with its code); its usage
+    /// is the evaluation's.
+    pub fn seat(&self, session: Arc<Session>) -> crate::JailOverride {
+        crate::JailOverride(Arc::new(Seat {
+            kernels: self.clone(),
+            session,
+        }))
     }
 
     /// The session `id`, whoever owns it (the face checks the owner with
@@ -625,6 +688,186 @@ impl Kernels {
             close(s).await;
         }
     }
+}
+
+/// A kernel lent to one run of the pipeline.
+struct Seat {
+    kernels: Kernels,
+    session: Arc<Session>,
+}
+
+fn lost_error(session: &Session) -> SandboxError {
+    SandboxError::Setup(format!(
+        "session lost: {}",
+        session.kernel.lost().unwrap_or(KernelLost::Closed)
+    ))
+}
+
+impl Jails for Seat {
+    fn acquire<'a>(
+        &'a self,
+        _profile: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>> {
+        Box::pin(async move {
+            let (Some(path), Some(owner)) = (self.session.workspace(), self.session.file_owner())
+            else {
+                return Err(lost_error(&self.session));
+            };
+            let jail = SeatJail::new(&self.kernels, &self.session, path.clone(), owner);
+            let dir = path;
+            tokio::task::spawn_blocking(move || Workspace::open(&dir, owner)?.clear())
+                .await
+                .map_err(|e| SandboxError::Setup(e.to_string()))?
+                .map_err(|e| SandboxError::Setup(format!("empty the kernel's workspace: {e}")))?;
+            Ok(Box::new(jail) as Box<dyn Jail>)
+        })
+    }
+}
+
+struct SeatJail {
+    kernels: Kernels,
+    session: Arc<Session>,
+    path: std::path::PathBuf,
+    owner: (u32, u32),
+}
+
+impl SeatJail {
+    fn new(
+        kernels: &Kernels,
+        session: &Arc<Session>,
+        path: std::path::PathBuf,
+        owner: (u32, u32),
+    ) -> SeatJail {
+        session
+            .seats
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SeatJail {
+            kernels: kernels.clone(),
+            session: Arc::clone(session),
+            path,
+            owner,
+        }
+    }
+}
+
+impl Drop for SeatJail {
+    fn drop(&mut self) {
+        self.session
+            .seats
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.session.release_if_lost();
+    }
+}
+
+impl Jail for SeatJail {
+    fn workspace(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    fn owner(&self) -> (u32, u32) {
+        self.owner
+    }
+
+    fn run(
+        &mut self,
+        req: RunRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<RunResult, SandboxError>> {
+        Box::pin(async move {
+            let entry = Language::resolve(self.session.lang)
+                .map(|l| l.spec().entry_file)
+                .ok_or_else(|| lost_error(&self.session))?;
+            let (path, owner) = (self.path.clone(), self.owner);
+            let code = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+                let ws = Workspace::open(&path, owner)?;
+                let Some((mut f, _)) = ws.open_regular(entry)? else {
+                    return Err(std::io::Error::other("the entry file is not staged"));
+                };
+                let mut code = String::new();
+                std::io::Read::read_to_string(&mut f, &mut code)?;
+                Ok(code)
+            })
+            .await
+            .map_err(|e| SandboxError::Setup(e.to_string()))?
+            .map_err(|e| SandboxError::Setup(format!("read the program: {e}")))?;
+            let stderr_cap = req.limits.stderr_bytes;
+            let exec = self.kernels.exec(
+                Arc::clone(&self.session),
+                code,
+                Some(req.limits.wall_time),
+                req.output.clone(),
+            );
+            let result = tokio::select! {
+                r = exec => r,
+                () = cancel.cancelled() => {
+                    let _ = self.kernels.interrupt(&self.session).await;
+                    return Err(SandboxError::Cancelled);
+                }
+            };
+            as_run_result(result, stderr_cap)
+        })
+    }
+}
+
+/// An evaluation as the pipeline sees a program's run.
+fn as_run_result(
+    result: Result<EvalResult, KernelsError>,
+    stderr_cap: usize,
+) -> Result<RunResult, SandboxError> {
+    let e = match result {
+        Ok(e) => e,
+        Err(KernelsError::Lost(why)) => {
+            return Ok(RunResult {
+                exit: ExitStatus::Signal(9),
+                stderr: format!("session lost: {why}\n").into_bytes(),
+                oom_killed: why == KernelLost::OutOfMemory,
+                timed_out: why == KernelLost::Unresponsive,
+                ..RunResult::default()
+            });
+        }
+        Err(other) => return Err(SandboxError::Setup(other.to_string())),
+    };
+    let mut stderr = e.stderr;
+    let mut code = 0;
+    match &e.error {
+        Some(err) if err.ename == "SystemExit" => {
+            code = match err.evalue.as_str() {
+                "" | "None" => 0,
+                v => v.parse().unwrap_or_else(|_| {
+                    stderr.extend_from_slice(format!("{v}\n").as_bytes());
+                    1
+                }),
+            };
+        }
+        Some(_) if e.timed_out => {}
+        Some(err) => {
+            code = 1;
+            for line in &err.traceback {
+                stderr.extend_from_slice(line.as_bytes());
+                stderr.push(b'\n');
+            }
+        }
+        None => {}
+    }
+    let cut = stderr.len() > stderr_cap;
+    stderr.truncate(stderr_cap);
+    Ok(RunResult {
+        exit: if e.timed_out {
+            ExitStatus::Signal(9)
+        } else {
+            ExitStatus::Code(code)
+        },
+        stdout: e.stdout,
+        stderr,
+        stdout_overflow: e.stdout_truncated,
+        stderr_overflow: e.stderr_truncated || cut,
+        timed_out: e.timed_out,
+        oom_killed: false,
+        wall_time: e.wall_time,
+        cpu_time: e.cpu_time,
+        memory_peak: e.memory_peak,
+        cpu_throttled: None,
+    })
 }
 
 /// Most files a listing shows.

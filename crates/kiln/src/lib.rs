@@ -289,6 +289,7 @@ pub async fn serve(
         console: kiln.config.console,
         ptc: kiln.config.ptc_settings(),
         runtime_session_mode: kiln.config.runtime_session_mode()?,
+        runtime_session_live: kiln.config.runtime_session_live,
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -706,6 +707,7 @@ pub async fn exec_file(
         timeout_ms: None,
         outputs: Outputs::NewSession,
         tools: None,
+        jail: None,
     };
     // the program's output is printed as it writes it (the run's events),
     // then whatever the result holds beyond that (a compile step's output)
