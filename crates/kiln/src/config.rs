@@ -202,7 +202,7 @@ pub struct Config {
     /// Live kernels (`/v1/sessions`) this node runs at once, each in a jail
     /// with a uid slot of its own (beyond `max_concurrency` and the warm
     /// pool: kernels never take one-shot runs' slots); past it, 503. 0
-    /// turns the sessions API off. Needs the Python fork-server.
+    /// turns the sessions API off. `py` kernels need the Python fork-server.
     pub max_sessions: u32,
     /// Live kernels one user may hold; past it, 429.
     pub max_sessions_per_user: usize,
