@@ -311,10 +311,8 @@ pub async fn create(
         Some(0) => return Err(ApiError::BadRequest("ttl_seconds must be positive".into())),
         t => t.map(Duration::from_secs),
     };
-    let (_, owner) = owner_of(&state, &identity, &headers)?;
-    let info = kernels(&state)?
-        .create(owner.as_str(), &body.lang, ttl)
-        .await?;
+    let (caller, _) = owner_of(&state, &identity, &headers)?;
+    let info = kernels(&state)?.create_as(&caller, &body.lang, ttl).await?;
     let created = SessionCreated {
         session_id: info.id.as_str().to_owned(),
         lang: info.lang.to_owned(),

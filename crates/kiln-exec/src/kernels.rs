@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use kiln_core::access::Caller;
 use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits, Nanoid, RelPath};
 pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, OutputStream};
@@ -37,6 +38,7 @@ use kiln_sandbox::{
     python_kernel_park,
 };
 
+use crate::runs::{AuditFile, AuditRecord, AuditSink, AuditUsage};
 use crate::workspace::{EntryKind, Workspace};
 use kiln_core::ExitStatus;
 use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
@@ -151,6 +153,9 @@ pub struct Session {
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// Who created it, when a face said so ([`Kernels::create_as`]): the
+    /// identity its evaluations are audited under.
+    caller: Option<Caller>,
     /// Runs of the pipeline using the kernel ([`Kernels::seat`]): its
     /// workspace stays until they are done with it, even once it is lost
     /// (their harvest must not take the files for deleted).
@@ -255,6 +260,8 @@ struct Inner {
     sandbox: Sandbox,
     cfg: KernelsConfig,
     state: Mutex<State>,
+    /// Where each evaluation's audit record goes (the runs' sink).
+    audit: Option<Arc<dyn AuditSink>>,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -285,11 +292,23 @@ impl Drop for Reservation<'_> {
 
 impl Kernels {
     pub fn new(sandbox: Sandbox, cfg: KernelsConfig) -> Kernels {
+        Kernels::audited(sandbox, cfg, None)
+    }
+
+    /// [`Kernels::new`] whose evaluations ([`Kernels::exec`]) each leave
+    /// an `evaluation` record in `audit` (runs of the pipeline in a
+    /// [`Kernels::seat`] are audited as runs instead).
+    pub fn audited(
+        sandbox: Sandbox,
+        cfg: KernelsConfig,
+        audit: Option<Arc<dyn AuditSink>>,
+    ) -> Kernels {
         Kernels {
             inner: Arc::new(Inner {
                 sandbox,
                 cfg,
                 state: Mutex::new(State::default()),
+                audit,
             }),
         }
     }
@@ -303,6 +322,29 @@ impl Kernels {
     pub async fn create(
         &self,
         owner: &str,
+        lang: &str,
+        ttl: Option<Duration>,
+    ) -> Result<SessionInfo, KernelsError> {
+        self.start(owner, None, lang, ttl).await
+    }
+
+    /// [`Kernels::create`] for `caller` (its user key owns the kernel), who
+    /// is named in the audit records of its evaluations.
+    pub async fn create_as(
+        &self,
+        caller: &Caller,
+        lang: &str,
+        ttl: Option<Duration>,
+    ) -> Result<SessionInfo, KernelsError> {
+        let owner = caller.principal.user_key();
+        self.start(owner.as_str(), Some(caller.clone()), lang, ttl)
+            .await
+    }
+
+    async fn start(
+        &self,
+        owner: &str,
+        caller: Option<Caller>,
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
@@ -362,6 +404,7 @@ impl Kernels {
             }),
             turn: Arc::new(tokio::sync::Mutex::new(())),
             seats: std::sync::atomic::AtomicUsize::new(0),
+            caller,
         });
         let info = session.info(cfg.max_age);
         let (park, ready) = session.kernel.start_times();
@@ -491,6 +534,17 @@ impl Kernels {
         timeout: Option<Duration>,
         sink: Option<OutputSink>,
     ) -> Result<EvalResult, KernelsError> {
+        self.evaluate(session, code, timeout, sink, true).await
+    }
+
+    async fn evaluate(
+        &self,
+        session: Arc<Session>,
+        code: String,
+        timeout: Option<Duration>,
+        sink: Option<OutputSink>,
+        audited: bool,
+    ) -> Result<EvalResult, KernelsError> {
         let cfg = &self.inner.cfg;
         if let Some(lost) = session.kernel.lost() {
             return Err(KernelsError::Lost(lost));
@@ -505,8 +559,13 @@ impl Kernels {
             stdout_bytes: cfg.limits.stdout_bytes,
             stderr_bytes: cfg.limits.stderr_bytes,
         };
+        let audit = self.inner.audit.clone().filter(|_| audited);
         let task = tokio::spawn(async move {
+            let started_at = SystemTime::now();
             let result = session.kernel.eval(&code, limits, sink.as_ref()).await;
+            if let Some(audit) = audit {
+                audit.record(&evaluation_record(&session, started_at, &result));
+            }
             session.touch(true);
             session.release_if_lost();
             if let Err(KernelError::Lost(why)) = &result {
@@ -791,11 +850,13 @@ impl Jail for SeatJail {
             .map_err(|e| SandboxError::Setup(e.to_string()))?
             .map_err(|e| SandboxError::Setup(format!("read the program: {e}")))?;
             let stderr_cap = req.limits.stderr_bytes;
-            let exec = self.kernels.exec(
+            // audited as the run it is part of
+            let exec = self.kernels.evaluate(
                 Arc::clone(&self.session),
                 code,
                 Some(req.limits.wall_time),
                 req.output.clone(),
+                false,
             );
             let result = tokio::select! {
                 r = exec => r,
@@ -806,6 +867,76 @@ impl Jail for SeatJail {
             };
             as_run_result(result, stderr_cap)
         })
+    }
+}
+
+/// The audit record of one evaluation in `session`'s kernel.
+fn evaluation_record(
+    session: &Session,
+    started_at: SystemTime,
+    result: &Result<EvalResult, KernelError>,
+) -> AuditRecord {
+    let unix_ms = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    };
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    // a kernel a face started without saying who: its owner key
+    let (tenant, user_id, identified) = match &session.caller {
+        Some(c) => (
+            c.principal.tenant.clone(),
+            c.principal.user_id.clone(),
+            c.identified,
+        ),
+        None => (String::new(), session.owner.clone(), false),
+    };
+    let ok = result.as_ref().ok();
+    AuditRecord {
+        event: "evaluation",
+        run_id: Nanoid::random().as_str().to_owned(),
+        session_id: Some(session.id.as_str().to_owned()),
+        request_id: None,
+        tenant,
+        user_id,
+        identified,
+        lang: session.lang,
+        status: if ok.is_some() { "finished" } else { "failed" },
+        exit_code: None,
+        signal: None,
+        run_status: ok.and_then(|r| {
+            if r.timed_out {
+                Some("TO")
+            } else {
+                r.error.as_ref().map(|_| "RE")
+            }
+        }),
+        error: match result {
+            Ok(r) => r
+                .error
+                .as_ref()
+                .map(|e| format!("{}: {}", e.ename, e.evalue)),
+            Err(e) => Some(e.to_string()),
+        },
+        created_at_ms: unix_ms(started_at),
+        finished_at_ms: unix_ms(SystemTime::now()),
+        compile: None,
+        run: ok.map(|r| AuditUsage {
+            wall_ms: ms(r.wall_time),
+            cpu_ms: r.cpu_time.map(ms),
+            memory_peak_bytes: r.memory_peak,
+        }),
+        files_in: Vec::new(),
+        files_out: ok
+            .map(|r| {
+                r.files
+                    .iter()
+                    .map(|f| AuditFile {
+                        name: f.path.clone(),
+                        bytes: f.size,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 
