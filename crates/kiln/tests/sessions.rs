@@ -19,15 +19,7 @@ async fn sessions_server(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestS
         tweak(c);
     })
     .await;
-    let pool = s.warm.as_ref().expect("warm pool");
-    let until = Instant::now() + Duration::from_secs(180);
-    while !pool.has_profile("py-data") {
-        assert!(
-            Instant::now() < until,
-            "the py-data fork-server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_for_profile(&s, "py-data").await;
     s
 }
 
@@ -78,6 +70,49 @@ async fn exec_ok(s: &TestServer, id: &str, code: &str) -> Value {
     let (status, v) = exec_as(s, id, None, json!({ "code": code })).await;
     assert_eq!(status, 200, "exec {code:?}: {v}");
     v
+}
+
+/// Starts evaluating `code` in session `id` on a task of its own; returns
+/// once the session says it is busy.
+async fn start_long(s: &TestServer, id: &str, code: &str) -> tokio::task::JoinHandle<Value> {
+    let (v1, id2, code) = (s.v1(), id.to_owned(), code.to_owned());
+    let long = tokio::spawn(async move {
+        client()
+            .post(format!("{v1}/sessions/{id2}/exec"))
+            .json(&json!({ "code": code }))
+            .send()
+            .await
+            .expect("send")
+            .json::<Value>()
+            .await
+            .expect("json")
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = format!("/sessions/{id}");
+        let (status, v) = call(s, reqwest::Method::GET, &path, None, None).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == "busy" {
+            return long;
+        }
+        assert!(
+            Instant::now() < until,
+            "the long evaluation never started: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Interrupts session `id` through its route (202) and returns the answer
+/// of the evaluation `long` it stopped.
+async fn interrupt(s: &TestServer, id: &str, long: tokio::task::JoinHandle<Value>) -> Value {
+    let path = format!("/sessions/{id}/interrupt");
+    let (status, v) = call(s, reqwest::Method::POST, &path, None, None).await;
+    assert_eq!(status, 202, "{v}");
+    tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the interrupted evaluation answers")
+        .expect("join")
 }
 
 #[tokio::test]
@@ -187,49 +222,16 @@ async fn a_timeout_or_an_interrupt_stops_the_evaluation_and_keeps_the_state() {
 
     // a long evaluation: a second call waits, then 409; the interrupt route
     // stops the first one
-    let s2 = s.v1();
-    let id2 = id.clone();
-    let long = tokio::spawn(async move {
-        client()
-            .post(format!("{s2}/sessions/{id2}/exec"))
-            .json(&json!({"code": "import time\nfor i in range(600):\n    time.sleep(0.05)"}))
-            .send()
-            .await
-            .expect("send")
-            .json::<Value>()
-            .await
-            .expect("json")
-    });
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let path = format!("/sessions/{id}");
-        let (status, v) = call(&s, reqwest::Method::GET, &path, None, None).await;
-        assert_eq!(status, 200, "{v}");
-        if v["status"] == "busy" {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the long evaluation never started: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let long = start_long(
+        &s,
+        &id,
+        "import time\nfor i in range(600):\n    time.sleep(0.05)",
+    )
+    .await;
     let (status, v) = exec_as(&s, &id, None, json!({"code": "1"})).await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"], "session_busy");
-    let (status, v) = call(
-        &s,
-        reqwest::Method::POST,
-        &format!("/sessions/{id}/interrupt"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(status, 202, "{v}");
-    let v = tokio::time::timeout(Duration::from_secs(10), long)
-        .await
-        .expect("the interrupted evaluation answers")
-        .expect("join");
+    let v = interrupt(&s, &id, long).await;
     assert_eq!(v["status"], "error", "{v}");
     assert_eq!(v["error"]["ename"], "KeyboardInterrupt", "{v}");
     assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
@@ -700,52 +702,9 @@ async fn a_js_timeout_or_interrupt_stops_busy_and_awaiting_code_and_keeps_the_st
         assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
     }
     // the interrupt route reaches a busy loop
-    let s2 = s.v1();
-    let id2 = id.clone();
-    let long = tokio::spawn(async move {
-        client()
-            .post(format!("{s2}/sessions/{id2}/exec"))
-            .json(&json!({"code": "kept = 'changed'; for (;;) {}"}))
-            .send()
-            .await
-            .expect("send")
-            .json::<Value>()
-            .await
-            .expect("json")
-    });
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, v) = call(
-            &s,
-            reqwest::Method::GET,
-            &format!("/sessions/{id}"),
-            None,
-            None,
-        )
-        .await;
-        if v["status"] == "busy" {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the long evaluation never started: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let long = start_long(&s, &id, "kept = 'changed'; for (;;) {}").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (status, v) = call(
-        &s,
-        reqwest::Method::POST,
-        &format!("/sessions/{id}/interrupt"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(status, 202, "{v}");
-    let v = tokio::time::timeout(Duration::from_secs(10), long)
-        .await
-        .expect("the interrupted evaluation answers")
-        .expect("join");
+    let v = interrupt(&s, &id, long).await;
     assert_eq!(v["error"]["ename"], "Interrupted", "{v}");
     assert_eq!(
         exec_ok(&s, &id, "kept").await["result"]["text"],

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::{client, server_with};
 use kiln::testing::TestServer;
 use serde_json::{Value, json};
@@ -97,15 +95,7 @@ async fn with_the_live_setting_a_runtime_sessions_calls_share_one_python() {
         c.warm_per_runtime = 1;
     })
     .await;
-    let pool = s.warm.as_ref().expect("warm pool");
-    let until = Instant::now() + Duration::from_secs(180);
-    while !pool.has_profile("py-data") {
-        assert!(
-            Instant::now() < until,
-            "the py-data fork-server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_for_profile(&s, "py-data").await;
 
     let v = stateful(
         &s,

@@ -69,18 +69,12 @@ pub(crate) async fn harvest(
     let mut h = Harvest::default();
     let mut trunc = walked.truncation;
     for g in walked.generated {
-        let file_id = Nanoid::random();
         let Ok(name) = RelPath::parse(&g.name) else {
             h.failed += 1;
             continue;
         };
-        let obj = NewObject {
-            session_id: session.clone(),
-            file_id: file_id.clone(),
-            content_type: content_type(name.as_str()),
-            name,
-            read_only: false,
-        };
+        let obj = new_object(session, name);
+        let file_id = obj.file_id.clone();
         match store_output(store, ws, obj).await {
             Ok(bytes) => {
                 let f = OutputFile {
@@ -109,14 +103,8 @@ pub(crate) async fn harvest(
         let Ok(name) = RelPath::parse(&k.name) else {
             continue;
         };
-        let file_id = Nanoid::random();
-        let obj = NewObject {
-            session_id: session.clone(),
-            file_id: file_id.clone(),
-            content_type: content_type(name.as_str()),
-            name,
-            read_only: false,
-        };
+        let obj = new_object(session, name);
+        let file_id = obj.file_id.clone();
         match store_output(store, ws, obj).await {
             Ok(_) => h.kept.push((k.name, file_id)),
             Err(e) => warn!(file = %k.name, error = %e, "could not keep a workspace file"),
@@ -141,6 +129,17 @@ pub(crate) async fn harvest(
         sync_workspace(store, sid, &h, &staged).await;
     }
     Ok(h)
+}
+
+/// A new object named `name` in `session`, with a fresh id.
+fn new_object(session: &Nanoid, name: RelPath) -> NewObject {
+    NewObject {
+        session_id: session.clone(),
+        file_id: Nanoid::random(),
+        content_type: content_type(name.as_str()),
+        name,
+        read_only: false,
+    }
 }
 
 /// Opens one output without following links and streams it into the
