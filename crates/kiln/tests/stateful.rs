@@ -171,3 +171,29 @@ async fn with_the_live_setting_a_runtime_sessions_calls_share_one_python() {
     .await;
     assert_eq!(v["stdout"], "False hi\n", "{v}");
 }
+
+#[tokio::test]
+async fn a_runtime_session_without_a_free_kernel_runs_in_fresh_processes() {
+    let s = server_with(|c| {
+        c.runtime_session_live = true;
+        c.max_sessions_per_user = 1;
+        c.python_template = "data".into();
+        c.warm_jails = 2;
+        c.warm_per_runtime = 1;
+    })
+    .await;
+    common::wait_for_profile(&s, "py-data").await;
+    let live = stateful(&s, "carol", "y = 1").await;
+    assert_eq!(live["code"], 0, "{live}");
+    let body = |code: &str| json!({"lang": "py", "code": code, "user_id": "carol", "runtime_session_hint": "v2:user:other"});
+    // carol's one kernel is the first session's: the second gets none
+    let v = stateful_body(&s, body("z = 2\nopen('kept.txt', 'w').write('k')")).await;
+    assert_eq!(v["code"], 0, "the call is served anyway: {v}");
+    let v = stateful_body(&s, body("print('z' in globals(), open('kept.txt').read())")).await;
+    assert_eq!(
+        v["stdout"], "False k\n",
+        "a fresh process, the files kept: {v}"
+    );
+    let v = stateful(&s, "carol", "print(y)").await;
+    assert_eq!(v["stdout"], "1\n", "the first session is still live: {v}");
+}
