@@ -76,6 +76,11 @@ pub struct ApiConfig {
     /// How long a call waits for its runtime session's previous call
     /// before 409 `runtime_session_busy` (spec §13.4: 15 s).
     pub runtime_session_busy_wait: std::time::Duration,
+    /// LibreChat's stateful profile: `py` calls of one runtime session
+    /// evaluate in one live kernel (`/v1/sessions`' registry), so
+    /// variables persist too, not only `/mnt/data` (off: each call is a
+    /// fresh process, as the contract says).
+    pub runtime_session_live: bool,
 }
 
 /// What `/exec` does with `runtime_session_hint` under the stateful
@@ -122,6 +127,7 @@ impl Default for ApiConfig {
             ptc: crate::programmatic::PtcSettings::default(),
             runtime_session_mode: RuntimeSessionMode::default(),
             runtime_session_busy_wait: crate::codeapi::exec::RUNTIME_BUSY_WAIT,
+            runtime_session_live: false,
         }
     }
 }
@@ -144,6 +150,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("console", &self.console)
             .field("ptc", &self.ptc)
             .field("runtime_session_mode", &self.runtime_session_mode)
+            .field("runtime_session_live", &self.runtime_session_live)
             .finish()
     }
 }

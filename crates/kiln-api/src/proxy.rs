@@ -498,6 +498,7 @@ pub async fn run(
         timeout_ms,
         outputs: Outputs::Workspace(session.clone()),
         tools: None,
+        jail: None,
     };
     let opts = StartOptions {
         request_id: crate::middleware::request_id(&headers),

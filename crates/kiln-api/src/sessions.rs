@@ -45,7 +45,7 @@ use crate::runs::rfc3339;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
-    /// `py` (or an alias such as `python`).
+    /// `py` or `js` (or an alias such as `python`, `node`).
     pub lang: String,
     /// Idle time after which the session is closed, seconds (at most the
     /// configured `session_idle_ttl_secs`, its default).
@@ -84,19 +84,27 @@ pub struct SessionView {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
-    /// Python source; state (variables, imports, functions) persists.
+    /// Source in the session's language; state (variables, imports,
+    /// functions; in `js` globals and top-level `let`/`const`/`class`)
+    /// persists.
     pub code: String,
     /// Milliseconds; at most the configured evaluation timeout (its
-    /// default). Past it the evaluation is interrupted (`KeyboardInterrupt`)
-    /// and the state kept.
+    /// default). Past it the evaluation is interrupted (`KeyboardInterrupt`
+    /// in `py`, `Interrupted` in `js`) and the state kept.
     pub timeout: Option<u64>,
 }
 
 /// The value of a final expression (Jupyter's `execute_result`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ValueView {
-    /// `repr()` of the value, at most 64 KiB.
+    /// `py`: `repr()` of the value; `js`: `util.inspect` of the completion
+    /// value. At most 64 KiB.
     pub text: String,
+    /// `py`: the value as a PNG image, base64 (Jupyter's `image/png`), when
+    /// it is a matplotlib figure or axes (the figure is then closed) or has
+    /// `_repr_png_`; absent otherwise. At most 4 MiB before encoding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub png: Option<String>,
 }
 
 /// An error the code raised (the kernel's own frames hidden).
@@ -157,7 +165,10 @@ impl From<&EvalResult> for ExecView {
             stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
             stdout_truncated: r.stdout_truncated,
             stderr_truncated: r.stderr_truncated,
-            result: r.value.clone().map(|text| ValueView { text }),
+            result: r.value.clone().map(|text| ValueView {
+                text,
+                png: r.value_png.clone(),
+            }),
             error: r.error.as_ref().map(|e| EvalErrorView {
                 ename: e.ename.clone(),
                 evalue: e.evalue.clone(),
@@ -277,7 +288,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     operation_id = "createSession",
     tag = "Sessions",
     summary = "Start a live kernel",
-    description = "Starts a `py` kernel (a fork of the preloaded Python template) in a jail of its own, with a workspace at `/mnt/data` that persists for the session's life. It is closed after `ttl_seconds` idle (default and maximum: the configured idle TTL) or at the maximum age.",
+    description = "Starts a `py` kernel (a fork of the preloaded Python template) or a `js` kernel (a pre-started node, as warm `js` runs use) in a jail of its own, with a workspace at `/mnt/data` that persists for the session's life. It is closed after `ttl_seconds` idle (default and maximum: the configured idle TTL) or at the maximum age.",
     request_body = CreateSession,
     responses(
         (status = 201, description = "Started", body = SessionCreated),
@@ -300,10 +311,8 @@ pub async fn create(
         Some(0) => return Err(ApiError::BadRequest("ttl_seconds must be positive".into())),
         t => t.map(Duration::from_secs),
     };
-    let (_, owner) = owner_of(&state, &identity, &headers)?;
-    let info = kernels(&state)?
-        .create(owner.as_str(), &body.lang, ttl)
-        .await?;
+    let (caller, _) = owner_of(&state, &identity, &headers)?;
+    let info = kernels(&state)?.create_as(&caller, &body.lang, ttl).await?;
     let created = SessionCreated {
         session_id: info.id.as_str().to_owned(),
         lang: info.lang.to_owned(),
@@ -373,7 +382,7 @@ pub async fn delete_session(
     operation_id = "execInSession",
     tag = "Sessions",
     summary = "Evaluate code in a session",
-    description = "Runs `code` in the session's kernel: variables, imports and functions persist. The value of a final expression is `result.text`. With `Accept: text/event-stream` the answer is Server-Sent Events: `stdout`/`stderr` (`{\"text\"}`) as the code writes, then `result` (this route's JSON) or `error` (`{status, error, message}`). One evaluation at a time: a call made while another runs waits up to `session_busy_wait_ms`, then 409. A kernel that dies (out of memory, an evaluation that ignores its interrupt, `exit()`) ends the session: this and every later call answer 410 `session_lost` with the reason.",
+    description = "Runs `code` in the session's kernel: variables, imports and functions persist (`js`: REPL semantics, top-level `await` included). The value of a final expression is `result.text` (`js`: the completion value), and `result.png` (base64) when it is a matplotlib figure or has `_repr_png_`; `plt.show()` writes each open figure as `plot_<n>.png`, listed in `files`. With `Accept: text/event-stream` the answer is Server-Sent Events: `stdout`/`stderr` (`{\"text\"}`) as the code writes, then `result` (this route's JSON) or `error` (`{status, error, message}`). One evaluation at a time: a call made while another runs waits up to `session_busy_wait_ms`, then 409. A kernel that dies (out of memory, an evaluation that ignores its interrupt, `exit()`) ends the session: this and every later call answer 410 `session_lost` with the reason.",
     params(("session_id" = String, Path, description = "The session's id")),
     request_body = ExecBody,
     responses(
@@ -446,7 +455,7 @@ pub async fn exec(
     operation_id = "interruptSession",
     tag = "Sessions",
     summary = "Interrupt the evaluation in progress",
-    description = "Raises `KeyboardInterrupt` in the running evaluation (nothing if none runs); the kernel and its state stay.",
+    description = "Raises `KeyboardInterrupt` (`js`: `Interrupted`) in the running evaluation (nothing if none runs); the kernel and its state stay.",
     params(("session_id" = String, Path, description = "The session's id")),
     responses(
         (status = 202, description = "Interrupt sent", body = SessionView),

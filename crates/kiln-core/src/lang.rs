@@ -191,6 +191,13 @@ pub mod warm {
     pub const PYTHON_KERNEL: &str = include_str!("lang/warm/python_kernel.py");
     /// Its file name under `/etc/kiln/`.
     pub const PYTHON_KERNEL_NAME: &str = "kiln_kernel.py";
+    /// A live `js` kernel: the pre-started program of a `js` jail, placed at
+    /// `/etc/kiln/<NODE_KERNEL_NAME>`; reads the go like
+    /// [`NODE_BOOTSTRAP`], then evaluates framed requests (the protocol is
+    /// at its top; it is [`PYTHON_KERNEL`]'s).
+    pub const NODE_KERNEL: &str = include_str!("lang/warm/node_kernel.js");
+    /// Its file name under `/etc/kiln/`.
+    pub const NODE_KERNEL_NAME: &str = "node_kernel.js";
 }
 
 /// The jail environment every runtime starts from; a runtime's own

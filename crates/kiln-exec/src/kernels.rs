@@ -16,19 +16,33 @@
 //! - A kernel that died (out of memory, unresponsive, exited) stays listed
 //!   as lost, and every later call says why, until it is deleted or
 //!   expires; its slot and workspace are released at once.
+//! - Named kernels ([`Kernels::named`]) keep the live Python state of a
+//!   runtime session of LibreChat's stateful profile: each `/exec` call of
+//!   that session runs through the one-shot pipeline in a [`Kernels::seat`]
+//!   (its workspace emptied and staged from the session's files, the
+//!   program evaluated in the kernel, the workspace harvested), so the
+//!   response, the files and their de-duplication are the profile's; a lost
+//!   kernel is replaced at the next call (its files persist, its variables
+//!   do not).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use kiln_core::access::Caller;
 use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits, Nanoid, RelPath};
 pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, OutputStream};
 use kiln_sandbox::{
-    EvalLimits, Kernel, KernelError, KernelStart, Sandbox, Slot, python_kernel_park,
+    EvalLimits, Kernel, KernelError, KernelStart, ParkSpec, Sandbox, Slot, node_kernel_park,
+    python_kernel_park,
 };
 
+use crate::runs::{AuditFile, AuditRecord, AuditSink, AuditUsage};
 use crate::workspace::{EntryKind, Workspace};
+use kiln_core::ExitStatus;
+use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
+use tokio_util::sync::CancellationToken;
 
 /// The templates a `py` kernel may fork, in order of preference: the data
 /// stack without the rich one's fork and exit cost, then the others.
@@ -73,7 +87,7 @@ impl Default for KernelsConfig {
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelsError {
-    #[error("unsupported session language {0:?}: sessions run py")]
+    #[error("unsupported session language {0:?}: sessions run py or js")]
     Language(String),
     #[error("no such session")]
     NotFound,
@@ -139,6 +153,13 @@ pub struct Session {
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// Who created it, when a face said so ([`Kernels::create_as`]): the
+    /// identity its evaluations are audited under.
+    caller: Option<Caller>,
+    /// Runs of the pipeline using the kernel ([`Kernels::seat`]): its
+    /// workspace stays until they are done with it, even once it is lost
+    /// (their harvest must not take the files for deleted).
+    seats: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -197,7 +218,8 @@ impl Session {
     /// Releases the slot (and with it the workspace) once the kernel is
     /// gone.
     fn release_if_lost(&self) {
-        if self.kernel.lost().is_some() {
+        if self.kernel.lost().is_some() && self.seats.load(std::sync::atomic::Ordering::SeqCst) == 0
+        {
             lock(&self.slot).take();
         }
     }
@@ -208,6 +230,8 @@ struct State {
     sessions: HashMap<Nanoid, Arc<Session>>,
     /// Kernels being started, by owner (they count against the caps).
     starting: HashMap<String, usize>,
+    /// Named kernels: `owner \0 name` → id.
+    named: HashMap<String, Nanoid>,
 }
 
 impl State {
@@ -236,6 +260,8 @@ struct Inner {
     sandbox: Sandbox,
     cfg: KernelsConfig,
     state: Mutex<State>,
+    /// Where each evaluation's audit record goes (the runs' sink).
+    audit: Option<Arc<dyn AuditSink>>,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -266,11 +292,23 @@ impl Drop for Reservation<'_> {
 
 impl Kernels {
     pub fn new(sandbox: Sandbox, cfg: KernelsConfig) -> Kernels {
+        Kernels::audited(sandbox, cfg, None)
+    }
+
+    /// [`Kernels::new`] whose evaluations ([`Kernels::exec`]) each leave
+    /// an `evaluation` record in `audit` (runs of the pipeline in a
+    /// [`Kernels::seat`] are audited as runs instead).
+    pub fn audited(
+        sandbox: Sandbox,
+        cfg: KernelsConfig,
+        audit: Option<Arc<dyn AuditSink>>,
+    ) -> Kernels {
         Kernels {
             inner: Arc::new(Inner {
                 sandbox,
                 cfg,
                 state: Mutex::new(State::default()),
+                audit,
             }),
         }
     }
@@ -287,19 +325,34 @@ impl Kernels {
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
+        self.start(owner, None, lang, ttl).await
+    }
+
+    /// [`Kernels::create`] for `caller` (its user key owns the kernel), who
+    /// is named in the audit records of its evaluations.
+    pub async fn create_as(
+        &self,
+        caller: &Caller,
+        lang: &str,
+        ttl: Option<Duration>,
+    ) -> Result<SessionInfo, KernelsError> {
+        let owner = caller.principal.user_key();
+        self.start(owner.as_str(), Some(caller.clone()), lang, ttl)
+            .await
+    }
+
+    async fn start(
+        &self,
+        owner: &str,
+        caller: Option<Caller>,
+        lang: &str,
+        ttl: Option<Duration>,
+    ) -> Result<SessionInfo, KernelsError> {
         let cfg = &self.inner.cfg;
         let language = Language::resolve(lang)
-            .filter(|l| l.name() == "py")
+            .filter(|l| matches!(l.name(), "py" | "js"))
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
-        let Some(WarmRecipe::Embedded { interpreter, .. }) = &language.spec().warm else {
-            return Err(KernelsError::Language(lang.to_owned()));
-        };
-        let template = PY_KERNEL_TEMPLATES
-            .iter()
-            .find(|t| self.inner.sandbox.has_zygote(t))
-            .ok_or_else(|| {
-                KernelsError::Unavailable("no Python fork-server is running".to_owned())
-            })?;
+        let (park, argv, template) = self.kernel_program(language)?;
         let _reservation = {
             let mut state = lock(&self.inner.state);
             let mine = state.live(Some(owner));
@@ -323,12 +376,8 @@ impl Kernels {
         limits.cpu_time = limits.wall_time;
         let slot = self.inner.sandbox.acquire_slot().await;
         let start = KernelStart {
-            park: python_kernel_park(template),
-            argv: vec![
-                (*interpreter).to_owned(),
-                "-u".to_owned(),
-                format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
-            ],
+            park,
+            argv,
             env: language.environment(&cfg.limits),
             limits,
         };
@@ -354,6 +403,8 @@ impl Kernels {
                 evaluations: 0,
             }),
             turn: Arc::new(tokio::sync::Mutex::new(())),
+            seats: std::sync::atomic::AtomicUsize::new(0),
+            caller,
         });
         let info = session.info(cfg.max_age);
         let (park, ready) = session.kernel.start_times();
@@ -369,6 +420,88 @@ impl Kernels {
             "session started"
         );
         Ok(info)
+    }
+
+    /// How a kernel of `language` is parked and started, and the template
+    /// it forks (`py`) or `node` (`js`, a pre-started node like a warm `js`
+    /// jail's, in the same environment).
+    fn kernel_program(
+        &self,
+        language: Language,
+    ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
+        let cfg = &self.inner.cfg;
+        match &language.spec().warm {
+            Some(WarmRecipe::Embedded { interpreter, .. }) => {
+                let template = PY_KERNEL_TEMPLATES
+                    .iter()
+                    .find(|t| self.inner.sandbox.has_zygote(t))
+                    .ok_or_else(|| {
+                        KernelsError::Unavailable("no Python fork-server is running".to_owned())
+                    })?;
+                let argv = vec![
+                    (*interpreter).to_owned(),
+                    "-u".to_owned(),
+                    format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
+                ];
+                Ok((python_kernel_park(template), argv, template))
+            }
+            Some(WarmRecipe::Prestart { .. }) => {
+                let node = language.spec().run[0];
+                if !std::path::Path::new(node).is_file() {
+                    return Err(KernelsError::Unavailable(format!(
+                        "{node} is not installed"
+                    )));
+                }
+                let park = node_kernel_park(node, language.environment(&cfg.limits));
+                let argv = park.argv.clone();
+                Ok((park, argv, "node"))
+            }
+            None => Err(KernelsError::Language(language.name().to_owned())),
+        }
+    }
+
+    /// The live kernel of `lang` named `name` of `owner` (a runtime session
+    /// of LibreChat's stateful profile), started when there is none or the
+    /// last one is gone; `true` when started now. The caller serializes
+    /// calls of one name (the runtime session's turn).
+    pub async fn named(
+        &self,
+        owner: &str,
+        name: &str,
+        lang: &str,
+    ) -> Result<(Arc<Session>, bool), KernelsError> {
+        let key = format!("{owner}\0{name}");
+        let existing = {
+            let state = lock(&self.inner.state);
+            state
+                .named
+                .get(&key)
+                .and_then(|id| state.sessions.get(id))
+                .cloned()
+        };
+        if let Some(session) = existing {
+            if session.kernel.lost().is_none() {
+                return Ok((session, false));
+            }
+            let _ = self.delete(&session.id).await;
+        }
+        let info = self.create(owner, lang, None).await?;
+        lock(&self.inner.state).named.insert(key, info.id.clone());
+        Ok((self.get(&info.id)?, true))
+    }
+
+    /// A jail source whose one jail is `session`'s kernel, for a run of the
+    /// one-shot pipeline (see [`crate::ExecRequest::jail`]): acquiring it
+    /// empties the kernel's workspace for staging; running it evaluates the
+    /// staged entry file in the kernel (a final expression's value is not
+    /// shown, as in a fresh process; an exception's traceback goes to
+    /// stderr with exit code 1, `SystemExit` exits with its code); its usage
+    /// is the evaluation's.
+    pub fn seat(&self, session: Arc<Session>) -> crate::JailOverride {
+        crate::JailOverride(Arc::new(Seat {
+            kernels: self.clone(),
+            session,
+        }))
     }
 
     /// The session `id`, whoever owns it (the face checks the owner with
@@ -401,6 +534,17 @@ impl Kernels {
         timeout: Option<Duration>,
         sink: Option<OutputSink>,
     ) -> Result<EvalResult, KernelsError> {
+        self.evaluate(session, code, timeout, sink, true).await
+    }
+
+    async fn evaluate(
+        &self,
+        session: Arc<Session>,
+        code: String,
+        timeout: Option<Duration>,
+        sink: Option<OutputSink>,
+        audited: bool,
+    ) -> Result<EvalResult, KernelsError> {
         let cfg = &self.inner.cfg;
         if let Some(lost) = session.kernel.lost() {
             return Err(KernelsError::Lost(lost));
@@ -415,8 +559,13 @@ impl Kernels {
             stdout_bytes: cfg.limits.stdout_bytes,
             stderr_bytes: cfg.limits.stderr_bytes,
         };
+        let audit = self.inner.audit.clone().filter(|_| audited);
         let task = tokio::spawn(async move {
+            let started_at = SystemTime::now();
             let result = session.kernel.eval(&code, limits, sink.as_ref()).await;
+            if let Some(audit) = audit {
+                audit.record(&evaluation_record(&session, started_at, &result));
+            }
             session.touch(true);
             session.release_if_lost();
             if let Err(KernelError::Lost(why)) = &result {
@@ -598,6 +747,258 @@ impl Kernels {
             close(s).await;
         }
     }
+}
+
+/// A kernel lent to one run of the pipeline.
+struct Seat {
+    kernels: Kernels,
+    session: Arc<Session>,
+}
+
+fn lost_error(session: &Session) -> SandboxError {
+    SandboxError::Setup(format!(
+        "session lost: {}",
+        session.kernel.lost().unwrap_or(KernelLost::Closed)
+    ))
+}
+
+impl Jails for Seat {
+    fn acquire<'a>(
+        &'a self,
+        _profile: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>> {
+        Box::pin(async move {
+            let (Some(path), Some(owner)) = (self.session.workspace(), self.session.file_owner())
+            else {
+                return Err(lost_error(&self.session));
+            };
+            let jail = SeatJail::new(&self.kernels, &self.session, path.clone(), owner);
+            let dir = path;
+            tokio::task::spawn_blocking(move || Workspace::open(&dir, owner)?.clear())
+                .await
+                .map_err(|e| SandboxError::Setup(e.to_string()))?
+                .map_err(|e| SandboxError::Setup(format!("empty the kernel's workspace: {e}")))?;
+            Ok(Box::new(jail) as Box<dyn Jail>)
+        })
+    }
+}
+
+struct SeatJail {
+    kernels: Kernels,
+    session: Arc<Session>,
+    path: std::path::PathBuf,
+    owner: (u32, u32),
+}
+
+impl SeatJail {
+    fn new(
+        kernels: &Kernels,
+        session: &Arc<Session>,
+        path: std::path::PathBuf,
+        owner: (u32, u32),
+    ) -> SeatJail {
+        session
+            .seats
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SeatJail {
+            kernels: kernels.clone(),
+            session: Arc::clone(session),
+            path,
+            owner,
+        }
+    }
+}
+
+impl Drop for SeatJail {
+    fn drop(&mut self) {
+        self.session
+            .seats
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.session.release_if_lost();
+    }
+}
+
+impl Jail for SeatJail {
+    fn workspace(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    fn owner(&self) -> (u32, u32) {
+        self.owner
+    }
+
+    fn run(
+        &mut self,
+        req: RunRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<RunResult, SandboxError>> {
+        Box::pin(async move {
+            let entry = Language::resolve(self.session.lang)
+                .map(|l| l.spec().entry_file)
+                .ok_or_else(|| lost_error(&self.session))?;
+            let (path, owner) = (self.path.clone(), self.owner);
+            let code = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+                let ws = Workspace::open(&path, owner)?;
+                let Some((mut f, _)) = ws.open_regular(entry)? else {
+                    return Err(std::io::Error::other("the entry file is not staged"));
+                };
+                let mut code = String::new();
+                std::io::Read::read_to_string(&mut f, &mut code)?;
+                Ok(code)
+            })
+            .await
+            .map_err(|e| SandboxError::Setup(e.to_string()))?
+            .map_err(|e| SandboxError::Setup(format!("read the program: {e}")))?;
+            let stderr_cap = req.limits.stderr_bytes;
+            // audited as the run it is part of
+            let exec = self.kernels.evaluate(
+                Arc::clone(&self.session),
+                code,
+                Some(req.limits.wall_time),
+                req.output.clone(),
+                false,
+            );
+            let result = tokio::select! {
+                r = exec => r,
+                () = cancel.cancelled() => {
+                    let _ = self.kernels.interrupt(&self.session).await;
+                    return Err(SandboxError::Cancelled);
+                }
+            };
+            as_run_result(result, stderr_cap)
+        })
+    }
+}
+
+/// The audit record of one evaluation in `session`'s kernel.
+fn evaluation_record(
+    session: &Session,
+    started_at: SystemTime,
+    result: &Result<EvalResult, KernelError>,
+) -> AuditRecord {
+    let unix_ms = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    };
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    // a kernel a face started without saying who: its owner key
+    let (tenant, user_id, identified) = match &session.caller {
+        Some(c) => (
+            c.principal.tenant.clone(),
+            c.principal.user_id.clone(),
+            c.identified,
+        ),
+        None => (String::new(), session.owner.clone(), false),
+    };
+    let ok = result.as_ref().ok();
+    AuditRecord {
+        event: "evaluation",
+        run_id: Nanoid::random().as_str().to_owned(),
+        session_id: Some(session.id.as_str().to_owned()),
+        request_id: None,
+        tenant,
+        user_id,
+        identified,
+        lang: session.lang,
+        status: if ok.is_some() { "finished" } else { "failed" },
+        exit_code: None,
+        signal: None,
+        run_status: ok.and_then(|r| {
+            if r.timed_out {
+                Some("TO")
+            } else {
+                r.error.as_ref().map(|_| "RE")
+            }
+        }),
+        error: match result {
+            Ok(r) => r
+                .error
+                .as_ref()
+                .map(|e| format!("{}: {}", e.ename, e.evalue)),
+            Err(e) => Some(e.to_string()),
+        },
+        created_at_ms: unix_ms(started_at),
+        finished_at_ms: unix_ms(SystemTime::now()),
+        compile: None,
+        run: ok.map(|r| AuditUsage {
+            wall_ms: ms(r.wall_time),
+            cpu_ms: r.cpu_time.map(ms),
+            memory_peak_bytes: r.memory_peak,
+        }),
+        files_in: Vec::new(),
+        files_out: ok
+            .map(|r| {
+                r.files
+                    .iter()
+                    .map(|f| AuditFile {
+                        name: f.path.clone(),
+                        bytes: f.size,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// An evaluation as the pipeline sees a program's run.
+fn as_run_result(
+    result: Result<EvalResult, KernelsError>,
+    stderr_cap: usize,
+) -> Result<RunResult, SandboxError> {
+    let e = match result {
+        Ok(e) => e,
+        Err(KernelsError::Lost(why)) => {
+            return Ok(RunResult {
+                exit: ExitStatus::Signal(9),
+                stderr: format!("session lost: {why}\n").into_bytes(),
+                oom_killed: why == KernelLost::OutOfMemory,
+                timed_out: why == KernelLost::Unresponsive,
+                ..RunResult::default()
+            });
+        }
+        Err(other) => return Err(SandboxError::Setup(other.to_string())),
+    };
+    let mut stderr = e.stderr;
+    let mut code = 0;
+    match &e.error {
+        Some(err) if err.ename == "SystemExit" => {
+            code = match err.evalue.as_str() {
+                "" | "None" => 0,
+                v => v.parse().unwrap_or_else(|_| {
+                    stderr.extend_from_slice(format!("{v}\n").as_bytes());
+                    1
+                }),
+            };
+        }
+        Some(_) if e.timed_out => {}
+        Some(err) => {
+            code = 1;
+            for line in &err.traceback {
+                stderr.extend_from_slice(line.as_bytes());
+                stderr.push(b'\n');
+            }
+        }
+        None => {}
+    }
+    let cut = stderr.len() > stderr_cap;
+    stderr.truncate(stderr_cap);
+    Ok(RunResult {
+        exit: if e.timed_out {
+            ExitStatus::Signal(9)
+        } else {
+            ExitStatus::Code(code)
+        },
+        stdout: e.stdout,
+        stderr,
+        stdout_overflow: e.stdout_truncated,
+        stderr_overflow: e.stderr_truncated || cut,
+        timed_out: e.timed_out,
+        oom_killed: false,
+        wall_time: e.wall_time,
+        cpu_time: e.cpu_time,
+        memory_peak: e.memory_peak,
+        cpu_throttled: None,
+    })
 }
 
 /// Most files a listing shows.

@@ -22,6 +22,20 @@ pub struct ExecRequest {
     /// pauses while the host runs them (see [`crate::ptc`]). Such a run
     /// gets a jail built for it with a tool channel, and no services.
     pub tools: Option<std::sync::Arc<crate::ptc::Bridge>>,
+    /// Where its jail comes from when not the executor's own source: a
+    /// live kernel's seat ([`crate::kernels::Kernels::seat`]) for LibreChat's
+    /// stateful profile with live state. Such a run gets no services.
+    pub jail: Option<JailOverride>,
+}
+
+/// A jail source for one request (see [`ExecRequest::jail`]).
+#[derive(Clone)]
+pub struct JailOverride(pub std::sync::Arc<dyn kiln_sandbox::Jails>);
+
+impl std::fmt::Debug for JailOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JailOverride")
+    }
 }
 
 /// Where an execution's outputs go.

@@ -72,6 +72,13 @@ pub struct WalkOutcome {
     pub inherited: Vec<Inherited>,
     pub deleted: Vec<String>,
     pub truncation: Option<Truncation>,
+    /// [`walk_keeping`] only: files that are not reported (by name: a
+    /// `.pkl`, a file without an extension) but new or changed, to be kept
+    /// silently in a workspace session.
+    pub kept: Vec<Generated>,
+    /// Files that would have been kept but were over a cap (never
+    /// reported: they were never outputs).
+    pub kept_skipped: Vec<String>,
 }
 
 /// Walk the workspace `ws` (the host directory that was `/mnt/data`).
@@ -83,6 +90,30 @@ pub fn walk(
     inputs: &HashMap<String, StagedInput>,
     entry: (&str, &str),
     limits: &WalkLimits,
+) -> io::Result<WalkOutcome> {
+    walk_inner(ws, inputs, entry, limits, false)
+}
+
+/// [`walk`] for a workspace that persists (a workspace session): besides
+/// the outputs, every other new or changed regular file the walk reaches is
+/// listed in [`WalkOutcome::kept`], under the same per-file size cap, as
+/// many again as the output count cap, and the bytes the outputs left of
+/// the run's budget.
+pub fn walk_keeping(
+    ws: &Workspace,
+    inputs: &HashMap<String, StagedInput>,
+    entry: (&str, &str),
+    limits: &WalkLimits,
+) -> io::Result<WalkOutcome> {
+    walk_inner(ws, inputs, entry, limits, true)
+}
+
+fn walk_inner(
+    ws: &Workspace,
+    inputs: &HashMap<String, StagedInput>,
+    entry: (&str, &str),
+    limits: &WalkLimits,
+    keep_unreported: bool,
 ) -> io::Result<WalkOutcome> {
     let input_dirs: HashSet<String> = inputs
         .keys()
@@ -98,8 +129,11 @@ pub fn walk(
         input_dirs: &input_dirs,
         entry,
         limits,
+        keep_unreported,
         candidates_generated: Vec::new(),
         candidates_inherited: Vec::new(),
+        candidates_kept: Vec::new(),
+        kept_skipped: Vec::new(),
         trunc: Truncation::default(),
     };
     w.dir("", 0)?;
@@ -107,6 +141,8 @@ pub fn walk(
     let Walker {
         candidates_generated: mut generated,
         candidates_inherited: mut inherited,
+        candidates_kept,
+        mut kept_skipped,
         mut trunc,
         ..
     } = w;
@@ -131,6 +167,16 @@ pub fn walk(
         }
     }
     let generated = kept;
+    // silently kept files: the same count again, what is left of the bytes
+    let mut kept = Vec::new();
+    for k in candidates_kept {
+        if kept.len() >= max || total.saturating_add(k.size) > limits.max_total_bytes {
+            kept_skipped.push(k.name);
+        } else {
+            total += k.size;
+            kept.push(k);
+        }
+    }
     let room = max - generated.len();
     if inherited.len() > room {
         for i in inherited.drain(room..) {
@@ -155,6 +201,8 @@ pub fn walk(
         inherited,
         deleted,
         truncation: truncated.then_some(trunc),
+        kept,
+        kept_skipped,
     })
 }
 
@@ -164,8 +212,11 @@ struct Walker<'a> {
     input_dirs: &'a HashSet<String>,
     entry: (&'a str, &'a str),
     limits: &'a WalkLimits,
+    keep_unreported: bool,
     candidates_generated: Vec<Generated>,
     candidates_inherited: Vec<Inherited>,
+    candidates_kept: Vec<Generated>,
+    kept_skipped: Vec<String>,
     trunc: Truncation,
 }
 
@@ -230,7 +281,11 @@ impl Walker<'_> {
             return Ok(());
         }
         if !is_reportable(base) {
-            return Ok(());
+            return if self.keep_unreported {
+                self.keep(rel)
+            } else {
+                Ok(())
+            };
         }
         if rel.len() > MAX_PATH_LEN {
             skip(&mut self.trunc, rel.to_owned(), |t| &mut t.path);
@@ -280,6 +335,41 @@ impl Walker<'_> {
         self.candidates_generated.push(Generated {
             name: rel.to_owned(),
             modified_from: None,
+            size,
+        });
+        Ok(())
+    }
+}
+
+impl Walker<'_> {
+    /// A file that is not an output: kept if new or changed.
+    fn keep(&mut self, rel: &str) -> io::Result<()> {
+        if rel.len() > MAX_PATH_LEN || rel == self.entry.0 {
+            return Ok(());
+        }
+        let Some((_, size)) = self.ws.open_regular(rel)? else {
+            return Ok(());
+        };
+        let modified_from = match self.inputs.get(rel) {
+            Some(input) => {
+                let unchanged = input.read_only
+                    || (size == input.size
+                        && hash_file(self.ws, rel)?.as_deref() == Some(&input.sha256));
+                match (&input.origin, unchanged) {
+                    // still stored as it was
+                    (Some(_), true) => return Ok(()),
+                    (origin, _) => origin.clone(),
+                }
+            }
+            None => None,
+        };
+        if size > self.limits.max_file_bytes {
+            self.kept_skipped.push(rel.to_owned());
+            return Ok(());
+        }
+        self.candidates_kept.push(Generated {
+            name: rel.to_owned(),
+            modified_from,
             size,
         });
         Ok(())
@@ -374,6 +464,34 @@ mod tests {
         let w = run(d.path(), &HashMap::new());
         assert_eq!(names(&w.generated), ["a.csv", "out/sub/p.png"]);
         assert!(w.truncation.is_none());
+    }
+
+    #[test]
+    fn a_persisting_workspace_keeps_new_and_changed_files_that_are_not_outputs() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("a.csv"), "x").unwrap();
+        fs::write(d.path().join("model.pkl"), "new").unwrap();
+        fs::write(d.path().join("README"), "x").unwrap();
+        fs::write(d.path().join("same.npy"), "old").unwrap();
+        fs::write(d.path().join("changed.db"), "new!").unwrap();
+        fs::write(d.path().join("big.bin"), vec![0u8; 2048]).unwrap();
+        let same = input(b"old", false);
+        let changed = input(b"old", false);
+        let origin = changed.origin.clone();
+        let inputs = HashMap::from([
+            ("same.npy".to_owned(), same),
+            ("changed.db".to_owned(), changed),
+        ]);
+        let ws = Workspace::open(d.path(), (0, 0)).unwrap();
+        let entry = ("main.py", hash_bytes(b"print(1)"));
+        let w = walk_keeping(&ws, &inputs, (entry.0, &entry.1), &limits()).unwrap();
+        assert_eq!(names(&w.generated), ["a.csv"], "outputs as before");
+        assert_eq!(names(&w.kept), ["README", "changed.db", "model.pkl"]);
+        assert_eq!(w.kept[1].modified_from, origin);
+        assert_eq!(w.kept_skipped, ["big.bin"], "over the per-file cap");
+        assert!(w.truncation.is_none(), "kept files are not outputs");
+        // a plain walk keeps nothing
+        assert!(run(d.path(), &inputs).kept.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -265,6 +265,65 @@ impl Workspace {
     }
 }
 
+impl Workspace {
+    /// Empties the workspace: removes every entry below the root, links as
+    /// links, through directory descriptors (nothing is followed).
+    /// Directories nested deeper than `kiln_core::path::MAX_DEPTH` are left
+    /// (their parents then fail to go, with `ENOTEMPTY`); the first error
+    /// is returned after everything removable went.
+    pub fn clear(&self) -> io::Result<()> {
+        clear_dir(self.root.as_fd(), 0)
+    }
+}
+
+fn clear_dir(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
+    let fd = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut names = Vec::new();
+    let mut listing = rustix::fs::Dir::new(fd.try_clone()?)?;
+    while let Some(entry) = listing.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_owned();
+        if name.as_bytes() != b"." && name.as_bytes() != b".." {
+            names.push(name);
+        }
+    }
+    let mut first_error = None;
+    for name in names {
+        let is_dir = rustix::fs::statat(&fd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+        let removed = if is_dir {
+            if depth < kiln_core::path::MAX_DEPTH {
+                let sub = rustix::fs::openat(
+                    &fd,
+                    name.as_c_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(io::Error::from)
+                .and_then(|sub| clear_dir(sub.as_fd(), depth + 1));
+                if let Err(e) = sub {
+                    first_error.get_or_insert(e);
+                }
+            }
+            rustix::fs::unlinkat(&fd, name.as_c_str(), AtFlags::REMOVEDIR)
+        } else {
+            rustix::fs::unlinkat(&fd, name.as_c_str(), AtFlags::empty())
+        };
+        match removed {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
 fn kind_of(t: FileType) -> EntryKind {
     match t {
         FileType::RegularFile => EntryKind::File,
@@ -293,6 +352,24 @@ mod tests {
     fn me() -> (u32, u32) {
         let m = std::fs::metadata("/proc/self").unwrap();
         (m.uid(), m.gid())
+    }
+
+    #[test]
+    fn clear_empties_the_workspace_and_never_follows_a_link() {
+        let (d, w) = ws();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep.txt"), "x").unwrap();
+        std::fs::create_dir_all(d.path().join("a/b/c")).unwrap();
+        std::fs::write(d.path().join("a/b/c/f.pkl"), "x").unwrap();
+        std::fs::write(d.path().join("top"), "x").unwrap();
+        symlink(outside.path(), d.path().join("a/link")).unwrap();
+        symlink(outside.path().join("keep.txt"), d.path().join("l2")).unwrap();
+        w.clear().unwrap();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        assert!(
+            outside.path().join("keep.txt").exists(),
+            "nothing outside went"
+        );
     }
 
     fn ws() -> (tempfile::TempDir, Workspace) {

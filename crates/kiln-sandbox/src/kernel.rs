@@ -119,8 +119,12 @@ pub struct EvalResult {
     /// More was written than the caps keep.
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
-    /// `repr()` of the value of a final expression statement.
+    /// `repr()` of the value of a final expression statement (`py`; for
+    /// `js`, `util.inspect` of the completion value).
     pub value: Option<String>,
+    /// That value as a PNG image, base64 (Jupyter's `image/png`): a
+    /// matplotlib figure or axes, or an object with `_repr_png_`.
+    pub value_png: Option<String>,
     pub error: Option<EvalError>,
     pub files: Vec<EvalFile>,
     /// The timeout interrupted it (the kernel lives on).
@@ -147,6 +151,8 @@ pub struct EvalLimits {
 struct Reply {
     #[serde(default)]
     value: Option<String>,
+    #[serde(default)]
+    png: Option<String>,
     #[serde(default)]
     error: Option<EvalError>,
     #[serde(default)]
@@ -469,6 +475,7 @@ impl Kernel {
             }
         };
         result.value = reply.value;
+        result.value_png = reply.png;
         result.error = reply.error;
         result.files = reply.files;
         {
@@ -534,7 +541,12 @@ impl Kernel {
                 let tail = String::from_utf8_lossy(&lock(&self.stderr_tail))
                     .trim()
                     .to_owned();
-                KernelLost::Exited(tail)
+                // node's own heap limit comes before the cgroup's
+                if tail.contains("JavaScript heap out of memory") {
+                    KernelLost::OutOfMemory
+                } else {
+                    KernelLost::Exited(tail)
+                }
             }
         };
         let mut slot = lock(&self.lost);
@@ -558,6 +570,29 @@ pub fn python_kernel_park(template: &str) -> ParkSpec {
         etc_files: vec![(
             kiln_core::lang::warm::PYTHON_KERNEL_NAME.to_owned(),
             kiln_core::lang::warm::PYTHON_KERNEL.to_owned(),
+        )],
+        ..ParkSpec::exec()
+    }
+}
+
+/// The park spec of a `js` kernel: a pre-started node running the kernel
+/// program, with `env` (the `js` runtime's environment, as a one-shot warm
+/// `js` jail's). A shell moves the protocol to fd 3 and points node's fd 1
+/// at the jail's stderr, so bytes written behind node's back (a child
+/// process with inherited stdio) cannot break the frames.
+pub fn node_kernel_park(node: &str, env: Vec<(String, String)>) -> ParkSpec {
+    let name = kiln_core::lang::warm::NODE_KERNEL_NAME;
+    ParkSpec {
+        mode: ParkMode::Prestart,
+        argv: vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            format!("exec {node} --expose-internals /etc/kiln/{name} 3>&1 1>&2"),
+        ],
+        env,
+        etc_files: vec![(
+            name.to_owned(),
+            kiln_core::lang::warm::NODE_KERNEL.to_owned(),
         )],
         ..ParkSpec::exec()
     }
@@ -588,5 +623,17 @@ mod tests {
         assert_eq!(park.mode, ParkMode::Embedded);
         assert_eq!(park.template, "py-data");
         assert!(park.etc_files[0].1.contains("def evaluate"));
+    }
+
+    #[test]
+    fn the_node_kernel_is_prestarted_with_the_protocol_on_fd_3() {
+        let park = node_kernel_park("/usr/bin/node", vec![("HOME".into(), "/mnt/data".into())]);
+        assert_eq!(park.mode, ParkMode::Prestart);
+        assert_eq!(
+            park.argv[2],
+            "exec /usr/bin/node --expose-internals /etc/kiln/node_kernel.js 3>&1 1>&2"
+        );
+        assert_eq!(park.etc_files[0].0, "node_kernel.js");
+        assert!(park.etc_files[0].1.contains("const PROTO = 3;"));
     }
 }

@@ -63,7 +63,7 @@ pub use jail::helper_main;
 pub use jails::{BoxFuture, COLD_PROFILE, Jail, JailSource, Jails, ZygoteStart};
 pub use kernel::{
     EvalError, EvalFile, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart,
-    python_kernel_park,
+    node_kernel_park, python_kernel_park,
 };
 pub use launcher::launcher_main;
 pub use netns::JailNetwork;

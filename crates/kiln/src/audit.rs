@@ -73,6 +73,7 @@ mod tests {
         AuditRecord {
             event: "run",
             run_id: run_id.into(),
+            session_id: None,
             request_id: Some("req-1".into()),
             tenant: "local".into(),
             user_id: "alice".into(),

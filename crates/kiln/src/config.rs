@@ -192,10 +192,17 @@ pub struct Config {
     /// ignored), `affinity` (a hint names a runtime session whose
     /// `/mnt/data` persists) or `strict` (a hint is required).
     pub runtime_session_mode: String,
+    /// LibreChat's stateful profile: `py` calls of one runtime session
+    /// evaluate in one live kernel, so variables persist between calls as
+    /// well as `/mnt/data` (each runtime session holds one of the
+    /// `max_sessions` kernels of its user while it lives; without a free
+    /// one a call runs in a fresh process). Off by default: the contract
+    /// says each call is a fresh process.
+    pub runtime_session_live: bool,
     /// Live kernels (`/v1/sessions`) this node runs at once, each in a jail
     /// with a uid slot of its own (beyond `max_concurrency` and the warm
     /// pool: kernels never take one-shot runs' slots); past it, 503. 0
-    /// turns the sessions API off. Needs the Python fork-server.
+    /// turns the sessions API off. `py` kernels need the Python fork-server.
     pub max_sessions: u32,
     /// Live kernels one user may hold; past it, 429.
     pub max_sessions_per_user: usize,
@@ -333,6 +340,7 @@ impl Default for Config {
             session_ttl_secs: 3600,
             max_run_files: 10,
             runtime_session_mode: "affinity".to_owned(),
+            runtime_session_live: false,
             max_sessions: 3,
             max_sessions_per_user: 2,
             session_idle_ttl_secs: 30 * 60,
@@ -447,6 +455,9 @@ impl Config {
         self.runtime_session_mode()?;
         if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
             bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
+        }
+        if self.runtime_session_live && self.max_sessions == 0 {
+            bail!("runtime_session_live needs live kernels: max_sessions must be at least 1");
         }
         if self.session_idle_ttl_secs == 0 || self.session_max_age_secs == 0 {
             bail!("session_idle_ttl_secs and session_max_age_secs must be at least 1");

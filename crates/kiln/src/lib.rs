@@ -132,13 +132,14 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let executor = Executor::new(store.clone(), Arc::new(jails.clone()), ec);
     let mut runs_config = config.runs();
     runs_config.audit = audit::sink(&config.audit_log).context("audit_log")?;
+    let audit_sink = runs_config.audit.clone();
     let runs = Runs::new(Arc::new(executor), runs_config);
     let sessions = Arc::new(FileSessions::new(
         store.clone(),
         Duration::from_secs(config.session_ttl_secs),
     ));
-    let kernels =
-        (config.max_sessions > 0).then(|| Kernels::new(jails.sandbox().clone(), config.kernels()));
+    let kernels = (config.max_sessions > 0)
+        .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
     let languages = probe_languages().await;
     Ok(Kiln {
         config,
@@ -289,6 +290,7 @@ pub async fn serve(
         console: kiln.config.console,
         ptc: kiln.config.ptc_settings(),
         runtime_session_mode: kiln.config.runtime_session_mode()?,
+        runtime_session_live: kiln.config.runtime_session_live,
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -706,6 +708,7 @@ pub async fn exec_file(
         timeout_ms: None,
         outputs: Outputs::NewSession,
         tools: None,
+        jail: None,
     };
     // the program's output is printed as it writes it (the run's events),
     // then whatever the result holds beyond that (a compile step's output)

@@ -90,3 +90,59 @@ async fn each_ended_run_appends_one_audit_line_with_request_principal_files_and_
     );
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn each_session_evaluation_appends_one_evaluation_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let p = path.clone();
+    let s = server_with(move |c| c.audit_log = p.display().to_string()).await;
+    let post = |path: String, body: Value| {
+        client()
+            .post(format!("{}{path}", s.v1()))
+            .header("User-Id", "evaluator")
+            .json(&body)
+            .send()
+    };
+    let r = post("/sessions".into(), json!({"lang": "js"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for code in ["require('fs').writeFileSync('out.txt', 'abc'); 1", "null.x"] {
+        let r = post(format!("/sessions/{id}/exec"), json!({"code": code}))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let recs = lines(&path);
+    assert_eq!(recs.len(), 2, "one line per evaluation: {recs:?}");
+    for a in &recs {
+        assert_eq!(a["event"], "evaluation", "{a}");
+        assert_eq!(a["session_id"], id.as_str(), "{a}");
+        assert_eq!(
+            (&a["user_id"], &a["identified"]),
+            (&json!("evaluator"), &json!(true))
+        );
+        assert_eq!(a["lang"], "js");
+        assert!(a["run"]["wall_ms"].as_u64().is_some(), "{a}");
+        assert!(a["run"]["cpu_ms"].as_u64().is_some(), "{a}");
+    }
+    assert_ne!(recs[0]["run_id"], recs[1]["run_id"]);
+    assert_eq!(
+        recs[0]["files_out"],
+        json!([{"name": "out.txt", "bytes": 3}])
+    );
+    assert!(recs[0]["run_status"].is_null(), "{}", recs[0]);
+    assert_eq!(recs[1]["run_status"], "RE");
+    assert!(
+        recs[1]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("TypeError: ")),
+        "{}",
+        recs[1]
+    );
+}

@@ -19,15 +19,7 @@ async fn sessions_server(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestS
         tweak(c);
     })
     .await;
-    let pool = s.warm.as_ref().expect("warm pool");
-    let until = Instant::now() + Duration::from_secs(180);
-    while !pool.has_profile("py-data") {
-        assert!(
-            Instant::now() < until,
-            "the py-data fork-server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_for_profile(&s, "py-data").await;
     s
 }
 
@@ -78,6 +70,49 @@ async fn exec_ok(s: &TestServer, id: &str, code: &str) -> Value {
     let (status, v) = exec_as(s, id, None, json!({ "code": code })).await;
     assert_eq!(status, 200, "exec {code:?}: {v}");
     v
+}
+
+/// Starts evaluating `code` in session `id` on a task of its own; returns
+/// once the session says it is busy.
+async fn start_long(s: &TestServer, id: &str, code: &str) -> tokio::task::JoinHandle<Value> {
+    let (v1, id2, code) = (s.v1(), id.to_owned(), code.to_owned());
+    let long = tokio::spawn(async move {
+        client()
+            .post(format!("{v1}/sessions/{id2}/exec"))
+            .json(&json!({ "code": code }))
+            .send()
+            .await
+            .expect("send")
+            .json::<Value>()
+            .await
+            .expect("json")
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = format!("/sessions/{id}");
+        let (status, v) = call(s, reqwest::Method::GET, &path, None, None).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == "busy" {
+            return long;
+        }
+        assert!(
+            Instant::now() < until,
+            "the long evaluation never started: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Interrupts session `id` through its route (202) and returns the answer
+/// of the evaluation `long` it stopped.
+async fn interrupt(s: &TestServer, id: &str, long: tokio::task::JoinHandle<Value>) -> Value {
+    let path = format!("/sessions/{id}/interrupt");
+    let (status, v) = call(s, reqwest::Method::POST, &path, None, None).await;
+    assert_eq!(status, 202, "{v}");
+    tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the interrupted evaluation answers")
+        .expect("join")
 }
 
 #[tokio::test]
@@ -187,49 +222,16 @@ async fn a_timeout_or_an_interrupt_stops_the_evaluation_and_keeps_the_state() {
 
     // a long evaluation: a second call waits, then 409; the interrupt route
     // stops the first one
-    let s2 = s.v1();
-    let id2 = id.clone();
-    let long = tokio::spawn(async move {
-        client()
-            .post(format!("{s2}/sessions/{id2}/exec"))
-            .json(&json!({"code": "import time\nfor i in range(600):\n    time.sleep(0.05)"}))
-            .send()
-            .await
-            .expect("send")
-            .json::<Value>()
-            .await
-            .expect("json")
-    });
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let path = format!("/sessions/{id}");
-        let (status, v) = call(&s, reqwest::Method::GET, &path, None, None).await;
-        assert_eq!(status, 200, "{v}");
-        if v["status"] == "busy" {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the long evaluation never started: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let long = start_long(
+        &s,
+        &id,
+        "import time\nfor i in range(600):\n    time.sleep(0.05)",
+    )
+    .await;
     let (status, v) = exec_as(&s, &id, None, json!({"code": "1"})).await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"], "session_busy");
-    let (status, v) = call(
-        &s,
-        reqwest::Method::POST,
-        &format!("/sessions/{id}/interrupt"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(status, 202, "{v}");
-    let v = tokio::time::timeout(Duration::from_secs(10), long)
-        .await
-        .expect("the interrupted evaluation answers")
-        .expect("join");
+    let v = interrupt(&s, &id, long).await;
     assert_eq!(v["status"], "error", "{v}");
     assert_eq!(v["error"]["ename"], "KeyboardInterrupt", "{v}");
     assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
@@ -488,4 +490,255 @@ async fn workspace_files_can_be_written_read_listed_and_deleted() {
         second.at.duration_since(output[0].at) >= Duration::from_millis(200),
         "the first line arrived as it was written, before the code finished: {events:?}"
     );
+}
+
+/// PNG's signature, base64.
+const PNG_BASE64: &str = "iVBORw0KGgo";
+
+#[tokio::test]
+async fn a_figure_as_final_expression_is_a_png_result_and_plt_show_writes_files() {
+    let s = sessions_server(|_| {}).await;
+    let id = create(&s, None).await;
+    let v = exec_ok(
+        &s,
+        &id,
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2, 3])\nfig",
+    )
+    .await;
+    assert_eq!(v["status"], "ok", "{v}");
+    let text = v["result"]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("<Figure size"), "{v}");
+    let png = v["result"]["png"].as_str().unwrap_or_default();
+    assert!(png.starts_with(PNG_BASE64) && png.len() > 1000, "{v}");
+    // the figure was closed once shown, as Jupyter's inline backend does
+    let v = exec_ok(&s, &id, "len(plt.get_fignums())").await;
+    assert_eq!(v["result"]["text"], "0", "{v}");
+
+    // axes stand for their figure; an object with _repr_png_ draws itself
+    let v = exec_ok(&s, &id, "plt.figure().gca()").await;
+    assert!(
+        v["result"]["png"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(PNG_BASE64)),
+        "{v}"
+    );
+    let v = exec_ok(
+        &s,
+        &id,
+        "import io\nclass Dot:\n    def _repr_png_(self):\n        return fig_bytes\n\nf2 = plt.figure()\nbuf = io.BytesIO()\nf2.savefig(buf, format='png')\nplt.close(f2)\nfig_bytes = buf.getvalue()\nDot()",
+    )
+    .await;
+    assert!(
+        v["result"]["png"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(PNG_BASE64)),
+        "{v}"
+    );
+    // a plain value has text only
+    let v = exec_ok(&s, &id, "[1, 2]").await;
+    assert_eq!(v["result"]["text"], "[1, 2]");
+    assert!(v["result"].get("png").is_none(), "{v}");
+
+    // plt.show() inside an evaluation: each open figure becomes a file of
+    // that evaluation, through the template's hook
+    let v = exec_ok(
+        &s,
+        &id,
+        "plt.figure(); plt.plot([3, 1])\nplt.figure(); plt.bar([1], [2])\nplt.show()",
+    )
+    .await;
+    let files = v["files"].as_array().expect("files");
+    let names: Vec<&str> = files.iter().filter_map(|f| f["path"].as_str()).collect();
+    assert_eq!(names, ["plot_1.png", "plot_2.png"], "{v}");
+    assert!(v["result"].is_null(), "{v}");
+    let r = client()
+        .get(format!("{}/sessions/{id}/files/plot_2.png", s.v1()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let bytes = r.bytes().await.unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
+    // the next show() numbers on
+    let v = exec_ok(&s, &id, "plt.plot([1]); plt.show()").await;
+    assert_eq!(v["files"][0]["path"], "plot_3.png", "{v}");
+}
+
+async fn create_js(s: &TestServer) -> String {
+    let t0 = Instant::now();
+    let (status, v) = call(
+        s,
+        reqwest::Method::POST,
+        "/sessions",
+        None,
+        Some(json!({"lang": "js"})),
+    )
+    .await;
+    assert_eq!(status, 201, "create js: {v}");
+    assert_eq!(v["lang"], "js");
+    eprintln!("js session create took {} ms", t0.elapsed().as_millis());
+    v["session_id"].as_str().expect("session_id").to_owned()
+}
+
+#[tokio::test]
+async fn a_js_session_keeps_state_with_repl_semantics() {
+    let s = sessions_server(|_| {}).await;
+    let id = create_js(&s).await;
+    let v = exec_ok(
+        &s,
+        &id,
+        "let x = 40; const y = 2; function twice(n) { return 2 * n }\nclass C { get k() { return 7 } }",
+    )
+    .await;
+    assert_eq!(v["status"], "ok", "{v}");
+    assert!(v["result"].is_null(), "a declaration has no value: {v}");
+    let v = exec_ok(&s, &id, "twice(x) + y + new C().k").await;
+    assert_eq!(
+        v["result"]["text"], "89",
+        "let, const, function and class persist: {v}"
+    );
+    let v = exec_ok(&s, &id, "_ + 1").await;
+    assert_eq!(v["result"]["text"], "90", "`_` holds the last value: {v}");
+    // top-level await, its declarations persisting too
+    let v = exec_ok(
+        &s,
+        &id,
+        "const got = await new Promise(r => setTimeout(() => r(x + 1), 50));\ngot",
+    )
+    .await;
+    assert_eq!(v["result"]["text"], "41", "{v}");
+    let v = exec_ok(&s, &id, "got * 2").await;
+    assert_eq!(v["result"]["text"], "82", "{v}");
+    let v = exec_ok(&s, &id, "{a: 1, b: [x]}").await;
+    assert_eq!(
+        v["result"]["text"], "{ a: 1, b: [ 40 ] }",
+        "an object literal: {v}"
+    );
+
+    let v = exec_ok(
+        &s,
+        &id,
+        "console.log('out', x); console.error('err'); process.stdout.write('raw\\n');\nrequire('child_process').execSync('echo child', {stdio: 'inherit'});\n'done'",
+    )
+    .await;
+    assert_eq!(v["stdout"], "out 40\nraw\n", "{v}");
+    assert_eq!(v["stderr"], "err\n", "{v}");
+    assert_eq!(v["result"]["text"], "'done'");
+    assert!(v["usage"]["cpu_time_ms"].as_u64().is_some(), "{v}");
+
+    let v = exec_ok(&s, &id, "function g() { return null.k }\ng()").await;
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(v["error"]["ename"], "TypeError", "{v}");
+    let tb = v["error"]["traceback"].to_string();
+    assert!(tb.contains("at g (<cell 8>:1:"), "{tb}");
+    assert!(
+        !tb.contains("node_kernel") && !tb.contains("node:vm"),
+        "kernel frames hidden: {tb}"
+    );
+    let v = exec_ok(&s, &id, "let broken = ;").await;
+    assert_eq!(v["error"]["ename"], "SyntaxError", "{v}");
+    let v = exec_ok(&s, &id, "await Promise.reject(new RangeError('no'))").await;
+    assert_eq!(v["error"]["ename"], "RangeError", "{v}");
+    assert_eq!(v["error"]["evalue"], "no", "{v}");
+    // an error thrown later, from a timer, does not end the kernel
+    exec_ok(
+        &s,
+        &id,
+        "setTimeout(() => { throw new Error('later') }, 1); 1",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let v = exec_ok(&s, &id, "x").await;
+    assert_eq!(v["result"]["text"], "40", "the state survived: {v}");
+    assert!(
+        v["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Error: later"),
+        "the late error is reported on stderr: {v}"
+    );
+
+    // files: written by the code, listed, readable, with the workspace's rules
+    let v = exec_ok(
+        &s,
+        &id,
+        "require('fs').writeFileSync('out.json', JSON.stringify({x}));\nprocess.cwd()",
+    )
+    .await;
+    assert_eq!(v["result"]["text"], "'/mnt/data'", "{v}");
+    assert_eq!(v["files"], json!([{"path": "out.json", "size": 8}]), "{v}");
+    let r = client()
+        .get(format!("{}/sessions/{id}/files/out.json", s.v1()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "{\"x\":40}");
+    let r = client()
+        .put(format!("{}/sessions/{id}/files/in.txt", s.v1()))
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let v = exec_ok(&s, &id, "require('fs').readFileSync('in.txt', 'utf8')").await;
+    assert_eq!(v["result"]["text"], "'hello'", "{v}");
+}
+
+#[tokio::test]
+async fn a_js_timeout_or_interrupt_stops_busy_and_awaiting_code_and_keeps_the_state() {
+    let s = sessions_server(|_| {}).await;
+    let id = create_js(&s).await;
+    exec_ok(&s, &id, "let kept = 'yes'").await;
+    for code in [
+        "for (;;) {}",
+        "await new Promise(r => setTimeout(r, 60000))",
+    ] {
+        let t0 = Instant::now();
+        let (status, v) = exec_as(&s, &id, None, json!({"code": code, "timeout": 700})).await;
+        assert_eq!(status, 200, "{code}: {v}");
+        assert_eq!(v["status"], "timeout", "{code}: {v}");
+        assert_eq!(v["error"]["ename"], "Interrupted", "{code}: {v}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert_eq!(exec_ok(&s, &id, "kept").await["result"]["text"], "'yes'");
+    }
+    // the interrupt route reaches a busy loop
+    let long = start_long(&s, &id, "kept = 'changed'; for (;;) {}").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let v = interrupt(&s, &id, long).await;
+    assert_eq!(v["error"]["ename"], "Interrupted", "{v}");
+    assert_eq!(
+        exec_ok(&s, &id, "kept").await["result"]["text"],
+        "'changed'"
+    );
+}
+
+#[tokio::test]
+async fn a_js_kernel_out_of_memory_or_deaf_to_its_interrupt_ends_the_session() {
+    let s = sessions_server(|c| {
+        c.memory_mb = 256;
+        c.session_interrupt_grace_secs = 1;
+    })
+    .await;
+    let id = create_js(&s).await;
+    exec_ok(&s, &id, "const state = 1").await;
+    let (status, v) = exec_as(
+        &s,
+        &id,
+        None,
+        json!({"code": "const hog = []; for (;;) hog.push(Buffer.alloc(16 << 20, 1))"}),
+    )
+    .await;
+    assert_eq!(status, 410, "{v}");
+    assert_eq!(v["message"], "session lost: out of memory", "{v}");
+    let (status, v) = exec_as(&s, &id, None, json!({"code": "state"})).await;
+    assert_eq!(status, 410, "the next call says so too: {v}");
+
+    // SIGINT ignored by a process the code started and waits for
+    // synchronously: the interrupt cannot get through, the kernel is killed
+    let id = create_js(&s).await;
+    let code = "require('child_process').execFileSync('sh', ['-c', 'trap \"\" INT; sleep 30'])";
+    let (status, v) = exec_as(&s, &id, None, json!({"code": code, "timeout": 500})).await;
+    assert_eq!(status, 410, "{v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("interrupt"), "{msg}");
 }

@@ -21,8 +21,11 @@
 //! version of a session file stands for the current one), outputs go into it
 //! ([`Outputs::Workspace`]: a modified file replaces the one it changed), its
 //! calls take turns (409 `runtime_session_busy` past the wait) and each is a
-//! fresh process. The answer adds `runtime_session_id` and `runtime_status`
-//! and leaves out unchanged files of the session the request did not send.
+//! fresh process — unless `runtime_session_live` is on: then the `py` calls
+//! of a runtime session evaluate in its one live kernel
+//! ([`kiln_exec::kernels::Kernels::seat`]), through the same pipeline. The
+//! answer adds `runtime_session_id` and `runtime_status` and leaves out
+//! unchanged files of the session the request did not send.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -299,8 +302,22 @@ async fn open_runtime(
     files.append(&mut req.files);
     req.files = files;
     req.outputs = Outputs::Workspace(workspace.clone());
+    let id = kiln_exec::sessions::runtime_session_id(&parsed.caller, hint);
+    if state.config.runtime_session_live
+        && req.lang.name() == "py"
+        && let Some(kernels) = &state.kernels
+    {
+        let owner = parsed.caller.principal.user_key();
+        match kernels.named(owner.as_str(), &id, "py").await {
+            Ok((session, _)) => req.jail = Some(kernels.seat(session)),
+            Err(e) => tracing::warn!(
+                runtime_session = %id, error = %e,
+                "no live kernel for the runtime session: this call runs in a fresh process"
+            ),
+        }
+    }
     let runtime = Runtime {
-        id: kiln_exec::sessions::runtime_session_id(&parsed.caller, hint),
+        id,
         reused,
         workspace,
         sent,
@@ -414,6 +431,7 @@ pub fn parse_exec(
         timeout_ms: top.timeout_ms,
         outputs: Outputs::NewSession,
         tools: None,
+        jail: None,
     };
     Ok(ParsedExec {
         caller,

@@ -428,6 +428,7 @@ pub async fn programmatic(
         timeout_ms: parsed.timeout_ms,
         outputs: Outputs::NewSession,
         tools: Some(Arc::clone(&bridge)),
+        jail: None,
     };
     let watch = state.runs.start(
         caller,

@@ -3,7 +3,9 @@
 //! and handed to the store as a stream), and report it to the run's
 //! watchers. Into a workspace session ([`Outputs::Workspace`]) an output
 //! replaces the objects of the same name, and an input the program deleted
-//! is deleted.
+//! is deleted; so does every other file the program left there (a `.pkl`,
+//! a file without an extension): stored, not reported, so the workspace
+//! persists whole as it would on a machine that kept it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,6 +28,9 @@ use crate::workspace::Workspace;
 #[derive(Debug, Default)]
 pub(crate) struct Harvest {
     pub files: Vec<OutputFile>,
+    /// Files kept in the workspace session without being reported (name,
+    /// object id).
+    pub kept: Vec<(String, Nanoid)>,
     pub deleted: Vec<String>,
     pub truncation: Option<Truncation>,
     pub attempted: u32,
@@ -46,10 +51,16 @@ pub(crate) async fn harvest(
 ) -> Result<Harvest, ExecError> {
     let walk_limits = limits.clone();
     let staged = Arc::new(staged);
+    let persists = matches!(outputs, Outputs::Workspace(_));
     let walked = {
         let staged = Arc::clone(&staged);
         blocking(ws, move |ws| {
-            walker::walk(ws, &staged, (entry.0, &entry.1), &walk_limits)
+            let walk = if persists {
+                walker::walk_keeping
+            } else {
+                walker::walk
+            };
+            walk(ws, &staged, (entry.0, &entry.1), &walk_limits)
         })
         .await
         .map_err(|e| ExecError::SandboxFailed(format!("walk workspace: {e}")))?
@@ -58,18 +69,12 @@ pub(crate) async fn harvest(
     let mut h = Harvest::default();
     let mut trunc = walked.truncation;
     for g in walked.generated {
-        let file_id = Nanoid::random();
         let Ok(name) = RelPath::parse(&g.name) else {
             h.failed += 1;
             continue;
         };
-        let obj = NewObject {
-            session_id: session.clone(),
-            file_id: file_id.clone(),
-            content_type: content_type(name.as_str()),
-            name,
-            read_only: false,
-        };
+        let obj = new_object(session, name);
+        let file_id = obj.file_id.clone();
         match store_output(store, ws, obj).await {
             Ok(bytes) => {
                 let f = OutputFile {
@@ -94,6 +99,20 @@ pub(crate) async fn harvest(
         }
     }
     h.attempted = h.files.len() as u32 + h.failed;
+    for k in walked.kept {
+        let Ok(name) = RelPath::parse(&k.name) else {
+            continue;
+        };
+        let obj = new_object(session, name);
+        let file_id = obj.file_id.clone();
+        match store_output(store, ws, obj).await {
+            Ok(_) => h.kept.push((k.name, file_id)),
+            Err(e) => warn!(file = %k.name, error = %e, "could not keep a workspace file"),
+        }
+    }
+    if !walked.kept_skipped.is_empty() {
+        warn!(files = ?walked.kept_skipped, "workspace files over the caps were not kept");
+    }
     for i in walked.inherited {
         h.files.push(OutputFile {
             id: i.id,
@@ -110,6 +129,17 @@ pub(crate) async fn harvest(
         sync_workspace(store, sid, &h, &staged).await;
     }
     Ok(h)
+}
+
+/// A new object named `name` in `session`, with a fresh id.
+fn new_object(session: &Nanoid, name: RelPath) -> NewObject {
+    NewObject {
+        session_id: session.clone(),
+        file_id: Nanoid::random(),
+        content_type: content_type(name.as_str()),
+        name,
+        read_only: false,
+    }
 }
 
 /// Opens one output without following links and streams it into the
@@ -154,6 +184,7 @@ async fn sync_workspace(
         .iter()
         .filter(|f| !f.inherited && &f.storage_session_id == sid)
         .map(|f| (f.name.as_str(), &f.id))
+        .chain(h.kept.iter().map(|(name, id)| (name.as_str(), id)))
         .collect();
     let new_names: HashSet<&str> = new.iter().map(|(n, _)| *n).collect();
     let gone: HashSet<&Nanoid> = h

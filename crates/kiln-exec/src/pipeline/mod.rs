@@ -118,11 +118,12 @@ impl Executor {
         // run's wall time, not the queue's); such a run's program joins its
         // own network namespace, so its jail is built for it, never parked
         // a programmatic run gets a tool channel instead (one port per jail)
+        // (a live kernel's seat has no channel either)
         let services = inner
             .cfg
             .egress
             .as_ref()
-            .filter(|_| req.tools.is_none())
+            .filter(|_| req.tools.is_none() && req.jail.is_none())
             .and_then(|gateway| {
                 let grant = egress::mint(
                     Some(gateway),
@@ -147,9 +148,10 @@ impl Executor {
 
         // workspace: a jail (parked, or built per step), the output
         // session, the staged files
+        let source = req.jail.as_ref().map_or(&*inner.jails, |o| &*o.0);
         let mut jail = phase("acquire", async {
             tokio::select! {
-                j = inner.jails.acquire(profile) => j.map_err(step::sandbox_error),
+                j = source.acquire(profile) => j.map_err(step::sandbox_error),
                 () = cancelled.cancelled() => Err(ExecError::Cancelled),
             }
         })

@@ -177,6 +177,7 @@ fn request(lang: &str, code: &str) -> ExecRequest {
         timeout_ms: None,
         outputs: Outputs::NewSession,
         tools: None,
+        jail: None,
     }
 }
 

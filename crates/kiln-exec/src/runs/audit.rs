@@ -31,12 +31,17 @@ pub struct AuditUsage {
     pub memory_peak_bytes: Option<u64>,
 }
 
-/// One ended run.
+/// One ended run, or one evaluation of a live kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditRecord {
-    /// Always `run`: the kind of record (a stable field to route on).
+    /// The kind of record (a stable field to route on): `run`, or
+    /// `evaluation` (an evaluation in a session's kernel, see
+    /// [`crate::kernels`]; `run_id` is then the evaluation's own id).
     pub event: &'static str,
     pub run_id: String,
+    /// `evaluation`: the session whose kernel evaluated it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
     /// `x-request-id` of the request that started the run.
     pub request_id: Option<String>,
     pub tenant: String,
@@ -116,6 +121,7 @@ impl AuditRecord {
         AuditRecord {
             event: "run",
             run_id: rec.id.as_str().to_owned(),
+            session_id: None,
             request_id: rec.request_id.clone(),
             tenant: principal.tenant.clone(),
             user_id: principal.user_id.clone(),

@@ -91,6 +91,7 @@ fn req() -> ExecRequest {
         timeout_ms: None,
         outputs: Outputs::NewSession,
         tools: None,
+        jail: None,
     }
 }
 

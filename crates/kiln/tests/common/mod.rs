@@ -259,3 +259,17 @@ pub fn sse_result(events: &[Sse]) -> &Value {
     assert_eq!(last.event.as_deref(), Some("result"), "{events:?}");
     &last.data
 }
+
+/// Waits (up to 3 min) until the server's warm pool has `profile` (a
+/// fork-server that is up).
+pub async fn wait_for_profile(s: &TestServer, profile: &str) {
+    let pool = s.warm.as_ref().expect("warm pool");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while !pool.has_profile(profile) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the {profile} fork-server did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -1,5 +1,6 @@
 //! Live kernels (`/v1/sessions`): two users' kernels share no process, no
-//! workspace and no uid, and one kernel's code cannot reach the other's.
+//! workspace and no uid, and one kernel's code (`py` or `js`) cannot reach
+//! the other's.
 
 use std::time::Duration;
 
@@ -8,10 +9,14 @@ use serde_json::{Value, json};
 use crate::{client, shared, wait_for_warm_py};
 
 async fn session(user: &str) -> String {
+    session_of(user, "py").await
+}
+
+async fn session_of(user: &str, lang: &str) -> String {
     let r = client()
         .post(format!("{}/sessions", shared().v1))
         .header("User-Id", user)
-        .json(&json!({"lang": "py"}))
+        .json(&json!({"lang": lang}))
         .send()
         .await
         .expect("send");
@@ -93,6 +98,63 @@ except OSError:
         "two users' kernels run under the same host uids"
     );
 
+    // the same probe from a js kernel (the node's cap: three kernels)
+    let js = session_of("sec-attacker-js", "js").await;
+    let probe = r#"
+const fs = require('fs');
+const path = require('path');
+const seen = fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).map((p) => {
+  try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').replace(/\0/g, ' '); } catch { return ''; }
+});
+const found = [];
+function walk(d) {
+  let entries;
+  try { entries = fs.readdirSync(d, { withFileTypes: true }); } catch { return; }
+  for (const e of entries) {
+    const p = path.join(d, e.name);
+    if (e.isDirectory()) walk(p);
+    else if (e.isFile()) {
+      try {
+        const fd = fs.openSync(p, 'r');
+        const buf = Buffer.alloc(1 << 20);
+        const n = fs.readSync(fd, buf, 0, buf.length, 0);
+        fs.closeSync(fd);
+        if (buf.subarray(0, n).includes('victim-secret-7f3a')) found.push(p);
+      } catch {}
+    }
+  }
+}
+for (const top of ['/mnt', '/tmp', '/var', '/run', '/home', '/root', '/dev/shm', '/etc']) walk(top);
+try { process.kill(-1, 'SIGKILL'); } catch {}
+[fs.readdirSync('/mnt/data'), seen.filter((c) => c.includes('sleep')), found]
+"#;
+    let v = eval("sec-attacker-js", &js, probe).await;
+    assert_eq!(
+        v["result"]["text"], "[ [], [], [] ]",
+        "the attacker's js kernel saw the victim's files or processes: {v}"
+    );
+    let js_ids = uid_map(
+        &eval(
+            "sec-attacker-js",
+            &js,
+            "require('fs').readFileSync('/proc/self/uid_map', 'utf8')",
+        )
+        .await,
+    );
+    // uid_map: "0 <host uid> <count>", shown as repr() or util.inspect
+    let host_uid = |ids: &str| {
+        ids.split_whitespace()
+            .filter(|t| t.chars().all(|c| c.is_ascii_digit()))
+            .nth(1)
+            .map(str::to_owned)
+    };
+    assert!(host_uid(&js_ids).is_some(), "{js_ids:?}");
+    assert_ne!(
+        host_uid(&js_ids),
+        host_uid(&victim_ids),
+        "the js kernel runs under the victim's host uid"
+    );
+
     // the victim's kernel, its child and its file are untouched
     tokio::time::sleep(Duration::from_millis(200)).await;
     let v = eval(
@@ -105,7 +167,11 @@ except OSError:
         v["result"]["text"], "('victim-secret-7f3a', 'victim-secret-7f3a', None)",
         "{v}"
     );
-    for (user, id) in [("sec-victim", &victim), ("sec-attacker", &attacker)] {
+    for (user, id) in [
+        ("sec-victim", &victim),
+        ("sec-attacker", &attacker),
+        ("sec-attacker-js", &js),
+    ] {
         let r = client()
             .delete(format!("{}/sessions/{id}", shared().v1))
             .header("User-Id", user)

@@ -11,13 +11,22 @@
 #            b"e" bytes             its stderr
 #            b"r" {...}             "ready" once, then one reply per evaluation
 #
+# A reply is {"value", "png", "error", "files"}: the repr() of a final
+# expression's value, that value as a base64 PNG when it is a matplotlib
+# figure (or axes: its figure, then closed, as Jupyter's inline backend does)
+# or has _repr_png_, the error, and the files under /mnt/data the evaluation
+# created or changed (plt.show() writes plot_<n>.png there: the template's
+# hook, kiln_plot.py, which cold runs use too).
+#
 # The user's code writes to fd 1 and 2, which are pipes this kernel drains into
 # frames (subprocesses inherit them too); every byte written before the code
 # returned is framed before the reply. The user's namespace is a module of its
 # own named __main__; this file's frames are cut from tracebacks.
 
 import ast
+import base64
 import builtins
+import io
 import json
 import linecache
 import os
@@ -31,6 +40,7 @@ import types
 
 KERNEL_FILE = sys._getframe().f_code.co_filename
 MAX_VALUE_CHARS = 64 * 1024
+MAX_PNG_BYTES = 4 * 1024 * 1024
 MAX_FILES = 1000
 MAX_TRACEBACK_LINES = 400
 HEADER = struct.Struct(">cI")
@@ -202,8 +212,42 @@ def evaluate(code):
     return value, error
 
 
+def figure_of(value):
+    """The matplotlib figure `value` is (or whose axes it is), if any."""
+    figure = sys.modules.get("matplotlib.figure")
+    if figure is None:
+        return None
+    if isinstance(value, figure.Figure):
+        return value
+    axes = sys.modules.get("matplotlib.axes")
+    if axes is not None and isinstance(value, axes.Axes):
+        return value.figure
+    return None
+
+
+def png_of(value):
+    """`value` as PNG bytes: a figure rendered (and closed), or its _repr_png_()."""
+    fig = figure_of(value)
+    if fig is not None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is not None:
+            plt.close(fig)
+        return buf.getvalue()
+    # looked up on the type: an object answering every attribute is no image
+    if getattr(type(value), "_repr_png_", None) is None:
+        return None
+    data = value._repr_png_()
+    if isinstance(data, tuple) and data:
+        data = data[0]  # (data, metadata), as IPython allows
+    if isinstance(data, str):
+        data = base64.b64decode(data)
+    return data if isinstance(data, (bytes, bytearray)) else None
+
+
 def reply_for(value, error, before):
-    reply = {"error": error, "value": None}
+    reply = {"error": error, "value": None, "png": None}
     if value is not None and error is None:
         builtins._ = value
         try:
@@ -211,6 +255,13 @@ def reply_for(value, error, before):
         except BaseException as exc:
             text = "<repr failed: %s>" % (describe(exc)["evalue"],)
         reply["value"] = text[:MAX_VALUE_CHARS]
+        try:
+            png = png_of(value)
+        except BaseException as exc:
+            png = None
+            os.write(2, ("Kiln: the value could not be drawn: %s\n" % (describe(exc)["evalue"],)).encode())
+        if png and len(png) <= MAX_PNG_BYTES:
+            reply["png"] = base64.b64encode(png).decode("ascii")
     after = snapshot()
     files = [
         {"path": path, "size": meta[1]}
