@@ -4,7 +4,9 @@
 //!
 //! - stateless requests work on any node: upload, exec with the file and
 //!   download, each answered by a different node;
-//! - a live kernel is used through every node (forwarded to its owner);
+//! - a live kernel is used through every node (forwarded to its owner), a
+//!   run's event stream is watched and a paused programmatic run continued
+//!   through nodes that do not hold them;
 //! - a node killed with SIGKILL in the middle of a run: the others keep
 //!   serving through the balancer, no stored file is lost, and its kernel
 //!   is `410 session_lost` at once;
@@ -463,6 +465,60 @@ async fn three_nodes_behind_haproxy_share_files_forward_kernels_survive_a_kill_a
         ["n1", "n2", "n3"].map(str::to_owned).into_iter().collect(),
         "reached through every node"
     );
+
+    // --- a run on n1 watched through n2: its event stream, forwarded
+    let r = client()
+        .post(format!("{}/exec", n1.url()))
+        .header("prefer", "respond-async")
+        .header("user-id", "alice")
+        .json(&json!({"lang": "bash", "code": "echo one; sleep 1; echo two", "detach": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let run = r.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
+    let events = client()
+        .get(format!("{}/runs/{run}/events", n2.url()))
+        .header("user-id", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    assert_eq!(
+        (node_of(&events), via_of(&events)),
+        ("n1".into(), Some("n2".into()))
+    );
+    let text = events.text().await.unwrap();
+    assert!(
+        text.contains("one") && text.contains("two") && text.contains("event: result"),
+        "{text}"
+    );
+
+    // --- a programmatic run paused on n1, continued through n3
+    let r = client()
+        .post(format!("{}/exec/programmatic", n1.url()))
+        .header("user-id", "alice")
+        .json(&json!({"lang": "py", "timeout": 20000,
+            "code": "r = await add(a=1, b=2)\nprint('sum', r['sum'])",
+            "tools": [{"name": "add", "description": "adds", "parameters": {"type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}]}))
+        .send()
+        .await
+        .unwrap();
+    let paused: Value = r.json().await.unwrap();
+    assert_eq!(paused["status"], "tool_call_required", "{paused}");
+    let r = client()
+        .post(format!("{}/exec/programmatic", n3.url()))
+        .header("user-id", "alice")
+        .json(&json!({"continuation_token": paused["continuation_token"],
+            "tool_results": [{"call_id": paused["tool_calls"][0]["id"], "result": {"sum": 3}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((node_of(&r), via_of(&r)), ("n1".into(), Some("n3".into())));
+    let done: Value = r.json().await.unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["stdout"], "sum 3\n", "{done}");
 
     // --- n3 killed (SIGKILL) in the middle of a run, holding a kernel
     let n3_kernel = create_session(n3).await;
