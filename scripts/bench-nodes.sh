@@ -55,10 +55,12 @@ if [[ $(id -u) -eq 0 ]]; then chown nobody:nogroup "$work"; as=(setpriv --reuid=
 "${as[@]}" "$pgbin/initdb" -D "$work/pg" -U kiln --auth=trust -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
 pg_port=$(free_port)
 "${as[@]}" "$pgbin/postgres" -D "$work/pg" -p "$pg_port" -c listen_addresses=127.0.0.1 \
-  -c unix_socket_directories='' -c max_connections=200 >"$work/pg.log" 2>&1 &
+  -c unix_socket_directories='' -c max_connections=200 \
+  -c shared_preload_libraries=pg_stat_statements >"$work/pg.log" 2>&1 &
 pids+=($!)
 wait_port "$pg_port"
 for _ in $(seq 1 50); do psql -h 127.0.0.1 -p "$pg_port" -U kiln -d postgres -qc 'CREATE DATABASE bench' 2>/dev/null && break; sleep 0.2; done
+psql -h 127.0.0.1 -p "$pg_port" -U kiln -d bench -qc 'CREATE EXTENSION pg_stat_statements'
 
 # S3
 s3_port=$(free_port)
@@ -111,3 +113,10 @@ for p in "${node_pids[@]:1}"; do kill -TERM "$p"; done
 for p in "${node_pids[@]:1}"; do wait "$p" || true; done
 echo "== node n1 alone (http://127.0.0.1:${ports[0]})"
 "$bench" --url "http://127.0.0.1:${ports[0]}" --out "$work/../bench-nodes-1.json" "${bench_args[@]}"
+
+# what each statement cost the database over both runs (server time, without the round trip)
+echo "== Postgres statements (pg_stat_statements, over both measurements)"
+psql -h 127.0.0.1 -p "$pg_port" -U kiln -d bench -P pager=off -c "
+  SELECT calls, round(mean_exec_time::numeric, 3) AS mean_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 90) AS statement
+  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'bench') AND calls > 20
+  ORDER BY calls DESC LIMIT 15"
