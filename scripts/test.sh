@@ -112,6 +112,15 @@ else
   echo "moto installed in $moto_tools in $((SECONDS - moto_started)) s"
 fi
 
+# crates/kiln/tests/nodes.rs puts three Kiln nodes behind HAProxy (round-robin on
+# loopback). Debian's haproxy: ~2 MB, ~18 s on a warm mirror, only when missing; the
+# test starts and stops its own instance (no service is enabled in a container).
+if command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]]; then
+  echo "haproxy: $( (haproxy -v 2>/dev/null || /usr/sbin/haproxy -v) | head -1)"
+else
+  apt_install haproxy
+fi
+
 section "Rust tests"
 # Output is also kept to print one plain closing line over every runner involved.
 log=$(mktemp)

@@ -12,8 +12,9 @@
 #   3. the manifests keep the promises docs/deploy.md makes: startup, readiness and liveness
 #      probes on /v1/health, a grace period that covers Kiln's drain (preStop pause +
 #      KILN_SHUTDOWN_GRACE_SECS + 10 s), an emptyDir data dir, a PodDisruptionBudget, one
-#      replica in the base; the shared-storage overlay has several replicas and takes its
-#      database URL and S3 settings from a Secret.
+#      replica in the base; the shared-storage overlay has several replicas, takes its
+#      database URL, S3 settings and node secret from a Secret, advertises the pod IP (for
+#      forwarding between pods) and counts rate limits in Postgres.
 # Any failure fails the script (exit 1).
 #
 # kubernetes-validate is installed from PyPI into a directory of its own when missing
@@ -99,9 +100,13 @@ env = {e["name"]: e for e in c.get("env", [])}
 if name.startswith("overlays/shared-storage"):
     if dep.get("spec", {}).get("replicas", 1) < 2:
         problems.append("shared-storage runs fewer than 2 replicas")
-    for key in ("KILN_DATABASE_URL", "KILN_S3_BUCKET", "KILN_S3_SECRET_ACCESS_KEY"):
+    for key in ("KILN_DATABASE_URL", "KILN_S3_BUCKET", "KILN_S3_SECRET_ACCESS_KEY", "KILN_NODE_SECRET"):
         if "secretKeyRef" not in env.get(key, {}).get("valueFrom", {}):
             problems.append(f"{key} does not come from a Secret")
+    if "$(POD_IP)" not in env.get("KILN_ADVERTISE_URL", {}).get("value", ""):
+        problems.append("KILN_ADVERTISE_URL is not the pod IP (forwarding between pods)")
+    if env.get("KILN_RATE_LIMIT_BACKEND", {}).get("value") != "postgres":
+        problems.append("rate limits are not shared (KILN_RATE_LIMIT_BACKEND=postgres)")
 elif dep.get("spec", {}).get("replicas", 1) != 1:
     problems.append("a store in the pod (no shared storage) with more than one replica")
 for p in problems:

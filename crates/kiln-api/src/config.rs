@@ -230,6 +230,9 @@ pub struct AppState {
     pub history: Arc<History>,
     /// Live kernels (Kiln's sessions API); `None`: the routes answer 503.
     pub kernels: Option<kiln_exec::kernels::Kernels>,
+    /// This node among several (owners recorded, requests forwarded);
+    /// `None`: a single node.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl AppState {
@@ -257,6 +260,7 @@ impl AppState {
             ops: None,
             history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
             kernels: None,
+            cluster: None,
         }
     }
 }

@@ -21,12 +21,14 @@
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500; then, per authenticated route, authentication (API key or
+//! 500, forwarding to the owner node of a kernel or run ([`cluster`], with
+//! several nodes); then, per authenticated route, authentication (API key or
 //! LibreChat's JWT; each face answers a failure in its own envelope) and,
 //! on LibreChat's routes, the per-principal rate limits of [`rate`].
 
 pub mod admin;
 pub mod body;
+pub mod cluster;
 pub mod codeapi;
 pub mod config;
 pub mod console;
@@ -173,7 +175,11 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::new(middleware::REQUEST_ID))
         .layer(axum::middleware::from_fn(middleware::http_metrics))
         .layer(axum::middleware::from_fn(middleware::profile))
-        .layer(CatchPanicLayer::custom(middleware::panic_response));
+        .layer(CatchPanicLayer::custom(middleware::panic_response))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cluster::forward,
+        ));
 
     let console = if state.config.console {
         console::routes()

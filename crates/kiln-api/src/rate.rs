@@ -154,6 +154,51 @@ impl Gcra {
         self.rule.window / self.rule.max.max(1)
     }
 
+    /// The verdict of a step that left the key's arrival time `ahead` of
+    /// now (allowed), or found it `ahead` of now (refused).
+    fn verdict(&self, allowed: bool, ahead: Duration) -> Verdict {
+        let t = self.interval();
+        let window = self.rule.window;
+        if !allowed {
+            return Verdict {
+                limit: self.rule.max,
+                remaining: 0,
+                reset: (ahead + t).saturating_sub(window),
+                allowed: false,
+            };
+        }
+        let spare = window.saturating_sub(ahead);
+        Verdict {
+            limit: self.rule.max,
+            remaining: u32::try_from(spare.as_nanos() / t.as_nanos().max(1)).unwrap_or(u32::MAX),
+            reset: ahead,
+            allowed: true,
+        }
+    }
+
+    /// One step in the shared store, keyed by class and `key`.
+    async fn check_shared(
+        &self,
+        store: &kiln_store::Store,
+        class: Class,
+        key: &str,
+    ) -> Result<Verdict, kiln_store::StoreError> {
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let step = store
+            .rate_step(
+                &format!("{class:?}:{key}"),
+                now_us,
+                us(self.interval()),
+                us(self.rule.window),
+            )
+            .await?;
+        let ahead = Duration::from_micros(u64::try_from(step.tat_us - now_us).unwrap_or(0));
+        Ok(self.verdict(step.allowed, ahead))
+    }
+
     fn check(&self, key: &str, now: Instant) -> Verdict {
         let t = self.interval();
         let window = self.rule.window;
@@ -170,21 +215,10 @@ impl Gcra {
         // allowed while the new arrival time is at most a window ahead
         let ahead = next.saturating_duration_since(now);
         if ahead > window {
-            return Verdict {
-                limit: self.rule.max,
-                remaining: 0,
-                reset: ahead - window,
-                allowed: false,
-            };
+            return self.verdict(false, tat.saturating_duration_since(now));
         }
         tats.insert(key.to_owned(), next);
-        let spare = window - ahead;
-        Verdict {
-            limit: self.rule.max,
-            remaining: u32::try_from(spare.as_nanos() / t.as_nanos().max(1)).unwrap_or(u32::MAX),
-            reset: ahead,
-            allowed: true,
-        }
+        self.verdict(true, ahead)
     }
 }
 
@@ -192,9 +226,20 @@ impl Gcra {
 #[derive(Debug)]
 pub struct RateLimits {
     limiters: HashMap<Class, Gcra>,
+    /// Where the nodes count together; `None`: in this process.
+    shared: Option<kiln_store::Store>,
 }
 
 impl RateLimits {
+    /// Limits counted in the database of `store`, shared by every node on it.
+    pub fn shared(rules: RateRules, store: kiln_store::Store) -> RateLimits {
+        RateLimits {
+            shared: Some(store),
+            ..RateLimits::new(rules)
+        }
+    }
+
+    /// Limits counted in this process.
     pub fn new(rules: RateRules) -> RateLimits {
         let classes = [
             Class::Exec,
@@ -221,7 +266,10 @@ impl RateLimits {
                     })
             })
             .collect();
-        RateLimits { limiters }
+        RateLimits {
+            limiters,
+            shared: None,
+        }
     }
 
     /// Counts one request of `class` by `key` at `now`; `None` when the
@@ -230,12 +278,28 @@ impl RateLimits {
         self.limiters.get(&class).map(|g| g.check(key, now))
     }
 
-    /// Counts one request of `class` by `key` now: `Ok` with the headers to
-    /// stamp on the answer, or the 429.
-    pub fn check(&self, class: Class, key: &str) -> Result<Option<Verdict>, ApiError> {
-        match self.check_at(class, key, Instant::now()) {
-            Some(v) if !v.allowed => Err(ApiError::RateLimited { class, verdict: v }),
-            v => Ok(v),
+    /// Counts one request of `class` by `key` now (in the shared store if
+    /// there is one): `Ok` with the headers to stamp on the answer, or the
+    /// 429.
+    pub async fn check(&self, class: Class, key: &str) -> Result<Option<Verdict>, ApiError> {
+        let Some(gcra) = self.limiters.get(&class) else {
+            return Ok(None);
+        };
+        let verdict = match &self.shared {
+            None => gcra.check(key, Instant::now()),
+            Some(store) => match gcra.check_shared(store, class, key).await {
+                Ok(v) => v,
+                Err(e) => {
+                    metrics::counter!("kiln_rate_limit_store_errors_total").increment(1);
+                    tracing::warn!(error = %e, "shared rate limit unavailable: counted on this node");
+                    gcra.check(key, Instant::now())
+                }
+            },
+        };
+        if verdict.allowed {
+            Ok(Some(verdict))
+        } else {
+            Err(ApiError::RateLimited { class, verdict })
         }
     }
 }
@@ -373,7 +437,7 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
         return next.run(req).await;
     };
     let key = request_key(&state, &req);
-    match state.rates.check(class, &key) {
+    match state.rates.check(class, &key).await {
         Err(e) => e.into_response(),
         Ok(verdict) => {
             let mut resp = next.run(req).await;

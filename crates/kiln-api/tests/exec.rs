@@ -482,10 +482,14 @@ async fn new_runs_are_refused_once_shutdown_begins() {
     assert_eq!(r.status(), 503);
     assert_eq!(json(r).await, json!({"error": "Service is shutting down"}));
     assert_eq!(s.exec.call_count(), 0);
+    // Health says draining, so that a balancer moves on.
+    let r = s.client.get(s.url("/v1/health")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(json(r).await["status"], "draining");
     // Other routes keep answering.
     assert_eq!(
         s.client
-            .get(s.url("/v1/health"))
+            .get(s.url("/openapi.json"))
             .send()
             .await
             .unwrap()

@@ -79,20 +79,40 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         startup_timeout: settings.startup_timeout,
         stop_timeout: Duration::from_secs(60),
     };
-    let server = Server::start(&opts, &http).await?;
-    eprintln!(
-        "kiln-bench: {} serving on {} (log {})",
-        settings.kiln.display(),
-        server.origin,
-        server.log_path().display()
-    );
-    let kiln = KilnClient::new(http, &server.origin);
+    // `--url`: someone else's server (a balancer over several nodes), not started, stopped
+    // or weighed here
+    let server = match &settings.url {
+        Some(_) => None,
+        None => Some(Server::start(&opts, &http).await?),
+    };
+    let origin = match (&server, &settings.url) {
+        (Some(s), _) => {
+            eprintln!(
+                "kiln-bench: {} serving on {} (log {})",
+                settings.kiln.display(),
+                s.origin,
+                s.log_path().display()
+            );
+            s.origin.clone()
+        }
+        (None, Some(u)) => {
+            eprintln!("kiln-bench: measuring the server at {u}");
+            u.clone()
+        }
+        (None, None) => unreachable!("a server is started unless --url is given"),
+    };
+    let kiln = KilnClient::new(http, &origin);
     let health = kiln.health().await.ok();
     // let start-up work (probes, the fork-server's preload, the warm pool) settle before reading the idle size;
     // nothing is measured yet
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let idle = server.rss();
-    let pool_idle = machine::descendants(server.pid());
+    if server.is_some() {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+    let idle = server.as_ref().map(Server::rss).unwrap_or_default();
+    let pool_idle = server
+        .as_ref()
+        .map(|s| machine::descendants(s.pid()))
+        .unwrap_or_default();
 
     let ctx = scenarios::Ctx {
         settings: &settings,
@@ -110,14 +130,16 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let reports = tokio::select! {
         r = all => r,
         _ = tokio::signal::ctrl_c() => {
-            eprintln!("kiln-bench: interrupted; stopping the server");
-            let how = server.stop(opts.stop_timeout).await?;
-            eprintln!("kiln-bench: server {how}");
+            if let Some(server) = server {
+                eprintln!("kiln-bench: interrupted; stopping the server");
+                let how = server.stop(opts.stop_timeout).await?;
+                eprintln!("kiln-bench: server {how}");
+            }
             return Ok(ExitCode::from(130));
         }
     };
 
-    let after = server.rss();
+    let after = server.as_ref().map(Server::rss).unwrap_or_default();
     // the templates after the run: the rich one's preload may outlast the idle wait, and a
     // fork-server's own memory does not grow with runs (it never runs user code)
     let templates = match kiln.metrics().await {
@@ -128,7 +150,10 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         Err(_) => Vec::new(),
     };
     let phases_total = ctx.phases().await;
-    let stopped = server.stop(opts.stop_timeout).await;
+    let stopped = match server {
+        Some(server) => server.stop(opts.stop_timeout).await,
+        None => Ok(format!("at {origin} left running (--url)")),
+    };
 
     let mut notes = vec![
         format!(

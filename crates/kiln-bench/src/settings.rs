@@ -72,6 +72,11 @@ pub struct Cli {
     /// Seconds the server may take to answer /v1/health.
     #[arg(long, default_value_t = 60)]
     pub startup_timeout: u64,
+    /// Measure the Kiln already serving at this origin (`http://host:port`,
+    /// e.g. a balancer in front of several nodes) instead of starting one;
+    /// the server's memory is then not reported.
+    #[arg(long)]
+    pub url: Option<String>,
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
@@ -128,6 +133,8 @@ pub struct Settings {
     pub server_env: Vec<(String, String)>,
     #[serde(skip)]
     pub startup_timeout: Duration,
+    /// An external server's origin (`--url`); `None`: one is started.
+    pub url: Option<String>,
 }
 
 impl Settings {
@@ -166,7 +173,18 @@ impl Settings {
             out: cli.out,
             server_env: cli.server_env,
             startup_timeout: Duration::from_secs(cli.startup_timeout),
+            url: cli.url.map(|u| {
+                u.trim()
+                    .trim_end_matches('/')
+                    .trim_end_matches("/v1")
+                    .to_owned()
+            }),
         };
+        if let Some(u) = &s.url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            bail!("--url must be http://host:port, not {u:?}");
+        }
         for (name, v) in [
             ("--runs", s.runs),
             ("--a-requests", s.a_requests),

@@ -55,6 +55,7 @@ mod error;
 mod gc;
 mod ledger;
 mod meta;
+mod nodes;
 mod usage;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +72,7 @@ use tokio_util::io::ReaderStream;
 
 pub use backend::{Backends, BlobBackend, MetaBackend, S3Config};
 pub use error::StoreError;
+pub use nodes::{NodeRow, Owner, RateStep};
 pub use usage::StoredBytes;
 
 use crate::blobs::{Blobs, READ_CHUNK, open_untrusted_regular, run_blocking};

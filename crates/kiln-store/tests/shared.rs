@@ -189,3 +189,102 @@ async fn the_store_reconnects_after_postgres_drops_its_connections() {
     assert_eq!(bytes.concat(), b"two");
     let _ = store.read(&first).await.unwrap().next().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn owners_are_seen_by_every_node_with_their_node_heartbeat_and_go_with_it() {
+    let Some(fx) = Fixture::new(Kind::PostgresS3) else {
+        return;
+    };
+    let (a, b) = tokio::join!(fx.open(), fx.open());
+    let now = now_ms();
+    a.node_heartbeat("node-a", "http://10.0.0.1:8000", false, now)
+        .await
+        .unwrap();
+    a.claim("session", "K1", "node-a", now).await.unwrap();
+    // another node reads the owner and where to reach it
+    let owner = b.owner("session", "K1").await.unwrap().unwrap();
+    assert_eq!(owner.node_id, "node-a");
+    assert_eq!(owner.url.as_deref(), Some("http://10.0.0.1:8000"));
+    assert_eq!(owner.heartbeat_at_ms, Some(now));
+    assert!(!owner.draining);
+    // the heartbeat moves on and says draining
+    a.node_heartbeat("node-a", "http://10.0.0.1:8000", true, now + 3000)
+        .await
+        .unwrap();
+    let owner = b.owner("session", "K1").await.unwrap().unwrap();
+    assert_eq!(
+        (owner.heartbeat_at_ms, owner.draining),
+        (Some(now + 3000), true)
+    );
+    assert_eq!(b.owner("run", "K1").await.unwrap(), None, "kinds are apart");
+    // a closed session is forgotten
+    a.claim("session", "K2", "node-a", now).await.unwrap();
+    a.release("session", "K2").await.unwrap();
+    assert_eq!(b.owner("session", "K2").await.unwrap(), None);
+    // a node that leaves takes its owner rows with it
+    a.node_leave("node-a").await.unwrap();
+    assert_eq!(b.owner("session", "K1").await.unwrap(), None);
+    // a node silent for longer than the cutoff is pruned, and what it owned
+    b.node_heartbeat("node-b", "http://10.0.0.2:8000", false, now - 2 * HOUR_MS)
+        .await
+        .unwrap();
+    b.claim("run", "R1", "node-b", now).await.unwrap();
+    let dead = b.owner("run", "R1").await.unwrap().unwrap();
+    assert_eq!(dead.heartbeat_at_ms, Some(now - 2 * HOUR_MS));
+    assert_eq!(
+        a.prune_nodes(now - HOUR_MS, now - 24 * HOUR_MS)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(a.owner("run", "R1").await.unwrap(), None);
+    assert!(a.nodes().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_budget_in_postgres_is_shared_by_nodes_counting_at_once() {
+    let Some(fx) = Fixture::new(Kind::PostgresS3) else {
+        return;
+    };
+    let (a, b) = tokio::join!(fx.open(), fx.open());
+    let now_us = now_ms() * 1000;
+    let (interval, window) = (1_000_000, 10_000_000); // 10 per 10 s
+    // 30 requests at the same instant from two nodes at once: exactly the
+    // burst of 10 is allowed between them
+    let steps = futures::future::join_all((0..30).map(|i| {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move {
+            s.rate_step("exec:alice", now_us, interval, window)
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    let allowed = steps.iter().filter(|s| s.allowed).count();
+    assert_eq!(allowed, 10, "{steps:?}");
+    // a refusal says how far ahead the key stands: a full window
+    let refused = steps.iter().find(|s| !s.allowed).unwrap();
+    assert_eq!(refused.tat_us, now_us + window);
+    // one interval later, one more request goes through, on either node
+    let later = now_us + interval;
+    assert!(
+        b.rate_step("exec:alice", later, interval, window)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !a.rate_step("exec:alice", later, interval, window)
+            .await
+            .unwrap()
+            .allowed
+    );
+    // another key has its own budget; stale keys are pruned
+    assert!(
+        a.rate_step("exec:bob", now_us, interval, window)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(a.prune_rates(now_us + 2 * window).await.unwrap(), 2);
+}

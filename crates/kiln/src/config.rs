@@ -261,6 +261,24 @@ pub struct Config {
     /// Runs that may wait for an execution slot; more are refused with 503
     /// and `Retry-After` instead of queueing without bound. 0: no bound.
     pub max_queued_runs: usize,
+    /// Several nodes: where the other nodes reach this one
+    /// (`http://10.0.0.7:8000`). Set, the node records the owner of its
+    /// kernels and runs in the shared database and forwards requests for
+    /// other nodes' ones (needs a Postgres `database_url` and `node_secret`).
+    /// Unset: a single node.
+    pub advertise_url: Option<String>,
+    /// This node's id among several. Unset: the host name and a random
+    /// suffix (a restarted node is a new node).
+    pub node_id: Option<String>,
+    /// The secret every node sends with a forwarded request (at least 16
+    /// characters, the same on every node, never given to clients).
+    pub node_secret: Option<String>,
+    /// A node whose heartbeat is older than this, seconds, is taken as gone:
+    /// requests for its kernels and runs are answered 410 `session_lost`.
+    pub node_dead_after_secs: u64,
+    /// Where rate limits are counted: `local` (each node on its own) or
+    /// `postgres` (in the shared database, one budget for every node).
+    pub rate_limit_backend: String,
 }
 
 impl Default for Config {
@@ -364,8 +382,23 @@ impl Default for Config {
             max_connections: 512,
             max_json_mb: 10,
             max_queued_runs: 64,
+            advertise_url: None,
+            node_id: None,
+            node_secret: None,
+            node_dead_after_secs: 15,
+            rate_limit_backend: "local".to_owned(),
         }
     }
+}
+
+/// The host name and a random suffix.
+fn default_node_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kiln".to_owned());
+    format!("{host}-{}", &kiln_core::Nanoid::random().as_str()[..8])
 }
 
 /// Authentication mode after resolving defaults.
@@ -466,10 +499,75 @@ impl Config {
             bail!("egress_max_concurrent and egress_max_per_run must be at least 1");
         }
         self.python_template_only()?;
+        self.nodes()?;
+        self.shared_rate_limits()?;
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!("log_format must be text or json");
         }
         Ok(())
+    }
+
+    /// Whether the Postgres database is configured.
+    fn on_postgres(&self) -> bool {
+        matches!(
+            kiln_store::MetaBackend::from_url(self.database_url.as_deref()),
+            Ok(kiln_store::MetaBackend::Postgres { .. })
+        )
+    }
+
+    /// This node among several (`advertise_url` set): `(node id, advertise
+    /// URL, secret, dead after)`; `None` for a single node.
+    pub fn nodes(&self) -> anyhow::Result<Option<(String, String, String, Duration)>> {
+        let Some(url) = self
+            .advertise_url
+            .as_deref()
+            .filter(|u| !u.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let url = url.trim().trim_end_matches('/');
+        let parsed = reqwest::Url::parse(url)
+            .with_context(|| format!("advertise_url {url:?} is not a URL"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+            bail!("advertise_url must be http://host:port (where the other nodes reach this one)");
+        }
+        if !self.on_postgres() {
+            bail!("advertise_url (several nodes) needs a shared Postgres database_url");
+        }
+        let secret = self.node_secret.as_deref().unwrap_or_default();
+        if secret.len() < 16 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            bail!(
+                "node_secret must be set with advertise_url: at least 16 printable characters,                  the same on every node"
+            );
+        }
+        if self.node_dead_after_secs < 3 {
+            bail!("node_dead_after_secs must be at least 3 (heartbeats are a fifth of it apart)");
+        }
+        let id = match self.node_id.as_deref().map(str::trim) {
+            Some(id) if !id.is_empty() => {
+                if id.len() > 100 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                    bail!("node_id must be at most 100 printable characters");
+                }
+                id.to_owned()
+            }
+            _ => default_node_id(),
+        };
+        Ok(Some((
+            id,
+            url.to_owned(),
+            secret.to_owned(),
+            Duration::from_secs(self.node_dead_after_secs),
+        )))
+    }
+
+    /// Whether rate limits are counted in the shared database.
+    pub fn shared_rate_limits(&self) -> anyhow::Result<bool> {
+        match self.rate_limit_backend.trim() {
+            "local" | "" => Ok(false),
+            "postgres" if self.on_postgres() => Ok(true),
+            "postgres" => bail!("rate_limit_backend = postgres needs a Postgres database_url"),
+            other => bail!("rate_limit_backend must be local or postgres, not {other:?}"),
+        }
     }
 
     /// The one Python template to start (`None`: all, chosen per run).
@@ -905,6 +1003,75 @@ inject_header = { Authorization = "DeepL-Auth-Key ${DEEPL_API_KEY}" }   # from K
 max_body_bytes = 31457280
 rate = "60/min"
 "#;
+
+    #[test]
+    fn several_nodes_need_postgres_a_secret_and_a_reachable_url() {
+        let base = || Config {
+            database_url: Some("postgres://kiln@db:5432/kiln".into()),
+            advertise_url: Some("http://10.0.0.7:8000/".into()),
+            node_secret: Some("0123456789abcdef0123".into()),
+            ..Config::default()
+        };
+        // one node by default: nothing to advertise, rate limits in memory
+        assert_eq!(Config::default().nodes().unwrap(), None);
+        assert!(!Config::default().shared_rate_limits().unwrap());
+        let (id, url, _, dead) = base().nodes().unwrap().unwrap();
+        assert_eq!(url, "http://10.0.0.7:8000");
+        assert_eq!(dead, Duration::from_secs(15));
+        assert!(id.len() > 9, "host name and a random suffix: {id}");
+        let named = Config {
+            node_id: Some("kiln-a".into()),
+            ..base()
+        };
+        assert_eq!(named.nodes().unwrap().unwrap().0, "kiln-a");
+        let refused = |c: Config, what: &str| {
+            let e = c.validate().unwrap_err();
+            assert!(format!("{e:#}").contains(what), "{e:#}");
+        };
+        refused(
+            Config {
+                database_url: None,
+                ..base()
+            },
+            "Postgres",
+        );
+        refused(
+            Config {
+                node_secret: Some("short".into()),
+                ..base()
+            },
+            "node_secret",
+        );
+        refused(
+            Config {
+                advertise_url: Some("10.0.0.7:8000".into()),
+                ..base()
+            },
+            "advertise_url",
+        );
+        refused(
+            Config {
+                rate_limit_backend: "postgres".into(),
+                database_url: None,
+                advertise_url: None,
+                ..base()
+            },
+            "rate_limit_backend",
+        );
+        refused(
+            Config {
+                rate_limit_backend: "redis".into(),
+                ..base()
+            },
+            "local or postgres",
+        );
+        let shared = Config {
+            rate_limit_backend: "postgres".into(),
+            ..base()
+        };
+        assert!(shared.validate().is_ok());
+        assert!(shared.shared_rate_limits().unwrap());
+    }
 
     #[test]
     #[allow(clippy::result_large_err)]

@@ -300,11 +300,24 @@ pub async fn serve(
     };
     let stop_new = CancellationToken::new();
     let runs = kiln.runs.clone();
+    let cluster = match kiln.config.nodes()? {
+        Some((id, url, secret, dead_after)) => Some(Arc::new(
+            kiln_api::cluster::Cluster::new(id, url, secret, dead_after)
+                .context("node-to-node client")?,
+        )),
+        None => None,
+    };
+    let rates = if kiln.config.shared_rate_limits()? {
+        info!("rate limits: counted in the shared database");
+        kiln_api::rate::RateLimits::shared(api_config.rate_limits, kiln.store.clone())
+    } else {
+        kiln_api::rate::RateLimits::new(api_config.rate_limits)
+    };
     let state = kiln_api::AppState {
         store: kiln.store.clone(),
         runs: runs.clone(),
         sessions: Arc::clone(&kiln.sessions),
-        rates: Arc::new(kiln_api::rate::RateLimits::new(api_config.rate_limits)),
+        rates: Arc::new(rates),
         ptc: Arc::new(kiln_api::programmatic::Programmatic::new(
             api_config.ptc.clone(),
         )),
@@ -318,8 +331,33 @@ pub async fn serve(
         ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
         history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
         kernels: kiln.kernels.clone(),
+        cluster: cluster.clone(),
     };
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
+    let heartbeat = match &cluster {
+        Some(c) => {
+            // the first heartbeat before the first request: a node others
+            // cannot find would answer their forwarded requests as lost
+            kiln.store
+                .node_heartbeat(
+                    &c.node_id,
+                    &c.advertise_url,
+                    false,
+                    kiln_api::cluster::now_ms(),
+                )
+                .await
+                .context("record this node in the shared database")?;
+            info!(node_id = %c.node_id, advertise_url = %c.advertise_url,
+                dead_after_s = c.dead_after.as_secs(), "one of several nodes");
+            Some(spawn_heartbeat(
+                kiln.store.clone(),
+                Arc::clone(c),
+                stop_new.clone(),
+                shutdown.clone(),
+            ))
+        }
+        None => None,
+    };
     let app = kiln_api::router(state);
 
     // garbage collection of expired files, and of idle seed-000 sessions
@@ -396,9 +434,15 @@ pub async fn serve(
         async move {
             shutdown.cancelled().await;
             let _ = began.set(tokio::time::Instant::now());
-            info!("shutting down: no new executions, waiting for running ones");
+            info!(
+                "draining: no new executions (503, /health says draining), waiting for running ones"
+            );
             stop_new.cancel();
             runs.close();
+            // keep the port open while runs finish, so that a balancer reads
+            // `draining` and new requests get a 503 rather than a refused
+            // connection; then stop accepting
+            let _ = runs.wait_idle(grace).await;
         }
     };
     let server = kiln_api::server::serve(listener, app, conn_limits, graceful);
@@ -430,6 +474,15 @@ pub async fn serve(
     };
     gc.abort();
     sampler.abort();
+    if let Some(h) = heartbeat {
+        h.abort();
+    }
+    if let Some(c) = &cluster {
+        // what this node owned is lost now, not when its heartbeat is missed
+        if let Err(e) = kiln.store.node_leave(&c.node_id).await {
+            warn!(error = %e, "could not remove this node from the shared database");
+        }
+    }
     if let Some(t) = kernel_sweep {
         t.abort();
     }
@@ -444,6 +497,52 @@ pub async fn serve(
     kiln.jails.sandbox().shutdown();
     info!("stopped");
     result
+}
+
+/// Several nodes: this node's heartbeat (a fifth of `dead_after` apart,
+/// `draining` once `stop_new` fires), and every minute the removal of nodes
+/// silent for an hour, of owner rows older than a day or whose node is
+/// gone, and of rate-limit keys whose bucket is full again.
+fn spawn_heartbeat(
+    store: Store,
+    cluster: Arc<kiln_api::cluster::Cluster>,
+    stop_new: CancellationToken,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    const HOUR_MS: i64 = 3_600_000;
+    tokio::spawn(async move {
+        let every = (cluster.dead_after / 5).max(Duration::from_millis(500));
+        let mut last_prune = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stop.cancelled() => return,
+            }
+            let now = kiln_api::cluster::now_ms();
+            if let Err(e) = store
+                .node_heartbeat(
+                    &cluster.node_id,
+                    &cluster.advertise_url,
+                    stop_new.is_cancelled(),
+                    now,
+                )
+                .await
+            {
+                warn!(error = %e, "heartbeat failed");
+            }
+            if last_prune.elapsed() >= Duration::from_secs(60) {
+                last_prune = tokio::time::Instant::now();
+                match store.prune_nodes(now - HOUR_MS, now - 24 * HOUR_MS).await {
+                    Ok(0) => {}
+                    Ok(n) => info!(owners = n, "owner rows of closed or lost things removed"),
+                    Err(e) => warn!(error = %e, "pruning nodes failed"),
+                }
+                if let Err(e) = store.prune_rates(now.saturating_mul(1000)).await {
+                    warn!(error = %e, "pruning rate limits failed");
+                }
+            }
+        }
+    })
 }
 
 /// `kiln serve`: log setup, build, bind, serve until SIGTERM/SIGINT.

@@ -158,7 +158,7 @@ pub async fn exec(
     } else {
         address_key(peer.0)
     };
-    let verdict = state.rates.check(Class::Exec, &key)?;
+    let verdict = state.rates.check(Class::Exec, &key).await?;
     let mut resp = run(state, &headers, parsed).await?;
     if let Some(v) = verdict {
         stamp(resp.headers_mut(), &v);

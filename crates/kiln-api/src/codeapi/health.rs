@@ -14,7 +14,8 @@ use crate::error::{ApiError, PROFILE};
 /// `GET /health`'s answer.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct Health {
-    /// `ok`.
+    /// `ok`, or `draining` (with status 503) once the node stopped taking
+    /// new runs to shut down, so that a balancer moves on.
     pub status: &'static str,
     /// The execution profile this deployment serves (`default`).
     pub profile: &'static str,
@@ -28,16 +29,24 @@ pub struct Health {
     operation_id = "health",
     tag = "LibreChat",
     summary = "Health and languages (no auth)",
-    responses((status = 200, description = "OK", body = Health))
+    responses(
+        (status = 200, description = "OK", body = Health),
+        (status = 503, description = "Draining: finishing its runs before it stops, taking no new ones", body = Health),
+    )
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
-    Json(Health {
-        status: "ok",
+    let draining = state.shutdown.is_cancelled();
+    let body = Json(Health {
+        status: if draining { "draining" } else { "ok" },
         profile: PROFILE,
         version: state.health.version.clone(),
         languages: state.health.languages.clone(),
-    })
-    .into_response()
+    });
+    if draining {
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    } else {
+        body.into_response()
+    }
 }
 
 #[utoipa::path(

@@ -404,7 +404,7 @@ pub async fn programmatic(
     } else {
         address_key(peer.0)
     };
-    let verdict = state.rates.check(Class::Exec, &key)?;
+    let verdict = state.rates.check(Class::Exec, &key).await?;
     if ptc.active() >= ptc.settings.max_active {
         let mut resp = plain(
             StatusCode::SERVICE_UNAVAILABLE,
