@@ -76,6 +76,11 @@ pub struct ApiConfig {
     /// How long a call waits for its runtime session's previous call
     /// before 409 `runtime_session_busy` (spec §13.4: 15 s).
     pub runtime_session_busy_wait: std::time::Duration,
+    /// Serve seed 004's stateful gateway at `/api/v1` (needs sessions).
+    pub seed004_api: bool,
+    /// What server-side transfers to and from client-named URLs may reach
+    /// (seed 004's file import and export).
+    pub url_fetch: kiln_exec::FetchPolicy,
 }
 
 /// What `/exec` does with `runtime_session_hint` under the stateful
@@ -122,6 +127,8 @@ impl Default for ApiConfig {
             ptc: crate::programmatic::PtcSettings::default(),
             runtime_session_mode: RuntimeSessionMode::default(),
             runtime_session_busy_wait: crate::codeapi::exec::RUNTIME_BUSY_WAIT,
+            seed004_api: true,
+            url_fetch: kiln_exec::FetchPolicy::default(),
         }
     }
 }
@@ -144,6 +151,8 @@ impl std::fmt::Debug for ApiConfig {
             .field("console", &self.console)
             .field("ptc", &self.ptc)
             .field("runtime_session_mode", &self.runtime_session_mode)
+            .field("seed004_api", &self.seed004_api)
+            .field("url_fetch", &self.url_fetch)
             .finish()
     }
 }
@@ -223,6 +232,11 @@ pub struct AppState {
     pub history: Arc<History>,
     /// Live kernels (Kiln's sessions API); `None`: the routes answer 503.
     pub kernels: Option<kiln_exec::kernels::Kernels>,
+    /// Kernels by name over `kernels` (the compatibility faces' workers).
+    pub workers: Option<kiln_exec::workers::Workers>,
+    /// Server-side URL transfers under `config.url_fetch`; `None` when the
+    /// HTTP client could not be built.
+    pub fetcher: Option<kiln_exec::Fetcher>,
 }
 
 impl AppState {
@@ -250,6 +264,19 @@ impl AppState {
             ops: None,
             history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
             kernels: None,
+            workers: None,
+            fetcher: None,
         }
+    }
+
+    /// Live kernels `kernels` for the sessions API and the compatibility
+    /// faces, and the URL fetcher of `config.url_fetch`.
+    pub fn with_kernels(mut self, kernels: Option<kiln_exec::kernels::Kernels>) -> AppState {
+        self.workers = kernels.clone().map(kiln_exec::workers::Workers::new);
+        self.kernels = kernels;
+        self.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
+            .inspect_err(|e| tracing::error!(error = %e, "URL transfers are unavailable"))
+            .ok();
+        self
     }
 }

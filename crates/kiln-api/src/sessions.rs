@@ -222,7 +222,7 @@ type SessionPath = Result<Path<String>, PathRejection>;
 type FilePath = Result<Path<(String, String)>, PathRejection>;
 
 /// The caller's user key (a session's owner).
-fn owner_of(
+pub(crate) fn owner_of(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
@@ -259,7 +259,7 @@ fn file_path(path: FilePath) -> Result<(String, RelPath), ApiError> {
     Ok((id, rel))
 }
 
-async fn json_body<T: serde::de::DeserializeOwned>(
+pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,

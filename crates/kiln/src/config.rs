@@ -208,6 +208,15 @@ pub struct Config {
     /// How long an evaluation interrupted by its timeout may take to come
     /// back before its kernel is killed (the session is then lost), seconds.
     pub session_interrupt_grace_secs: u64,
+    /// Serve seed 004's stateful gateway at `/api/v1` (one live kernel
+    /// per `user_uuid`; needs `max_sessions` > 0).
+    pub seed004_api: bool,
+    /// Server-side URL transfers (seed 004's file import and export) may
+    /// reach loopback and private addresses (link-local never). Off: only
+    /// public addresses.
+    pub url_fetch_allow_private: bool,
+    /// Largest file a server-side URL transfer moves, MiB.
+    pub url_fetch_max_mb: u64,
     /// `/metrics` asks for the API key as well (with auth `api-key`).
     pub metrics_require_key: bool,
     /// Serve the operator's web console at `/console/` (behind the API key
@@ -339,6 +348,9 @@ impl Default for Config {
             session_max_age_secs: 8 * 3600,
             session_busy_wait_ms: 2000,
             session_interrupt_grace_secs: 3,
+            seed004_api: true,
+            url_fetch_allow_private: false,
+            url_fetch_max_mb: 25,
             metrics_require_key: false,
             console: true,
             audit_log: "stderr".into(),
@@ -447,6 +459,9 @@ impl Config {
         self.runtime_session_mode()?;
         if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
             bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
+        }
+        if self.url_fetch_max_mb == 0 || self.url_fetch_max_mb > 4096 {
+            bail!("url_fetch_max_mb must be between 1 and 4096");
         }
         if self.session_idle_ttl_secs == 0 || self.session_max_age_secs == 0 {
             bail!("session_idle_ttl_secs and session_max_age_secs must be at least 1");
@@ -743,6 +758,15 @@ impl Config {
             max_concurrent_calls: self.egress_max_concurrent,
             max_concurrent_per_grant: self.egress_max_per_run,
             ..kiln_egress::EgressSettings::default()
+        }
+    }
+
+    /// What server-side URL transfers may reach.
+    pub fn url_fetch(&self) -> kiln_exec::FetchPolicy {
+        kiln_exec::FetchPolicy {
+            allow_private: self.url_fetch_allow_private,
+            max_bytes: self.url_fetch_max_mb * 1024 * 1024,
+            ..kiln_exec::FetchPolicy::default()
         }
     }
 

@@ -289,6 +289,8 @@ pub async fn serve(
         console: kiln.config.console,
         ptc: kiln.config.ptc_settings(),
         runtime_session_mode: kiln.config.runtime_session_mode()?,
+        seed004_api: kiln.config.seed004_api,
+        url_fetch: kiln.config.url_fetch(),
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -315,8 +317,11 @@ pub async fn serve(
         shutdown: stop_new.clone(),
         ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
         history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
-        kernels: kiln.kernels.clone(),
-    };
+        kernels: None,
+        workers: None,
+        fetcher: None,
+    }
+    .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
     let app = kiln_api::router(state);
 

@@ -1,0 +1,79 @@
+//! Thin faces of other projects' APIs over Kiln's kernels: seed 004's
+//! stateful gateway ([`seed004`], `/api/v1`). Each parses its wire shapes,
+//! calls `kiln_exec` (kernels, named workers, the URL fetcher) and renders
+//! its own envelope; none holds a rule of its own.
+//!
+//! Authentication: Kiln's API key, in the header each seed names
+//! (`X-Auth-Token` for seed 004) as well as Kiln's own (`X-API-Key`,
+//! `Authorization: Bearer` — a LibreChat token too, under `jwt` modes).
+
+pub mod seed004;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::config::AppState;
+use crate::identity::Identity;
+
+/// Seed 004's key header.
+pub const AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
+
+/// The compatibility faces the configuration turns on.
+pub fn routes(state: &AppState) -> Router<AppState> {
+    let mut router = Router::new();
+    if state.config.seed004_api {
+        let seed004 = Router::new()
+            .route("/api/v1/execute", post(seed004::execute))
+            .route("/api/v1/release", post(seed004::release))
+            .route("/api/v1/status", get(seed004::status))
+            .route(
+                "/api/v1/files",
+                post(seed004::import).delete(seed004::delete),
+            )
+            .route("/api/v1/files/export", post(seed004::export))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                seed004_auth,
+            ));
+        router = router.merge(seed004);
+    }
+    router
+}
+
+/// Authenticates with the key in `header`, else as Kiln's own routes do.
+pub(crate) fn authenticate(
+    state: &AppState,
+    req: &Request,
+    header: &HeaderName,
+) -> Result<Identity, crate::ApiError> {
+    if let Some(identity) = crate::middleware::key_in_header(state, req, header) {
+        return Ok(identity);
+    }
+    crate::middleware::authenticate(state, req)
+}
+
+async fn seed004_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match authenticate(&state, &req, &AUTH_TOKEN) {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(e) => {
+            let (status, _) = e.status_and_body();
+            let status = if status == StatusCode::INTERNAL_SERVER_ERROR {
+                status
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            (
+                status,
+                axum::Json(serde_json::json!({ "detail": "Invalid or missing X-Auth-Token" })),
+            )
+                .into_response()
+        }
+    }
+}
