@@ -92,8 +92,7 @@ impl KilnClient {
         let t = Instant::now();
         let r = self
             .http
-            .post(format!("{}/api/v1/execute", self.origin))
-            .query(&[("user_uuid", user)])
+            .post(format!("{}/api/v1/execute?user_uuid={user}", self.origin))
             .json(&json!({ "code": code }))
             .send()
             .await
@@ -116,8 +115,7 @@ impl KilnClient {
     pub async fn release(&self, user: &str) -> anyhow::Result<()> {
         let r = self
             .http
-            .post(format!("{}/api/v1/release", self.origin))
-            .query(&[("user_uuid", user)])
+            .post(format!("{}/api/v1/release?user_uuid={user}", self.origin))
             .send()
             .await
             .context("POST /api/v1/release")?;
