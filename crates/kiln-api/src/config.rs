@@ -78,6 +78,9 @@ pub struct ApiConfig {
     pub runtime_session_busy_wait: std::time::Duration,
     /// Serve seed 004's stateful gateway at `/api/v1` (needs sessions).
     pub seed004_api: bool,
+    /// Serve seed 003's runtime daemon API under this prefix (`/runtime`);
+    /// `None`: not served.
+    pub runtime_api_prefix: Option<String>,
     /// What server-side transfers to and from client-named URLs may reach
     /// (seed 004's file import and export).
     pub url_fetch: kiln_exec::FetchPolicy,
@@ -128,6 +131,7 @@ impl Default for ApiConfig {
             runtime_session_mode: RuntimeSessionMode::default(),
             runtime_session_busy_wait: crate::codeapi::exec::RUNTIME_BUSY_WAIT,
             seed004_api: true,
+            runtime_api_prefix: Some("/runtime".to_owned()),
             url_fetch: kiln_exec::FetchPolicy::default(),
         }
     }
@@ -152,6 +156,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("ptc", &self.ptc)
             .field("runtime_session_mode", &self.runtime_session_mode)
             .field("seed004_api", &self.seed004_api)
+            .field("runtime_api_prefix", &self.runtime_api_prefix)
             .field("url_fetch", &self.url_fetch)
             .finish()
     }

@@ -211,6 +211,9 @@ pub struct Config {
     /// Serve seed 004's stateful gateway at `/api/v1` (one live kernel
     /// per `user_uuid`; needs `max_sessions` > 0).
     pub seed004_api: bool,
+    /// Serve seed 003's runtime daemon API under this path prefix
+    /// (`/runtime`: `/runtime/code`, ...); empty: not served.
+    pub runtime_api_prefix: String,
     /// Server-side URL transfers (seed 004's file import and export) may
     /// reach loopback and private addresses (link-local never). Off: only
     /// public addresses.
@@ -349,6 +352,7 @@ impl Default for Config {
             session_busy_wait_ms: 2000,
             session_interrupt_grace_secs: 3,
             seed004_api: true,
+            runtime_api_prefix: "/runtime".to_owned(),
             url_fetch_allow_private: false,
             url_fetch_max_mb: 25,
             metrics_require_key: false,
@@ -459,6 +463,22 @@ impl Config {
         self.runtime_session_mode()?;
         if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
             bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
+        }
+        if let Some(p) = self.runtime_api_prefix()
+            && (p.len() < 2
+                || !p.starts_with('/')
+                || p.ends_with('/')
+                || p.contains("//")
+                || ["/v1", "/api", "/console", "/metrics", "/openapi.json"]
+                    .iter()
+                    .any(|taken| p == *taken || p.starts_with(&format!("{taken}/")))
+                || !p
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_')))
+        {
+            bail!(
+                "runtime_api_prefix must be empty or a path like /runtime (letters, digits, '-', '_', '/'; not under /v1, /api, /console), not {p:?}"
+            );
         }
         if self.url_fetch_max_mb == 0 || self.url_fetch_max_mb > 4096 {
             bail!("url_fetch_max_mb must be between 1 and 4096");
@@ -759,6 +779,12 @@ impl Config {
             max_concurrent_per_grant: self.egress_max_per_run,
             ..kiln_egress::EgressSettings::default()
         }
+    }
+
+    /// `runtime_api_prefix`, `None` when empty (seed 003's face off).
+    pub fn runtime_api_prefix(&self) -> Option<String> {
+        let p = self.runtime_api_prefix.trim();
+        (!p.is_empty()).then(|| p.to_owned())
     }
 
     /// What server-side URL transfers may reach.

@@ -290,6 +290,7 @@ pub async fn serve(
         ptc: kiln.config.ptc_settings(),
         runtime_session_mode: kiln.config.runtime_session_mode()?,
         seed004_api: kiln.config.seed004_api,
+        runtime_api_prefix: kiln.config.runtime_api_prefix(),
         url_fetch: kiln.config.url_fetch(),
         ..kiln_api::ApiConfig::default()
     };

@@ -1,12 +1,14 @@
 //! Thin faces of other projects' APIs over Kiln's kernels: seed 004's
-//! stateful gateway ([`seed004`], `/api/v1`). Each parses its wire shapes,
+//! stateful gateway ([`seed004`], `/api/v1`) and seed 003's runtime daemon
+//! ([`seed003`], under `runtime_api_prefix`). Each parses its wire shapes,
 //! calls `kiln_exec` (kernels, named workers, the URL fetcher) and renders
 //! its own envelope; none holds a rule of its own.
 //!
 //! Authentication: Kiln's API key, in the header each seed names
-//! (`X-Auth-Token` for seed 004) as well as Kiln's own (`X-API-Key`,
+//! (`X-Auth-Token` for seed 004, `X-Access-Token` for seed 003) as well as Kiln's own (`X-API-Key`,
 //! `Authorization: Bearer` — a LibreChat token too, under `jwt` modes).
 
+pub mod seed003;
 pub mod seed004;
 
 use axum::Router;
@@ -21,6 +23,8 @@ use crate::identity::Identity;
 
 /// Seed 004's key header.
 pub const AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
+/// Seed 003's key header.
+pub const ACCESS_TOKEN: HeaderName = HeaderName::from_static("x-access-token");
 
 /// The compatibility faces the configuration turns on.
 pub fn routes(state: &AppState) -> Router<AppState> {
@@ -41,7 +45,50 @@ pub fn routes(state: &AppState) -> Router<AppState> {
             ));
         router = router.merge(seed004);
     }
+    if let Some(prefix) = &state.config.runtime_api_prefix {
+        let upload_limit =
+            axum::extract::DefaultBodyLimit::max(crate::upload::upload_body_limit(&state.config));
+        let seed003 = Router::new()
+            .route("/code", post(seed003::code))
+            .route("/sessions", post(seed003::create_session))
+            .route(
+                "/sessions/{session_id}",
+                axum::routing::delete(seed003::delete_session),
+            )
+            .route("/files", get(seed003::list_files))
+            .route("/files/upload", post(seed003::upload).layer(upload_limit))
+            .route("/files/download", get(seed003::download))
+            .route("/metrics", get(seed003::metrics))
+            .route("/metrics/watch", get(seed003::watch))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                seed003_auth,
+            ));
+        router = router.nest(prefix, seed003);
+    }
     router
+}
+
+async fn seed003_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match authenticate(&state, &req, &ACCESS_TOKEN) {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(e) => {
+            let (status, _) = e.status_and_body();
+            let status = if status == StatusCode::INTERNAL_SERVER_ERROR {
+                status
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            (
+                status,
+                axum::Json(serde_json::json!({ "error": "Invalid or missing X-Access-Token" })),
+            )
+                .into_response()
+        }
+    }
 }
 
 /// Authenticates with the key in `header`, else as Kiln's own routes do.
