@@ -19,7 +19,67 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::config::AppState;
+use crate::error::ApiError;
 use crate::identity::Identity;
+
+/// How a face writes an error: `{"<FIELD>": "<message>"}`.
+pub trait Envelope {
+    const FIELD: &'static str;
+}
+
+/// A failure in a face's envelope `E`.
+#[derive(Debug)]
+pub struct Fail<E> {
+    pub status: StatusCode,
+    pub message: String,
+    envelope: std::marker::PhantomData<E>,
+}
+
+impl<E> Fail<E> {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Fail<E> {
+        Fail {
+            status,
+            message: message.into(),
+            envelope: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<E: Envelope> IntoResponse for Fail<E> {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(serde_json::json!({ E::FIELD: self.message })),
+        )
+            .into_response()
+    }
+}
+
+impl<E> From<ApiError> for Fail<E> {
+    fn from(e: ApiError) -> Fail<E> {
+        let (status, body) = e.status_and_body();
+        let message = body
+            .get("message")
+            .or_else(|| body.get("error"))
+            .and_then(|v| v.as_str())
+            .map_or_else(|| e.to_string(), str::to_owned);
+        Fail::new(status, message)
+    }
+}
+
+impl<E> From<kiln_exec::kernels::KernelsError> for Fail<E> {
+    fn from(e: kiln_exec::kernels::KernelsError) -> Fail<E> {
+        ApiError::Session(e).into()
+    }
+}
+
+/// The named kernels, or 503 when sessions are off.
+pub(crate) fn workers<E>(state: &AppState) -> Result<&kiln_exec::workers::Workers, Fail<E>> {
+    state
+        .workers
+        .as_ref()
+        .ok_or_else(|| Fail::new(StatusCode::SERVICE_UNAVAILABLE, "sessions are off"))
+}
 
 /// Seed 004's key header.
 pub const AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
@@ -69,42 +129,27 @@ pub fn routes(state: &AppState) -> Router<AppState> {
     router
 }
 
-async fn seed003_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    match authenticate(&state, &req, &ACCESS_TOKEN) {
-        Ok(identity) => {
-            req.extensions_mut().insert(identity);
-            next.run(req).await
-        }
-        Err(e) => {
-            let (status, _) = e.status_and_body();
-            let status = if status == StatusCode::INTERNAL_SERVER_ERROR {
-                status
-            } else {
-                StatusCode::UNAUTHORIZED
-            };
-            (
-                status,
-                axum::Json(serde_json::json!({ "error": "Invalid or missing X-Access-Token" })),
-            )
-                .into_response()
-        }
-    }
-}
-
 /// Authenticates with the key in `header`, else as Kiln's own routes do.
 pub(crate) fn authenticate(
     state: &AppState,
     req: &Request,
     header: &HeaderName,
-) -> Result<Identity, crate::ApiError> {
+) -> Result<Identity, ApiError> {
     if let Some(identity) = crate::middleware::key_in_header(state, req, header) {
         return Ok(identity);
     }
     crate::middleware::authenticate(state, req)
 }
 
-async fn seed004_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    match authenticate(&state, &req, &AUTH_TOKEN) {
+/// The key check of a face whose key travels in `header`; a refusal is
+/// 401 in the face's envelope `E` (a misconfiguration stays 500).
+async fn key_auth<E: Envelope>(
+    state: AppState,
+    header: &HeaderName,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    match authenticate(&state, &req, header) {
         Ok(identity) => {
             req.extensions_mut().insert(identity);
             next.run(req).await
@@ -116,11 +161,15 @@ async fn seed004_auth(State(state): State<AppState>, mut req: Request, next: Nex
             } else {
                 StatusCode::UNAUTHORIZED
             };
-            (
-                status,
-                axum::Json(serde_json::json!({ "detail": "Invalid or missing X-Auth-Token" })),
-            )
-                .into_response()
+            Fail::<E>::new(status, format!("Invalid or missing {header}")).into_response()
         }
     }
+}
+
+async fn seed004_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    key_auth::<seed004::Detail>(state, &AUTH_TOKEN, req, next).await
+}
+
+async fn seed003_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    key_auth::<seed003::Error>(state, &ACCESS_TOKEN, req, next).await
 }

@@ -27,16 +27,16 @@ use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{KernelsError, OutputSink, OutputStream, Session};
-use kiln_exec::workers::Workers;
+use kiln_exec::kernels::{OutputSink, OutputStream, Session};
 use serde::Deserialize;
 
+use super::{Envelope, workers};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, authorize, parse_id};
@@ -46,66 +46,25 @@ const DEFAULT_SESSION: &str = "seed003-default";
 /// The seed's workspace directory.
 const WORKSPACE: &str = "/workspace";
 
-/// A failure in this face's envelope: `{"error": "..."}`.
+/// This face's envelope: `{"error": "..."}`.
 #[derive(Debug)]
-pub struct Fail {
-    status: StatusCode,
-    message: String,
+pub enum Error {}
+
+impl Envelope for Error {
+    const FIELD: &'static str = "error";
 }
 
-impl Fail {
-    fn new(status: StatusCode, message: impl Into<String>) -> Fail {
-        Fail {
-            status,
-            message: message.into(),
-        }
-    }
+type Fail = super::Fail<Error>;
 
-    fn bad(message: impl Into<String>) -> Fail {
-        Fail::new(StatusCode::BAD_REQUEST, message)
-    }
-}
-
-impl IntoResponse for Fail {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(serde_json::json!({ "error": self.message })),
-        )
-            .into_response()
-    }
-}
-
-impl From<ApiError> for Fail {
-    fn from(e: ApiError) -> Fail {
-        let (status, body) = e.status_and_body();
-        let message = body
-            .get("message")
-            .or_else(|| body.get("error"))
-            .and_then(|v| v.as_str())
-            .map_or_else(|| e.to_string(), str::to_owned);
-        Fail::new(status, message)
-    }
-}
-
-impl From<KernelsError> for Fail {
-    fn from(e: KernelsError) -> Fail {
-        ApiError::Session(e).into()
-    }
-}
-
-fn workers(state: &AppState) -> Result<&Workers, Fail> {
-    state
-        .workers
-        .as_ref()
-        .ok_or_else(|| Fail::new(StatusCode::SERVICE_UNAVAILABLE, "sessions are off"))
+fn bad(message: impl Into<String>) -> Fail {
+    Fail::new(StatusCode::BAD_REQUEST, message)
 }
 
 fn check_language(language: Option<&str>) -> Result<(), Fail> {
     match language.map(|l| l.trim().to_ascii_lowercase()) {
         None => Ok(()),
         Some(l) if matches!(l.as_str(), "python" | "python3" | "py") => Ok(()),
-        Some(l) => Err(Fail::bad(format!(
+        Some(l) => Err(bad(format!(
             "unsupported language {l:?}: runtime sessions run python"
         ))),
     }
@@ -165,7 +124,7 @@ fn workspace_path(path: &str) -> Result<Option<RelPath>, Fail> {
     }
     RelPath::parse(rel)
         .map(Some)
-        .map_err(|e| Fail::bad(format!("path {path:?}: {e}")))
+        .map_err(|e| bad(format!("path {path:?}: {e}")))
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,7 +161,7 @@ pub async fn code(
     let timeout = match body.timeout {
         None => None,
         Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Some(Duration::from_secs_f64(t)),
-        Some(_) => return Err(Fail::bad("timeout must be a positive number of seconds")),
+        Some(_) => return Err(bad("timeout must be a positive number of seconds")),
     };
     let (session, id) = session(&state, &identity, &headers, body.session_id.as_deref()).await?;
     let kernels = workers(&state)?.kernels().clone();
@@ -313,7 +272,7 @@ pub async fn delete_session(
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Fail> {
-    let Path(id) = path.map_err(|_| Fail::bad("malformed session id"))?;
+    let Path(id) = path.map_err(|_| bad("malformed session id"))?;
     let (session, id) = session(&state, &identity, &headers, Some(&id)).await?;
     drop(session);
     workers(&state)?.kernels().delete(&parse_id(&id)?).await?;
@@ -329,7 +288,7 @@ pub struct FilesQuery {
 
 fn files_query(q: Result<Query<FilesQuery>, QueryRejection>) -> Result<FilesQuery, Fail> {
     q.map(|Query(q)| q)
-        .map_err(|e| Fail::bad(format!("invalid query: {}", e.body_text())))
+        .map_err(|e| bad(format!("invalid query: {}", e.body_text())))
 }
 
 /// `GET /files?path=`: every regular file below `path` (default
@@ -368,7 +327,7 @@ pub async fn upload(
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, Fail> {
     let q = files_query(q)?;
-    let mut multipart = multipart.map_err(|_| Fail::bad("the body must be multipart/form-data"))?;
+    let mut multipart = multipart.map_err(|_| bad("the body must be multipart/form-data"))?;
     let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
     let kernels = workers(&state)?.kernels();
     let mut dir = q.path.unwrap_or_else(|| WORKSPACE.to_owned());
@@ -377,7 +336,7 @@ pub async fn upload(
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Fail::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
         } else {
-            Fail::bad("invalid multipart body")
+            bad("invalid multipart body")
         }
     };
     while let Some(field) = multipart.next_field().await.map_err(bad_form)? {
@@ -389,19 +348,17 @@ pub async fn upload(
             continue;
         };
         if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
-            return Err(Fail::bad(format!(
-                "file name {name:?} must not contain '/'"
-            )));
+            return Err(bad(format!("file name {name:?} must not contain '/'")));
         }
         let target = format!("{}/{name}", dir.trim_end_matches('/'));
-        let rel = workspace_path(&target)?.ok_or_else(|| Fail::bad("no file name"))?;
+        let rel = workspace_path(&target)?.ok_or_else(|| bad("no file name"))?;
         let bytes = field.bytes().await.map_err(bad_form)?;
         let size = bytes.len();
         kernels.write_file(Arc::clone(&session), rel, bytes).await?;
         written.push(serde_json::json!({ "path": target, "size": size }));
     }
     if written.is_empty() {
-        return Err(Fail::bad("no file part in the form"));
+        return Err(bad("no file part in the form"));
     }
     Ok((
         StatusCode::CREATED,
@@ -418,19 +375,12 @@ pub async fn download(
     q: Result<Query<FilesQuery>, QueryRejection>,
 ) -> Result<Response, Fail> {
     let q = files_query(q)?;
-    let path = q.path.ok_or_else(|| Fail::bad("path is required"))?;
-    let rel = workspace_path(&path)?.ok_or_else(|| Fail::bad("path names a directory"))?;
+    let path = q.path.ok_or_else(|| bad("path is required"))?;
+    let rel = workspace_path(&path)?.ok_or_else(|| bad("path names a directory"))?;
     let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
     let content_type = kiln_exec::content_type(rel.as_str());
     let (file, size) = workers(&state)?.kernels().read_file(session, rel).await?;
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
-    let mut resp = Body::from_stream(stream).into_response();
-    let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&content_type) {
-        h.insert(CONTENT_TYPE, v);
-    }
-    h.insert(CONTENT_LENGTH, HeaderValue::from(size));
-    Ok(resp)
+    Ok(crate::sessions::file_response(file, size, &content_type))
 }
 
 /// Kernels of this node and the host's load and memory.
@@ -490,10 +440,10 @@ pub async fn watch(
     State(state): State<AppState>,
     q: Result<Query<WatchQuery>, QueryRejection>,
 ) -> Result<Response, Fail> {
-    let Query(q) = q.map_err(|e| Fail::bad(format!("invalid query: {}", e.body_text())))?;
+    let Query(q) = q.map_err(|e| bad(format!("invalid query: {}", e.body_text())))?;
     let every = q.interval_ms.unwrap_or(1000);
     if !(100..=60_000).contains(&every) {
-        return Err(Fail::bad("interval_ms must be between 100 and 60000"));
+        return Err(bad("interval_ms must be between 100 and 60000"));
     }
     let mut ticks = tokio::time::interval(Duration::from_millis(every));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

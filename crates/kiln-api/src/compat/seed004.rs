@@ -30,6 +30,7 @@ use kiln_exec::workers::Workers;
 use kiln_exec::{FetchError, Fetcher};
 use serde::{Deserialize, Serialize};
 
+use super::{Envelope, workers};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::Identity;
@@ -41,52 +42,18 @@ const PARALLEL_TRANSFERS: usize = 4;
 /// Largest figure returned inline as `result_base64`.
 const MAX_INLINE_PNG: u64 = 10 * 1024 * 1024;
 
-/// A failure in the seed's envelope: `{"detail": "..."}`.
+/// This face's envelope: `{"detail": "..."}`.
 #[derive(Debug)]
-pub struct Fail {
-    status: StatusCode,
-    detail: String,
+pub enum Detail {}
+
+impl Envelope for Detail {
+    const FIELD: &'static str = "detail";
 }
 
-impl Fail {
-    fn new(status: StatusCode, detail: impl Into<String>) -> Fail {
-        Fail {
-            status,
-            detail: detail.into(),
-        }
-    }
+type Fail = super::Fail<Detail>;
 
-    fn bad(detail: impl Into<String>) -> Fail {
-        Fail::new(StatusCode::UNPROCESSABLE_ENTITY, detail)
-    }
-}
-
-impl IntoResponse for Fail {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(serde_json::json!({ "detail": self.detail })),
-        )
-            .into_response()
-    }
-}
-
-impl From<ApiError> for Fail {
-    fn from(e: ApiError) -> Fail {
-        let (status, body) = e.status_and_body();
-        let detail = body
-            .get("message")
-            .or_else(|| body.get("error"))
-            .and_then(|v| v.as_str())
-            .map_or_else(|| e.to_string(), str::to_owned);
-        Fail::new(status, detail)
-    }
-}
-
-impl From<KernelsError> for Fail {
-    fn from(e: KernelsError) -> Fail {
-        ApiError::Session(e).into()
-    }
+fn bad(message: impl Into<String>) -> Fail {
+    Fail::new(StatusCode::UNPROCESSABLE_ENTITY, message)
 }
 
 fn fetch_fail(file: &str, e: &FetchError) -> Fail {
@@ -111,24 +78,17 @@ fn user_uuid(q: &UserQuery) -> Result<&str, Fail> {
     let u = q
         .user_uuid
         .as_deref()
-        .ok_or_else(|| Fail::bad("user_uuid is required"))?;
+        .ok_or_else(|| bad("user_uuid is required"))?;
     let ok = !u.is_empty()
         && u.len() <= 128
         && u.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if !ok {
-        return Err(Fail::bad(
+        return Err(bad(
             "user_uuid must be 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.'",
         ));
     }
     Ok(u)
-}
-
-fn workers(state: &AppState) -> Result<&Workers, Fail> {
-    state
-        .workers
-        .as_ref()
-        .ok_or_else(|| Fail::new(StatusCode::SERVICE_UNAVAILABLE, "sessions are off"))
 }
 
 fn fetcher(state: &AppState) -> Result<&Fetcher, Fail> {
@@ -154,7 +114,7 @@ async fn body<T: serde::de::DeserializeOwned>(
     crate::sessions::json_body(state, headers, body)
         .await
         .map_err(|e| match e {
-            ApiError::BadRequest(m) => Fail::bad(m),
+            ApiError::BadRequest(m) => bad(m),
             other => other.into(),
         })
 }
@@ -162,7 +122,7 @@ async fn body<T: serde::de::DeserializeOwned>(
 /// `/sandbox/<dir>` + `name` → the path below `/mnt/data`.
 fn sandbox_path(path: &str, name: &str) -> Result<RelPath, Fail> {
     if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
-        return Err(Fail::bad(format!(
+        return Err(bad(format!(
             "name {name:?} must be a file name without '/' or '\\'"
         )));
     }
@@ -172,14 +132,14 @@ fn sandbox_path(path: &str, name: &str) -> Result<RelPath, Fail> {
             let rest = path.strip_prefix(root)?;
             (rest.is_empty() || rest.starts_with('/')).then_some(rest)
         })
-        .ok_or_else(|| Fail::bad(format!("path {path:?} must be inside /sandbox")))?;
+        .ok_or_else(|| bad(format!("path {path:?} must be inside /sandbox")))?;
     let dir = dir.trim_matches('/');
     let rel = if dir.is_empty() {
         name.to_owned()
     } else {
         format!("{dir}/{name}")
     };
-    RelPath::parse(&rel).map_err(|e| Fail::bad(format!("path {path:?}: {e}")))
+    RelPath::parse(&rel).map_err(|e| bad(format!("path {path:?}: {e}")))
 }
 
 fn full_path(path: &str, name: &str) -> String {
@@ -188,12 +148,10 @@ fn full_path(path: &str, name: &str) -> String {
 
 fn check_count(n: usize) -> Result<(), Fail> {
     if n == 0 {
-        return Err(Fail::bad("files must name at least one file"));
+        return Err(bad("files must name at least one file"));
     }
     if n > MAX_FILES {
-        return Err(Fail::bad(format!(
-            "files names {n} files; at most {MAX_FILES}"
-        )));
+        return Err(bad(format!("files names {n} files; at most {MAX_FILES}")));
     }
     Ok(())
 }
