@@ -81,6 +81,14 @@ pub struct ApiConfig {
     /// variables persist too, not only `/mnt/data` (off: each call is a
     /// fresh process, as the contract says).
     pub runtime_session_live: bool,
+    /// Serve seed 004's stateful gateway at `/api/v1` (needs sessions).
+    pub seed004_api: bool,
+    /// Serve seed 003's runtime daemon API under this prefix (`/runtime`);
+    /// `None`: not served.
+    pub runtime_api_prefix: Option<String>,
+    /// What server-side transfers to and from client-named URLs may reach
+    /// (seed 004's file import and export).
+    pub url_fetch: kiln_exec::FetchPolicy,
 }
 
 /// What `/exec` does with `runtime_session_hint` under the stateful
@@ -128,6 +136,9 @@ impl Default for ApiConfig {
             runtime_session_mode: RuntimeSessionMode::default(),
             runtime_session_busy_wait: crate::codeapi::exec::RUNTIME_BUSY_WAIT,
             runtime_session_live: false,
+            seed004_api: true,
+            runtime_api_prefix: Some("/runtime".to_owned()),
+            url_fetch: kiln_exec::FetchPolicy::default(),
         }
     }
 }
@@ -151,6 +162,9 @@ impl std::fmt::Debug for ApiConfig {
             .field("ptc", &self.ptc)
             .field("runtime_session_mode", &self.runtime_session_mode)
             .field("runtime_session_live", &self.runtime_session_live)
+            .field("seed004_api", &self.seed004_api)
+            .field("runtime_api_prefix", &self.runtime_api_prefix)
+            .field("url_fetch", &self.url_fetch)
             .finish()
     }
 }
@@ -233,6 +247,11 @@ pub struct AppState {
     /// This node among several (owners recorded, requests forwarded);
     /// `None`: a single node.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Kernels by name over `kernels` (the compatibility faces' workers).
+    pub workers: Option<kiln_exec::workers::Workers>,
+    /// Server-side URL transfers under `config.url_fetch`; `None` when the
+    /// HTTP client could not be built.
+    pub fetcher: Option<kiln_exec::Fetcher>,
 }
 
 impl AppState {
@@ -261,6 +280,19 @@ impl AppState {
             history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
             kernels: None,
             cluster: None,
+            workers: None,
+            fetcher: None,
         }
+    }
+
+    /// Live kernels `kernels` for the sessions API and the compatibility
+    /// faces, and the URL fetcher of `config.url_fetch`.
+    pub fn with_kernels(mut self, kernels: Option<kiln_exec::kernels::Kernels>) -> AppState {
+        self.workers = kernels.clone().map(kiln_exec::workers::Workers::new);
+        self.kernels = kernels;
+        self.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
+            .inspect_err(|e| tracing::error!(error = %e, "URL transfers are unavailable"))
+            .ok();
+        self
     }
 }

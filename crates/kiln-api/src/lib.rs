@@ -11,6 +11,8 @@
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
 //! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs` (behind the key) | [`codeapi::health`], [`openapi`], [`admin`] |
 //! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
+//! | Seed 004 (stateful gateway) | `POST /api/v1/execute`, `POST /api/v1/release`, `GET /api/v1/status`, `POST|DELETE /api/v1/files`, `POST /api/v1/files/export` (root only; off with `seed004_api = false`) | [`compat::seed004`] |
+//! | Seed 003 (runtime daemon) | `POST /code`, `POST /sessions`, `DELETE /sessions/{session_id}`, `GET /files`, `POST /files/upload`, `GET /files/download`, `GET /metrics`, `GET /metrics/watch` under `runtime_api_prefix` (default `/runtime`; root only) | [`compat::seed003`] |
 //!
 //! Streaming (`Accept: text/event-stream` on the run-starting routes, and
 //! `/runs/{run_id}/events`) is [`sse`], shared by the faces. The OpenAPI
@@ -30,6 +32,7 @@ pub mod admin;
 pub mod body;
 pub mod cluster;
 pub mod codeapi;
+pub mod compat;
 pub mod config;
 pub mod console;
 pub mod error;
@@ -191,6 +194,7 @@ pub fn router(state: AppState) -> Router {
         .merge(console)
         .merge(api)
         .merge(root)
+        .merge(compat::routes(&state))
         .route("/v1/openapi.json", get(openapi::openapi_json))
         .layer(axum::Extension(openapi::Document::new(doc)))
         .fallback(middleware::not_found)

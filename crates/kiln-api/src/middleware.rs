@@ -129,6 +129,24 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
     }
 }
 
+/// The identity of a request whose `header` carries the shared key (a
+/// compatibility face's own key header), when the mode accepts keys and it
+/// matches; `None` otherwise (the caller then tries [`authenticate`]).
+pub fn key_in_header(state: &AppState, req: &Request, header: &HeaderName) -> Option<Identity> {
+    let mode = state.config.auth;
+    if mode == AuthMode::None {
+        return Some(Identity::default());
+    }
+    let expected = state.config.api_key.as_deref()?;
+    (mode.accepts_key()
+        && req
+            .headers()
+            .get_all(header)
+            .iter()
+            .any(|v| key_matches(v.as_bytes(), expected)))
+    .then(Identity::default)
+}
+
 /// Authentication for LibreChat's and Kiln's routes it wraps (not
 /// `/health`, `/metrics`); the verified caller goes into the request's
 /// extensions for the handlers' [`Identity`] extractor.

@@ -233,7 +233,7 @@ type SessionPath = Result<Path<String>, PathRejection>;
 type FilePath = Result<Path<(String, String)>, PathRejection>;
 
 /// The caller's user key (a session's owner).
-fn owner_of(
+pub(crate) fn owner_of(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
@@ -270,7 +270,7 @@ fn file_path(path: FilePath) -> Result<(String, RelPath), ApiError> {
     Ok((id, rel))
 }
 
-async fn json_body<T: serde::de::DeserializeOwned>(
+pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -534,14 +534,19 @@ pub async fn get_file(
     let session = find(&state, &identity, &headers, &id)?;
     let content_type = kiln_exec::content_type(rel.as_str());
     let (file, size) = kernels(&state)?.read_file(session, rel).await?;
+    Ok(file_response(file, size, &content_type))
+}
+
+/// A workspace file's bytes, streamed, with its type and length.
+pub(crate) fn file_response(file: std::fs::File, size: u64, content_type: &str) -> Response {
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&content_type) {
+    if let Ok(v) = HeaderValue::from_str(content_type) {
         h.insert(CONTENT_TYPE, v);
     }
     h.insert(CONTENT_LENGTH, HeaderValue::from(size));
-    Ok(resp)
+    resp
 }
 
 /// `PUT /sessions/{session_id}/files/{path}`.

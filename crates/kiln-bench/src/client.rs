@@ -85,6 +85,46 @@ impl KilnClient {
         Ok((took, resp))
     }
 
+    /// Evaluate `code` in `user`'s live kernel through seed 004's face
+    /// (`POST /api/v1/execute?user_uuid=`); its `result_text`, timed send →
+    /// full body.
+    pub async fn stateful(&self, user: &str, code: &str) -> anyhow::Result<(Duration, String)> {
+        let t = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/api/v1/execute?user_uuid={user}", self.origin))
+            .json(&json!({ "code": code }))
+            .send()
+            .await
+            .context("POST /api/v1/execute")?;
+        let status = r.status();
+        let bytes = r.bytes().await.context("read /api/v1/execute response")?;
+        let took = t.elapsed();
+        if !status.is_success() {
+            bail!("POST /api/v1/execute: HTTP {status}: {}", snippet(&bytes));
+        }
+        let v: Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("POST /api/v1/execute: not JSON: {}", snippet(&bytes)))?;
+        Ok((
+            took,
+            v["result_text"].as_str().unwrap_or_default().to_owned(),
+        ))
+    }
+
+    /// Close `user`'s live kernel (`POST /api/v1/release?user_uuid=`).
+    pub async fn release(&self, user: &str) -> anyhow::Result<()> {
+        let r = self
+            .http
+            .post(format!("{}/api/v1/release?user_uuid={user}", self.origin))
+            .send()
+            .await
+            .context("POST /api/v1/release")?;
+        if r.status() != reqwest::StatusCode::NO_CONTENT {
+            bail!("POST /api/v1/release: HTTP {}", r.status());
+        }
+        Ok(())
+    }
+
     /// Upload one file as LibreChat does for a user attachment
     /// (`kind=user`, `id=<user>`, header `User-Id: <user>`).
     pub async fn upload(

@@ -75,7 +75,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         .context("build the HTTP client")?;
     let opts = ServerOptions {
         kiln: settings.kiln.clone(),
-        env: settings.server_env.clone(),
+        env: settings.server_env(),
         startup_timeout: settings.startup_timeout,
         stop_timeout: Duration::from_secs(60),
     };
@@ -163,7 +163,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         "Kiln latency is client-side: HTTP request sent → whole response read, over loopback with a pooled connection; baseline latency is spawn → exit with output read.".into(),
         "Every answer is verified (stdout value, and for B that plot.png is among the outputs; for B2 stdout equal to the baseline's and the heatmap among the outputs); failed requests are excluded from latencies and counted in `verified`.".into(),
     ];
-    if settings.scenarios.contains(&Scenario::D) {
+    if settings.scenarios.contains(&Scenario::D) || settings.scenarios.contains(&Scenario::S) {
         notes.push(
             "For orientation only (different hardware and design): seed 004 published 32.8 req/s and p95 496.5 ms for 25 users × 100 verified requests on an i5-14400.".into(),
         );

@@ -97,6 +97,7 @@ pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
             hello(ctx, "C", "py", workload::PY_HELLO, clients, total).await
         }
         Scenario::D => upload_and_sum(ctx).await,
+        Scenario::S => stateful(ctx).await,
         Scenario::E => {
             hello(
                 ctx,
@@ -176,6 +177,18 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
             format!(
                 "{} parallel threads, each writing its numbers file and spawning `{py} -c <sum>` {} times",
                 s.d_users, s.d_requests
+            ),
+        ),
+        Scenario::S => (
+            "S",
+            format!(
+                "{} users × {} stateful requests (seed 004's face)",
+                s.s_users, s.s_requests
+            ),
+            format!(
+                "the same {} requests as one-shot `/v1/exec` runs through the same server (each program rebuilds the state), {} users in parallel",
+                s.s_users * s.s_requests,
+                s.s_users
             ),
         ),
         Scenario::E => (
@@ -585,6 +598,93 @@ async fn upload_and_sum(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
     Ok(runs.into_measured(metrics, phases))
 }
 
+/// S, stateful side: request `i` of `user` through seed 004's face,
+/// verified against what the state built so far must print.
+async fn stateful_one(kiln: &KilnClient, user: &str, i: usize) -> anyhow::Result<Sample> {
+    let (took, text) = kiln.stateful(user, &workload::stateful_step(i)).await?;
+    let expected = workload::stateful_expected(i);
+    if text.trim_end() != expected {
+        bail!("{user} request {i}: expected {expected:?}, got {text:?}");
+    }
+    Ok(Sample::single(took))
+}
+
+/// S, one-shot side: the same request as a `/v1/exec` run.
+async fn oneshot_one(kiln: &KilnClient, i: usize) -> anyhow::Result<Sample> {
+    let body = json!({"lang": "py", "code": workload::stateless_step(i)});
+    let (took, r) = kiln.exec(&body).await?;
+    let expected = workload::stateful_expected(i);
+    if r.stdout.trim_end() != expected {
+        bail!(
+            "one-shot request {i}: expected {expected:?}, got {:?}; stderr: {:?}",
+            r.stdout,
+            r.stderr.chars().take(300).collect::<String>()
+        );
+    }
+    Ok(Sample::single(took))
+}
+
+/// S: `s_users` concurrent users, each sending `s_requests` sequential
+/// requests to its own live kernel through seed 004's face, every one
+/// building on the last and verified; next to it, the same requests as
+/// one-shot `/v1/exec` runs (in the baseline column). Each run starts with
+/// fresh kernels (their start is in the first request's latency) and
+/// releases them at its end.
+async fn stateful(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
+    let s = ctx.settings;
+    let kiln = ctx.kiln;
+    let user = |run: usize, u: usize| format!("bench-s{run}-u{u}");
+    let release_all = |run: usize| async move {
+        for u in 0..s.s_users {
+            kiln.release(&user(run, u)).await?;
+        }
+        anyhow::Ok(())
+    };
+    if s.warmup > 0 {
+        let warm_run = s.runs; // an index no measured run uses
+        let warm = s.warmup.min(s.s_requests);
+        let o = kiln_workers(s.s_users, Tickets::PerWorker(warm), |u, i| {
+            let name = user(warm_run, u);
+            async move { stateful_one(kiln, &name, i).await }
+        })
+        .await;
+        if let Some(e) = &o.tally.first_error {
+            eprintln!("[S] warm-up failure: {e}");
+        }
+        release_all(warm_run).await?;
+        kiln_workers(s.s_users, Tickets::PerWorker(1), |_, i| {
+            oneshot_one(kiln, i)
+        })
+        .await;
+    }
+    let before = ctx.phases().await;
+    let mut runs = Runs::default();
+    for run in 0..s.runs {
+        let k = kiln_workers(s.s_users, Tickets::PerWorker(s.s_requests), |u, i| {
+            let name = user(run, u);
+            async move { stateful_one(kiln, &name, i).await }
+        })
+        .await;
+        release_all(run).await?;
+        let b = kiln_workers(s.s_users, Tickets::PerWorker(s.s_requests), |_, i| {
+            oneshot_one(kiln, i)
+        })
+        .await;
+        runs.push("S", run, s.runs, k, b);
+    }
+    let phases = prom::delta(&before, &ctx.phases().await);
+    let metrics = vec![
+        runs.metric("requests/s", Unit::PerSecond, Better::Higher, |o| {
+            per_second(o.ok(), o.wall)
+        }),
+        runs.latency("p50 latency", 50.0),
+        runs.latency("p95 latency", 95.0),
+        runs.latency("p99 latency", 99.0),
+        runs.verified(),
+    ];
+    Ok(runs.into_measured(metrics, phases))
+}
+
 /// Whether `path` can be executed at all (checked before the baselines run).
 pub fn check_runtime(path: &Path, what: &str) -> anyhow::Result<()> {
     if !path.is_file() {
@@ -617,6 +717,15 @@ mod tests {
             files: vec![],
         };
         assert!(expect_hello(&empty).is_err());
+    }
+
+    #[test]
+    fn stateful_steps_and_their_one_shot_twins_expect_the_same_line() {
+        assert_eq!(workload::stateful_expected(0), "1 1 0");
+        assert_eq!(workload::stateful_expected(3), "4 4 6");
+        assert!(workload::stateful_step(0).contains("pd.DataFrame"));
+        assert!(workload::stateful_step(5).contains("items.append(5)"));
+        assert!(workload::stateless_step(3).contains("list(range(4))"));
     }
 
     #[test]

@@ -20,7 +20,9 @@ pub struct Cli {
     pub kiln: PathBuf,
     /// Scenarios to run, comma-separated: A (py hello), B (pandas + plot),
     /// B2 (seaborn, scikit-learn, statsmodels snippets), C (py hello,
-    /// concurrent), D (25 users upload + exec), E (js hello).
+    /// concurrent), D (25 users upload + exec), E (js hello), S (25 users ×
+    /// 100 stateful requests through seed 004's face, next to the same
+    /// requests as one-shot /v1/exec runs; not in the default set).
     #[arg(long, value_delimiter = ',', default_value = "A,B,B2,C,D,E")]
     pub scenarios: Vec<String>,
     /// Small counts and one run: a smoke test for CI.
@@ -56,6 +58,12 @@ pub struct Cli {
     /// E: requests (default 200, quick 20).
     #[arg(long)]
     pub e_requests: Option<usize>,
+    /// S: concurrent users, each with a live kernel (default 25, quick 5).
+    #[arg(long)]
+    pub s_users: Option<usize>,
+    /// S: sequential stateful requests per user (default 100, quick 10).
+    #[arg(long)]
+    pub s_requests: Option<usize>,
     /// Python of the baselines.
     #[arg(long, default_value = "/usr/bin/python3")]
     pub python: PathBuf,
@@ -95,6 +103,7 @@ pub enum Scenario {
     C,
     D,
     E,
+    S,
 }
 
 impl Scenario {
@@ -106,7 +115,8 @@ impl Scenario {
             "C" => Scenario::C,
             "D" => Scenario::D,
             "E" => Scenario::E,
-            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E)"),
+            "S" => Scenario::S,
+            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E,S)"),
         })
     }
 }
@@ -127,6 +137,8 @@ pub struct Settings {
     pub d_users: usize,
     pub d_requests: usize,
     pub e_requests: usize,
+    pub s_users: usize,
+    pub s_requests: usize,
     pub python: PathBuf,
     pub node: PathBuf,
     pub out: Option<PathBuf>,
@@ -138,6 +150,18 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The server's environment: what the command line gave, and for S
+    /// room for every user's kernel (`KILN_MAX_SESSIONS`) unless given.
+    pub fn server_env(&self) -> Vec<(String, String)> {
+        let mut env = self.server_env.clone();
+        if self.scenarios.contains(&Scenario::S)
+            && !env.iter().any(|(k, _)| k == "KILN_MAX_SESSIONS")
+        {
+            env.push(("KILN_MAX_SESSIONS".into(), (self.s_users + 2).to_string()));
+        }
+        env
+    }
+
     /// Apply the defaults (full or quick) to what the command line left open.
     pub fn resolve(cli: Cli) -> anyhow::Result<Settings> {
         let q = cli.quick;
@@ -168,6 +192,8 @@ impl Settings {
             d_users: pick(cli.d_users, 25, 5),
             d_requests: pick(cli.d_requests, 100, 4),
             e_requests: pick(cli.e_requests, 200, 20),
+            s_users: pick(cli.s_users, 25, 5),
+            s_requests: pick(cli.s_requests, 100, 10),
             python: cli.python,
             node: cli.node,
             out: cli.out,
@@ -195,6 +221,8 @@ impl Settings {
             ("--d-users", s.d_users),
             ("--d-requests", s.d_requests),
             ("--e-requests", s.e_requests),
+            ("--s-users", s.s_users),
+            ("--s-requests", s.s_requests),
         ] {
             if v == 0 {
                 bail!("{name} must be at least 1");
@@ -259,6 +287,9 @@ mod tests {
         let s = parse(&["--scenarios", "e,a,A, c"]).unwrap();
         assert_eq!(s.scenarios, vec![Scenario::A, Scenario::C, Scenario::E]);
         assert!(parse(&["--scenarios", "A,Z"]).is_err());
+        let s = parse(&["--scenarios", "s,a"]).unwrap();
+        assert_eq!(s.scenarios, vec![Scenario::A, Scenario::S]);
+        assert_eq!((s.s_users, s.s_requests), (25, 100));
         assert!(parse(&["--scenarios", ""]).is_err());
     }
 

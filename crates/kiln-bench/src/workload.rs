@@ -145,6 +145,34 @@ pub fn numbers(rng: &mut SplitMix64) -> Numbers {
     Numbers { contents, expected }
 }
 
+/// S, stateful: request `i` of a user builds on the state the previous
+/// ones left in the live kernel (a counter, a growing list, a DataFrame
+/// with one row per request) and prints what [`stateful_expected`] says.
+pub fn stateful_step(i: usize) -> String {
+    if i == 0 {
+        "import pandas as pd\ncounter = 1\nitems = [0]\ndf = pd.DataFrame({'n': [0]})\nprint(counter, len(items), int(df['n'].sum()))".to_owned()
+    } else {
+        format!(
+            "counter += 1\nitems.append({i})\ndf.loc[len(df)] = [{i}]\nprint(counter, len(items), int(df['n'].sum()))"
+        )
+    }
+}
+
+/// S, the same request as a one-shot program: it rebuilds the state the
+/// stateful request found, then prints the same line.
+pub fn stateless_step(i: usize) -> String {
+    let n = i + 1;
+    format!(
+        "import pandas as pd\ncounter = {n}\nitems = list(range({n}))\ndf = pd.DataFrame({{'n': items}})\nprint(counter, len(items), int(df['n'].sum()))"
+    )
+}
+
+/// S: what request `i` prints.
+pub fn stateful_expected(i: usize) -> String {
+    let n = i as u64 + 1;
+    format!("{n} {n} {}", n * (n - 1) / 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,10 +19,13 @@
 //!   streamed bodies with hard caps, timeouts, rate limits (`rate.rs`),
 //!   concurrency limits, per-grant quotas.
 //! - [`Ledger`]: every call recorded (and counted in metrics).
+//! - [`Fetcher`]: Kiln's own server-side GET or PUT of a URL a client names
+//!   (seed 004's file import and export) behind the same SSRF guard.
 
 mod addr;
 mod config;
 mod error;
+mod fetch;
 mod forward;
 mod gateway;
 mod grant;
@@ -36,6 +39,7 @@ mod server;
 pub use addr::{Refusal as AddressRefusal, check as check_address, classify as classify_address};
 pub use config::{EgressSettings, ServiceConfig};
 pub use error::{ERROR_HEADER, Refused};
+pub use fetch::{FetchError, FetchPolicy, Fetcher};
 pub use gateway::{Channel, Gateway};
 pub use grant::{Grant, GrantOwner, GrantState, ServiceGrant};
 pub use ledger::{CallRecord, Ledger, MemoryLedger};

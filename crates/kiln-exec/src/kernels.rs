@@ -523,6 +523,23 @@ impl Kernels {
         lock(&self.inner.state).live(None)
     }
 
+    /// Live kernels on this node running an evaluation now.
+    pub fn busy(&self) -> usize {
+        lock(&self.inner.state)
+            .sessions
+            .values()
+            .filter(|s| s.kernel.lost().is_none() && s.turn.try_lock().is_err())
+            .count()
+    }
+
+    /// Whether a `py` kernel can be started now (the Python fork-server
+    /// is up); `false` while it is still preloading.
+    pub fn ready(&self) -> bool {
+        PY_KERNEL_TEMPLATES
+            .iter()
+            .any(|t| self.inner.sandbox.has_zygote(t))
+    }
+
     /// Evaluates `code` in `session` with a timeout of `timeout` (at most the
     /// configured one), waiting up to `busy_wait` for an evaluation in
     /// progress. The evaluation runs on a task of its own: a caller that
@@ -661,8 +678,9 @@ impl Kernels {
         .await
     }
 
-    /// Writes `bytes` as the file `path` (replacing a file or link of that
-    /// name, creating parent directories), owned by the kernel's user.
+    /// Writes `bytes` as the file `path` atomically (a temporary file
+    /// renamed over a file or link of that name; parent directories
+    /// created), owned by the kernel's user.
     pub async fn write_file(
         &self,
         session: Arc<Session>,
@@ -673,10 +691,7 @@ impl Kernels {
             let ws = Self::workspace(&session)?;
             let rel = path.as_str();
             ws.make_parents(rel).map_err(files_error)?;
-            ws.remove_file(rel).map_err(files_error)?;
-            let mut f = ws.create_file(rel).map_err(files_error)?;
-            std::io::Write::write_all(&mut f, &bytes).map_err(files_error)?;
-            ws.finish_file(&f, false).map_err(files_error)
+            ws.write_atomically(rel, &bytes).map_err(files_error)
         })
         .await
     }

@@ -16,6 +16,8 @@
 //!   evaluation at a time, slots of their own.
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
+//! - [`workers`]: kernels by name, started on first use (seed 004's
+//!   per-user workers, seed 003's default runtime session).
 
 mod egress;
 pub mod kernels;
@@ -26,10 +28,11 @@ pub mod runs;
 pub mod sessions;
 pub mod types;
 pub mod walker;
+pub mod workers;
 pub mod workspace;
 
 pub use egress::{SERVICES_PORT, SERVICES_URL};
-pub use kiln_egress::install_crypto_provider;
+pub use kiln_egress::{FetchError, FetchPolicy, Fetcher, install_crypto_provider};
 pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
 pub use runs::{
     AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, CancelReason, Phase, RunContext,

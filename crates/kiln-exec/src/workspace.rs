@@ -186,6 +186,30 @@ impl Workspace {
         }
     }
 
+    /// Writes `bytes` as the file `rel` atomically: into a new temporary
+    /// file beside it, then renamed over whatever file or link had that
+    /// name (a link is replaced, never followed), so a reader sees the old
+    /// file or the whole new one. Owned by the jail user, mode 0644. Its
+    /// parent directories must exist.
+    pub fn write_atomically(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
+        let (parent, name) = self.parent_of(rel)?;
+        let temp = format!(".{name}.kiln-part-{}", kiln_core::Nanoid::random().as_str());
+        let file = rustix::fs::openat(
+            &parent,
+            temp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        let mut file = File::from(file);
+        let written = io::Write::write_all(&mut file, bytes)
+            .and_then(|()| self.finish_file(&file, false))
+            .and_then(|()| Ok(rustix::fs::renameat(&parent, temp.as_str(), &parent, name)?));
+        if written.is_err() {
+            let _ = rustix::fs::unlinkat(&parent, temp.as_str(), AtFlags::empty());
+        }
+        written
+    }
+
     /// Removes the file (or link) `rel` if there is one.
     pub fn remove_file(&self, rel: &str) -> io::Result<()> {
         let (parent, name) = match self.parent_of(rel) {
@@ -475,5 +499,20 @@ mod tests {
         std::fs::write(d.path().join(".kiln-build/x"), "").unwrap();
         w.replace_with_dir(".kiln-build", 0o755).unwrap();
         assert!(d.path().join(".kiln-build/x").exists());
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_a_link_without_following_it() {
+        let (d, w) = ws();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(outside.path(), b"keep").unwrap();
+        symlink(outside.path(), d.path().join("data.csv")).unwrap();
+        w.write_atomically("data.csv", b"new").unwrap();
+        assert_eq!(std::fs::read(outside.path()).unwrap(), b"keep");
+        let meta = std::fs::symlink_metadata(d.path().join("data.csv")).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(std::fs::read(d.path().join("data.csv")).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no temporary file is left behind");
     }
 }

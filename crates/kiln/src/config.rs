@@ -215,6 +215,18 @@ pub struct Config {
     /// How long an evaluation interrupted by its timeout may take to come
     /// back before its kernel is killed (the session is then lost), seconds.
     pub session_interrupt_grace_secs: u64,
+    /// Serve seed 004's stateful gateway at `/api/v1` (one live kernel
+    /// per `user_uuid`; needs `max_sessions` > 0).
+    pub seed004_api: bool,
+    /// Serve seed 003's runtime daemon API under this path prefix
+    /// (`/runtime`: `/runtime/code`, ...); empty: not served.
+    pub runtime_api_prefix: String,
+    /// Server-side URL transfers (seed 004's file import and export) may
+    /// reach loopback and private addresses (link-local never). Off: only
+    /// public addresses.
+    pub url_fetch_allow_private: bool,
+    /// Largest file a server-side URL transfer moves, MiB.
+    pub url_fetch_max_mb: u64,
     /// `/metrics` asks for the API key as well (with auth `api-key`).
     pub metrics_require_key: bool,
     /// Serve the operator's web console at `/console/` (behind the API key
@@ -365,6 +377,10 @@ impl Default for Config {
             session_max_age_secs: 8 * 3600,
             session_busy_wait_ms: 2000,
             session_interrupt_grace_secs: 3,
+            seed004_api: true,
+            runtime_api_prefix: "/runtime".to_owned(),
+            url_fetch_allow_private: false,
+            url_fetch_max_mb: 25,
             metrics_require_key: false,
             console: true,
             audit_log: "stderr".into(),
@@ -491,6 +507,25 @@ impl Config {
         }
         if self.runtime_session_live && self.max_sessions == 0 {
             bail!("runtime_session_live needs live kernels: max_sessions must be at least 1");
+        }
+        if let Some(p) = self.runtime_api_prefix()
+            && (p.len() < 2
+                || !p.starts_with('/')
+                || p.ends_with('/')
+                || p.contains("//")
+                || ["/v1", "/api", "/console", "/metrics", "/openapi.json"]
+                    .iter()
+                    .any(|taken| p == *taken || p.starts_with(&format!("{taken}/")))
+                || !p
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_')))
+        {
+            bail!(
+                "runtime_api_prefix must be empty or a path like /runtime (letters, digits, '-', '_', '/'; not under /v1, /api, /console), not {p:?}"
+            );
+        }
+        if self.url_fetch_max_mb == 0 || self.url_fetch_max_mb > 4096 {
+            bail!("url_fetch_max_mb must be between 1 and 4096");
         }
         if self.session_idle_ttl_secs == 0 || self.session_max_age_secs == 0 {
             bail!("session_idle_ttl_secs and session_max_age_secs must be at least 1");
@@ -852,6 +887,21 @@ impl Config {
             max_concurrent_calls: self.egress_max_concurrent,
             max_concurrent_per_grant: self.egress_max_per_run,
             ..kiln_egress::EgressSettings::default()
+        }
+    }
+
+    /// `runtime_api_prefix`, `None` when empty (seed 003's face off).
+    pub fn runtime_api_prefix(&self) -> Option<String> {
+        let p = self.runtime_api_prefix.trim();
+        (!p.is_empty()).then(|| p.to_owned())
+    }
+
+    /// What server-side URL transfers may reach.
+    pub fn url_fetch(&self) -> kiln_exec::FetchPolicy {
+        kiln_exec::FetchPolicy {
+            allow_private: self.url_fetch_allow_private,
+            max_bytes: self.url_fetch_max_mb * 1024 * 1024,
+            ..kiln_exec::FetchPolicy::default()
         }
     }
 

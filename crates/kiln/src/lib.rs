@@ -291,6 +291,9 @@ pub async fn serve(
         ptc: kiln.config.ptc_settings(),
         runtime_session_mode: kiln.config.runtime_session_mode()?,
         runtime_session_live: kiln.config.runtime_session_live,
+        seed004_api: kiln.config.seed004_api,
+        runtime_api_prefix: kiln.config.runtime_api_prefix(),
+        url_fetch: kiln.config.url_fetch(),
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -330,9 +333,12 @@ pub async fn serve(
         shutdown: stop_new.clone(),
         ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
         history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
-        kernels: kiln.kernels.clone(),
+        kernels: None,
         cluster: cluster.clone(),
-    };
+        workers: None,
+        fetcher: None,
+    }
+    .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
     let heartbeat = match &cluster {
         Some(c) => {

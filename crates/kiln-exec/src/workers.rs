@@ -1,0 +1,126 @@
+//! Kernels by name: `(owner, name)` → one live `py` kernel of
+//! [`Kernels`], started on first use. This is what seed 004's per-user
+//! workers (`user_uuid`) and seed 003's default runtime session are; the
+//! faces name a kernel instead of holding its id.
+//!
+//! - A named kernel belongs to the kernel owner `"{owner}|{name}"`: the
+//!   registry's per-owner cap counts it per name, its node cap counts it
+//!   like any kernel, and no other principal's name reaches it.
+//! - Starting is serialised per name: two first calls at once start one
+//!   kernel.
+//! - A kernel that was lost, closed or expired is replaced by a fresh one
+//!   on the next call; [`Workers::release`] closes it on purpose.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kiln_core::Nanoid;
+
+use crate::kernels::{Kernels, KernelsError, Session};
+
+type Entry = Arc<tokio::sync::Mutex<Option<Nanoid>>>;
+
+/// Named kernels over a [`Kernels`] registry. Cheap to clone.
+#[derive(Clone)]
+pub struct Workers {
+    kernels: Kernels,
+    names: Arc<Mutex<HashMap<(String, String), Entry>>>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The kernel owner of `owner`'s kernel named `name`.
+pub fn kernel_owner(owner: &str, name: &str) -> String {
+    format!("{owner}|{name}")
+}
+
+impl Workers {
+    pub fn new(kernels: Kernels) -> Workers {
+        Workers {
+            kernels,
+            names: Arc::default(),
+        }
+    }
+
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    fn entry(&self, owner: &str, name: &str) -> Entry {
+        let mut names = lock(&self.names);
+        // forget names whose kernel is gone (expired, released elsewhere)
+        if names.len() > 2 * self.kernels.config().max_total + 64 {
+            names.retain(|_, e| match e.try_lock() {
+                Ok(id) => id.as_ref().is_some_and(|id| self.kernels.get(id).is_ok()),
+                Err(_) => true,
+            });
+        }
+        Arc::clone(
+            names
+                .entry((owner.to_owned(), name.to_owned()))
+                .or_default(),
+        )
+    }
+
+    /// The live kernel `name` of `owner`, started now if there is none (or
+    /// the last one is gone). The flag says whether it was started now.
+    pub async fn get_or_start(
+        &self,
+        owner: &str,
+        name: &str,
+    ) -> Result<(Arc<Session>, bool), KernelsError> {
+        let entry = self.entry(owner, name);
+        let mut id = entry.lock().await;
+        if let Some(current) = id.as_ref() {
+            match self.kernels.get(current) {
+                Ok(s) if self.kernels.info(&s).lost.is_none() => return Ok((s, false)),
+                Ok(_) => {
+                    // lost: free it before starting its successor
+                    let _ = self.kernels.delete(current).await;
+                }
+                Err(_) => {}
+            }
+            *id = None;
+        }
+        let info = self
+            .kernels
+            .create(&kernel_owner(owner, name), "py", None)
+            .await?;
+        let session = self.kernels.get(&info.id)?;
+        *id = Some(info.id);
+        Ok((session, true))
+    }
+
+    /// The live kernel `name` of `owner`, if one runs; never starts one.
+    pub fn find(&self, owner: &str, name: &str) -> Option<Arc<Session>> {
+        let entry = lock(&self.names)
+            .get(&(owner.to_owned(), name.to_owned()))
+            .cloned()?;
+        let id = entry.try_lock().ok()?.clone()?;
+        self.kernels
+            .get(&id)
+            .ok()
+            .filter(|s| self.kernels.info(s).lost.is_none())
+    }
+
+    /// Closes the kernel `name` of `owner` and forgets the name; `false`
+    /// when there was none.
+    pub async fn release(&self, owner: &str, name: &str) -> bool {
+        let Some(entry) = lock(&self.names).remove(&(owner.to_owned(), name.to_owned())) else {
+            return false;
+        };
+        let id = entry.lock().await.take();
+        match id {
+            Some(id) => self.kernels.delete(&id).await.is_ok(),
+            None => false,
+        }
+    }
+}
