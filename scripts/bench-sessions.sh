@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Live sessions: how long `POST /v1/sessions` takes and what an idle kernel costs in memory
+# (issue 14 §3; BENCHMARKS.md, "Live sessions"). Starts `kiln serve` (fresh data dir, free
+# loopback port, embedded defaults), then for each language:
+#   - latency: WARMUP unmeasured creates, then RUNS sequential create + delete pairs; the
+#     create's time as curl sees it (HTTP included), p50 / p90 / min / max;
+#   - memory: the PIDs on the machine are listed, IDLE kernels are created and left idle for
+#     2 s, and the server's descendants that appeared are summed from /proc/<pid>/smaps_rollup
+#     (Pss, Private_Clean + Private_Dirty), divided by IDLE. What appeared also includes the
+#     warm pool refilling behind the kernels, so the figure is an upper bound per kernel.
+# Next to it, the same machine's bare `python3 -c pass` and `node -e 0` spawn times.
+#
+#   scripts/bench-sessions.sh [--kiln target/release/kiln] [--runs 30] [--warmup 5] [--idle 3] \
+#     [--langs "py js"]
+# Needs curl and python3 (for the JSON and the arithmetic).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+kiln=target/release/kiln
+runs=30
+warmup=5
+idle=3
+langs="py js"
+while (($#)); do
+  case "$1" in
+    --kiln) kiln=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --idle) idle=$2; shift 2 ;;
+    --langs) langs=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x $kiln ]] || { echo "no kiln binary at $kiln (cargo build --release -p kiln)" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/kiln-bench-sessions.XXXXXX)
+server=
+cleanup() {
+  if [[ -n $server ]]; then kill -TERM "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+base="http://127.0.0.1:$port/v1"
+KILN_LISTEN="127.0.0.1:$port" KILN_DATA_DIR="$work/data" KILN_MAX_SESSIONS=$((idle + 2)) \
+  KILN_MAX_SESSIONS_PER_USER=$((idle + 1)) "$kiln" serve >"$work/kiln.log" 2>&1 &
+server=$!
+for _ in $(seq 1 600); do
+  curl -fsS "$base/health" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -fsS "$base/health" >/dev/null || { cat "$work/kiln.log" >&2; exit 1; }
+
+# POST /v1/sessions, retried while the server's fork-servers start; prints "<seconds> <id>"
+create() {
+  local lang=$1 out code
+  for _ in $(seq 1 600); do
+    out=$(curl -sS -o "$work/c.json" -w '%{http_code} %{time_total}' -X POST "$base/sessions" \
+      -H 'content-type: application/json' -d "{\"lang\":\"$lang\"}")
+    code=${out%% *}
+    if [[ $code == 201 ]]; then
+      echo "${out#* } $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["session_id"])' "$work/c.json")"
+      return
+    fi
+    [[ $code == 503 ]] || { echo "create $lang: HTTP $code: $(cat "$work/c.json")" >&2; exit 1; }
+    sleep 0.2
+  done
+  echo "create $lang: still 503 after 2 minutes" >&2
+  exit 1
+}
+delete() { curl -fsS -o /dev/null -X DELETE "$base/sessions/$1"; }
+
+stats() {  # seconds on stdin -> "p50 … ms, p90 …, min …, max … (n=…)"
+  python3 -c '
+import sys
+v = sorted(float(x) * 1000 for x in sys.stdin.read().split())
+q = lambda p: v[min(len(v) - 1, int(p * (len(v) - 1) + 0.5))]
+print("p50 %.1f ms, p90 %.1f, min %.1f, max %.1f (n=%d)" % (q(0.5), q(0.9), v[0], v[-1], len(v)))'
+}
+
+memory_of_new() {  # pids before (file) -> Pss and private memory of the server's new descendants / idle
+  python3 - "$1" "$idle" "$server" <<'EOF'
+import os, sys
+before = set(open(sys.argv[1]).read().split())
+n, server = int(sys.argv[2]), sys.argv[3]
+parent = {}
+for pid in os.listdir("/proc"):
+    try:
+        parent[pid] = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        pass
+def under_server(pid):
+    while pid in parent and pid != "1":
+        if pid == server:
+            return True
+        pid = parent[pid]
+    return False
+pss = priv = 0
+procs = 0
+for pid in parent:
+    if pid in before or not under_server(pid):
+        continue
+    try:
+        fields = dict(l.split(":", 1) for l in open(f"/proc/{pid}/smaps_rollup") if ":" in l and not l.startswith("0"))
+    except OSError:
+        continue
+    kb = lambda k: int(fields.get(k, "0 kB").split()[0])
+    pss += kb("Pss")
+    priv += kb("Private_Clean") + kb("Private_Dirty")
+    procs += 1
+print("per kernel: Pss %.1f MiB, private %.1f MiB (%d new processes for %d kernels)"
+      % (pss / 1024 / n, priv / 1024 / n, procs, n))
+EOF
+}
+
+bare() {  # a command -> its spawn time over 20 runs (clean environment)
+  python3 -c '
+import subprocess, sys, time
+for _ in range(20):
+    t = time.perf_counter()
+    subprocess.run(sys.argv[1:], env={}, stdout=subprocess.DEVNULL, check=True)
+    print(time.perf_counter() - t)' "$@" | stats
+}
+
+echo "kiln $("$kiln" --version 2>/dev/null || echo "$kiln"), $(nproc) vCPU, load $(cut -d' ' -f1-3 /proc/loadavg)"
+for lang in $langs; do
+  for _ in $(seq 1 "$warmup"); do read -r _ id < <(create "$lang"); delete "$id"; done
+  : >"$work/t"
+  for _ in $(seq 1 "$runs"); do
+    read -r t id < <(create "$lang")
+    echo "$t" >>"$work/t"
+    delete "$id"
+  done
+  echo "$lang create: $(stats <"$work/t")"
+  ls /proc | grep -E '^[0-9]+$' >"$work/pids"
+  ids=()
+  for _ in $(seq 1 "$idle"); do read -r _ id < <(create "$lang"); ids+=("$id"); done
+  sleep 2
+  echo "$lang idle kernel $(memory_of_new "$work/pids")"
+  for id in "${ids[@]}"; do delete "$id"; done
+done
+echo "bare python3 -c pass: $(bare /usr/bin/python3 -c pass)"
+echo "bare node -e 0: $(bare /usr/bin/node -e 0)"
