@@ -14,7 +14,10 @@
 //! `runtime_session_hint`) keep their files in the shared store, but their
 //! turns and `reused` status are per node: such a call goes to the node
 //! that served the hint's last call, and a node that finds the owner gone
-//! takes the session over.
+//! takes the session over. Seed 004's workers (`/api/v1/...?user_uuid=`,
+//! one live kernel per user) follow their owner the same way; a node that
+//! finds a worker's owner gone takes the user over and answers that call
+//! `503` once, the seed's "environment lost" (the next call starts afresh).
 //!
 //! A forwarded request carries `X-Kiln-Forwarded-By` (the forwarding node)
 //! and `X-Kiln-Node-Secret` (the secret every node is configured with);
@@ -57,6 +60,8 @@ pub const KIND_SESSION: &str = "session";
 pub const KIND_RUN: &str = "run";
 /// A runtime session of the stateful profile, by its hint.
 pub const KIND_RUNTIME: &str = "runtime";
+/// A seed-004 worker (a user's live kernel), by its `user_uuid`.
+pub const KIND_WORKER: &str = "worker";
 
 /// This node among several.
 #[derive(Clone)]
@@ -271,9 +276,21 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
             .into_response();
         };
         if let Some(hint) = runtime_hint(&bytes) {
-            return runtime_exec(state, cluster, &hint, parts, bytes, next).await;
+            return affinity(state, cluster, KIND_RUNTIME, &hint, parts, bytes, next).await;
         }
         req = Request::from_parts(parts, Body::from(bytes));
+    }
+    if let Some(user) = seed004_user(&path, req.uri().query()) {
+        // the user's worker lives on one node: the body goes where it is
+        let limit = crate::upload::upload_body_limit(&state.config);
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+            return crate::ApiError::BodyTooLarge {
+                limit: limit as u64,
+            }
+            .into_response();
+        };
+        return affinity(state, cluster, KIND_WORKER, &user, parts, bytes, next).await;
     }
     let target = if is_programmatic(&method, &path) {
         // the run is named inside the body: read it (bounded as the
@@ -368,20 +385,36 @@ fn runtime_hint(body: &[u8]) -> Option<String> {
     (!hint.is_empty() && hint.len() <= 128).then(|| hint.to_owned())
 }
 
-/// A stateful `/exec` naming runtime session `hint`: served by the node
-/// that served the session's last calls (its owner), so that they take
-/// turns and report `reused` as on one node. The session's files are in
-/// the shared store, so an owner that is gone is not a loss: this node
-/// takes the session over.
-async fn runtime_exec(
+/// The `user_uuid` of a request to seed 004's face (`/api/v1/...`), whose
+/// worker lives on one node. The raw value routes (the face validates it).
+fn seed004_user(path: &str, query: Option<&str>) -> Option<String> {
+    if !path.starts_with("/api/v1/") {
+        return None;
+    }
+    query?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("user_uuid="))
+        .filter(|u| !u.is_empty() && u.len() <= 128)
+        .map(str::to_owned)
+}
+
+/// A request for `key` of `kind` (a runtime session by its hint, a seed-004
+/// worker by its user): served by the node that served the key's last
+/// requests (its owner), so that they take turns, report `reused` and find
+/// their live state as on one node. An owner that is gone is taken over:
+/// a runtime session's files are in the shared store, so it carries on; a
+/// worker's variables were in the lost kernel, so that one call answers
+/// the seed's `503` and the next starts a fresh worker here.
+async fn affinity(
     state: &AppState,
     cluster: &Cluster,
-    hint: &str,
+    kind: &'static str,
+    key: &str,
     parts: axum::http::request::Parts,
     bytes: bytes::Bytes,
     next: Next,
 ) -> Response {
-    let owner = match state.store.owner(KIND_RUNTIME, hint).await {
+    let owner = match state.store.owner(kind, key).await {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!(error = %e, "owner lookup failed: answering here");
@@ -398,15 +431,23 @@ async fn runtime_exec(
             .map(|c| c.0);
         match proxy_parts(cluster, url, peer, &parts, bytes.clone().into()).await {
             Ok(resp) => {
-                metrics::counter!("kiln_forwarded_total", "kind" => KIND_RUNTIME).increment(1);
+                metrics::counter!("kiln_forwarded_total", "kind" => kind).increment(1);
                 return resp;
             }
-            Err(e) => tracing::warn!(owner = %o.node_id, error = %e,
-                "runtime session's node unreachable: taking the session over"),
+            Err(e) => tracing::warn!(kind, owner = %o.node_id, error = %e,
+                "owner node unreachable: taking over"),
         }
     }
     if !mine {
-        claim(state, cluster, KIND_RUNTIME, hint).await;
+        claim(state, cluster, kind, key).await;
+        if kind == KIND_WORKER && owner.is_some() {
+            metrics::counter!("kiln_forward_lost_total", "kind" => kind).increment(1);
+            let body = serde_json::json!({
+                "detail": "worker lost: the node holding this user's environment is gone; \
+                           the next request starts a new one",
+            });
+            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        }
     }
     let resp = next
         .run(Request::from_parts(parts, Body::from(bytes)))
@@ -563,6 +604,25 @@ async fn proxy_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seed004_requests_route_by_their_user_and_nothing_else_does() {
+        let user = |path, q| seed004_user(path, q);
+        assert_eq!(
+            user("/api/v1/execute", Some("user_uuid=u-1")),
+            Some("u-1".into())
+        );
+        assert_eq!(
+            user("/api/v1/files/export", Some("x=1&user_uuid=abc")),
+            Some("abc".into())
+        );
+        assert_eq!(user("/api/v1/status", None), None);
+        assert_eq!(user("/api/v1/execute", Some("user_uuid=")), None);
+        assert_eq!(user("/v1/exec", Some("user_uuid=u")), None);
+        assert_eq!(user("/api/v1/execute", Some("xuser_uuid=u")), None);
+        let long = format!("user_uuid={}", "u".repeat(129));
+        assert_eq!(user("/api/v1/execute", Some(long.as_str())), None);
+    }
 
     #[test]
     fn kernel_and_run_paths_name_their_owner_kind_and_stored_files_do_not() {

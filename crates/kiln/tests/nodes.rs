@@ -6,11 +6,12 @@
 //!   download, each answered by a different node;
 //! - a live kernel is used through every node (forwarded to its owner), a
 //!   run's event stream is watched and a paused programmatic run continued
-//!   through nodes that do not hold them;
+//!   through nodes that do not hold them; so is seed 004's worker of a user;
 //! - LibreChat's agents code tools (the e2e suite) pass through the balancer;
 //! - a node killed with SIGKILL in the middle of a run: the others keep
 //!   serving through the balancer, no stored file is lost, and its kernel
-//!   is `410 session_lost` at once;
+//!   is `410 session_lost` at once (its seed-004 worker: the seed's 503
+//!   once, then a fresh worker on the node reached);
 //! - a node stopped with SIGTERM drains: `/v1/health` says `draining`
 //!   (503), new runs get 503, the run in flight finishes, the balancer
 //!   moves on, and the process exits cleanly.
@@ -225,6 +226,21 @@ async fn create_session(node: &Node) -> String {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Seed 004's `POST /api/v1/execute?user_uuid=` through `base`: status,
+/// body, the node that answered.
+async fn seed004_execute(base: &str, user: &str, code: &str) -> (u16, Value, String) {
+    // the face lives at the root, not under /v1
+    let root = base.strip_suffix("/v1").unwrap_or(base);
+    let r = client()
+        .post(format!("{root}/api/v1/execute?user_uuid={user}"))
+        .json(&json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    let (status, node) = (r.status().as_u16(), node_of(&r));
+    (status, r.json().await.unwrap_or(Value::Null), node)
 }
 
 async fn session_exec(base: &str, id: &str, code: &str) -> (u16, Value, String, Option<String>) {
@@ -520,6 +536,40 @@ async fn three_nodes_behind_haproxy_share_files_forward_kernels_survive_a_kill_a
         "reached through every node"
     );
 
+    // --- seed 004's worker for one user lives on the node of its first
+    // request (n3, retried while n3's fork-server starts); its next
+    // requests, through every node and the balancer, reach that one kernel
+    let until = Instant::now() + Duration::from_secs(180);
+    loop {
+        let (st, v, node) = seed004_execute(&n3.url(), "carol", "n = 1\nprint(n)").await;
+        if st == 200 {
+            assert_eq!(
+                (v["result_text"].as_str(), node.as_str()),
+                (Some("1\n"), "n3"),
+                "{v}"
+            );
+            break;
+        }
+        assert!(
+            st == 503 && Instant::now() < until,
+            "first execute: {st} {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for (i, base) in [n1.url(), n2.url(), lb.clone(), lb.clone(), lb.clone()]
+        .iter()
+        .enumerate()
+    {
+        let (st, v, node) = seed004_execute(base, "carol", "n += 1\nprint(n)").await;
+        assert_eq!(st, 200, "through {base}: {v}");
+        assert_eq!(
+            v["result_text"].as_str(),
+            Some(format!("{}\n", i + 2).as_str()),
+            "{v}"
+        );
+        assert_eq!(node, "n3", "answered by the worker's node");
+    }
+
     // --- a run on n1 watched through n2: its event stream, forwarded
     let r = client()
         .post(format!("{}/exec", n1.url()))
@@ -605,6 +655,18 @@ async fn three_nodes_behind_haproxy_share_files_forward_kernels_survive_a_kill_a
         "{v}"
     );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // its seed-004 worker too: the node reached takes the user over, says
+    // once that the environment is gone (the seed's 503), then starts anew
+    let (st, v, node) = seed004_execute(&c.nodes[0].url(), "carol", "print(n)").await;
+    assert_eq!((st, node.as_str()), (503, "n1"), "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("worker lost"), "{v}");
+    let (st, v, node) = seed004_execute(&lb, "carol", "print(globals().get('n', 'fresh'))").await;
+    assert_eq!(
+        (st, v["result_text"].as_str()),
+        (200, Some("fresh\n")),
+        "{v}"
+    );
+    assert_eq!(node, "n1", "the new owner answers, through any node");
     // the balancer keeps serving: every stored file, and new runs
     for (sid, fid, body) in &stored {
         let (st, bytes, node) = download(&lb, sid, fid).await;
