@@ -9,34 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{client, server_with};
+use common::{client, kernel_server};
 use kiln::testing::TestServer;
 use serde_json::{Value, json};
 
 const KEY: &str = "seed004-test-key";
 
-/// A server with the `py-data` fork-server up (kernels fork it), the API
-/// key set, and `tweak` applied.
 async fn gateway(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestServer {
-    let s = server_with(|c| {
-        c.python_template = "data".into();
-        c.warm_jails = 2;
-        c.warm_per_runtime = 1;
-        c.max_sessions = 4;
-        c.api_key = Some(KEY.into());
-        tweak(c);
-    })
-    .await;
-    let pool = s.warm.as_ref().expect("warm pool");
-    let until = Instant::now() + Duration::from_secs(180);
-    while !pool.has_profile("py-data") {
-        assert!(
-            Instant::now() < until,
-            "the py-data fork-server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    s
+    kernel_server(KEY, tweak).await
 }
 
 async fn send(

@@ -23,6 +23,31 @@ pub async fn server_with(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestS
     .expect("start kiln test server")
 }
 
+/// A server for the compatibility faces' live kernels: the `py-data`
+/// fork-server up (kernels fork it), four kernels, API key `key`, then
+/// `tweak`.
+pub async fn kernel_server(key: &str, tweak: impl FnOnce(&mut kiln::config::Config)) -> TestServer {
+    let s = server_with(|c| {
+        c.python_template = "data".into();
+        c.warm_jails = 2;
+        c.warm_per_runtime = 1;
+        c.max_sessions = 4;
+        c.api_key = Some(key.into());
+        tweak(c);
+    })
+    .await;
+    let pool = s.warm.as_ref().expect("warm pool");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while !pool.has_profile("py-data") {
+        assert!(
+            std::time::Instant::now() < until,
+            "the py-data fork-server did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    s
+}
+
 /// These tests build real jails: they need root. Under CI a missing
 /// capability is a failure, never a skip.
 pub fn require_root() {
