@@ -29,9 +29,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{
-    EvalResult, Kernels, KernelsError, OutputSink, OutputStream, Session, SessionInfo,
-};
+use kiln_exec::kernels::{EvalResult, Kernels, KernelsError, OutputSink, Session, SessionInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -415,10 +413,7 @@ pub async fn exec(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let out = tx.clone();
     let sink = OutputSink::new(move |stream, data| {
-        let name = match stream {
-            OutputStream::Stdout => "stdout",
-            OutputStream::Stderr => "stderr",
-        };
+        let name = stream.name();
         let text = String::from_utf8_lossy(data);
         let _ = out.send(
             Event::default()

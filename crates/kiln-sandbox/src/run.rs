@@ -76,6 +76,16 @@ pub enum OutputStream {
     Stderr,
 }
 
+impl OutputStream {
+    /// `"stdout"` or `"stderr"`: the stream's name on every wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+}
+
 /// The callback of an [`OutputSink`].
 type OutputFn = dyn Fn(OutputStream, &[u8]) + Send + Sync;
 

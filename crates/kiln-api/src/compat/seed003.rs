@@ -33,7 +33,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{OutputSink, OutputStream, Session};
+use kiln_exec::kernels::{OutputSink, Session};
 use serde::Deserialize;
 
 use super::{Envelope, workers};
@@ -169,10 +169,7 @@ pub async fn code(
     let out = tx.clone();
     let sid = id.clone();
     let sink = OutputSink::new(move |stream, data| {
-        let name = match stream {
-            OutputStream::Stdout => "stdout",
-            OutputStream::Stderr => "stderr",
-        };
+        let name = stream.name();
         let text = String::from_utf8_lossy(data);
         let _ = out.send(event(
             name,
