@@ -296,9 +296,7 @@ impl Walker<'_> {
         };
 
         if let Some(input) = self.inputs.get(rel) {
-            let unchanged = input.read_only
-                || (size == input.size
-                    && hash_file(self.ws, rel)?.as_deref() == Some(&input.sha256));
+            let unchanged = self.unchanged(rel, size, input)?;
             match (&input.origin, unchanged) {
                 (Some((id, sid)), true) => {
                     self.candidates_inherited.push(Inherited {
@@ -342,6 +340,13 @@ impl Walker<'_> {
 }
 
 impl Walker<'_> {
+    /// Whether the staged input `input` at `rel` (now `size` bytes) is as it
+    /// was staged: a read-only input always is; else same size and hash.
+    fn unchanged(&self, rel: &str, size: u64, input: &StagedInput) -> io::Result<bool> {
+        Ok(input.read_only
+            || (size == input.size && hash_file(self.ws, rel)?.as_deref() == Some(&input.sha256)))
+    }
+
     /// A file that is not an output: kept if new or changed.
     fn keep(&mut self, rel: &str) -> io::Result<()> {
         if rel.len() > MAX_PATH_LEN || rel == self.entry.0 {
@@ -352,9 +357,7 @@ impl Walker<'_> {
         };
         let modified_from = match self.inputs.get(rel) {
             Some(input) => {
-                let unchanged = input.read_only
-                    || (size == input.size
-                        && hash_file(self.ws, rel)?.as_deref() == Some(&input.sha256));
+                let unchanged = self.unchanged(rel, size, input)?;
                 match (&input.origin, unchanged) {
                     // still stored as it was
                     (Some(_), true) => return Ok(()),
