@@ -267,13 +267,9 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         && state.config.runtime_session_mode != crate::RuntimeSessionMode::Stateless
     {
         // a runtime session is named inside the body
-        let limit = state.config.max_json_bytes;
-        let (parts, body) = req.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-            return crate::ApiError::BodyTooLarge {
-                limit: limit as u64,
-            }
-            .into_response();
+        let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
+            Ok(read) => read,
+            Err(resp) => return resp,
         };
         if let Some(hint) = runtime_hint(&bytes) {
             return affinity(state, cluster, KIND_RUNTIME, &hint, parts, bytes, next).await;
@@ -283,28 +279,18 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
     if let Some(user) = seed004_user(&path, req.uri().query()) {
         // the user's worker lives on one node: the body goes where it is
         let limit = crate::upload::upload_body_limit(&state.config);
-        let (parts, body) = req.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-            return crate::ApiError::BodyTooLarge {
-                limit: limit as u64,
-            }
-            .into_response();
+        let (parts, bytes) = match buffered(req, limit).await {
+            Ok(read) => read,
+            Err(resp) => return resp,
         };
         return affinity(state, cluster, KIND_WORKER, &user, parts, bytes, next).await;
     }
     let target = if is_programmatic(&method, &path) {
         // the run is named inside the body: read it (bounded as the
         // handler bounds it) and hand the same bytes on
-        let limit = state.config.max_json_bytes;
-        let (parts, body) = req.into_parts();
-        let bytes = match axum::body::to_bytes(body, limit).await {
-            Ok(b) => b,
-            Err(_) => {
-                return crate::ApiError::BodyTooLarge {
-                    limit: limit as u64,
-                }
-                .into_response();
-            }
+        let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
+            Ok(read) => read,
+            Err(resp) => return resp,
         };
         let target = continuation_run(&bytes).map(Target::Run);
         req = Request::from_parts(parts, Body::from(bytes));
@@ -316,20 +302,20 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         let resp = next.run(req).await;
         return claim_started(state, cluster, starting, resp).await;
     };
-    if held_here(&state, &target) {
+    if held_here(state, &target) {
         let closing = method == Method::DELETE
             && matches!(&target, Target::Session(_))
             && target_of_path(&path).is_some()
             && path.trim_end_matches('/').ends_with(target.id().as_str());
         let resp = next.run(req).await;
-        if closing && resp.status() == StatusCode::NO_CONTENT {
-            if let Err(e) = state
+        if closing
+            && resp.status() == StatusCode::NO_CONTENT
+            && let Err(e) = state
                 .store
                 .release(target.kind(), target.id().as_str())
                 .await
-            {
-                tracing::warn!(error = %e, "forgetting the owner of a closed session failed");
-            }
+        {
+            tracing::warn!(error = %e, "forgetting the owner of a closed session failed");
         }
         return resp;
     }
@@ -353,7 +339,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
-    match proxy(&cluster, url, peer, req).await {
+    match proxy(cluster, url, peer, req).await {
         Ok(resp) => {
             metrics::counter!("kiln_forwarded_total", "kind" => target.kind()).increment(1);
             resp
@@ -363,6 +349,20 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
                 error = %e, "owner node unreachable");
             lost(&target, "unreachable")
         }
+    }
+}
+
+/// The request's head and its body read whole under `limit` (the bound
+/// its handler applies), so the node can look inside and hand the same
+/// bytes on; the handler's own refusal (413) beyond.
+async fn buffered(
+    req: Request,
+    limit: usize,
+) -> Result<(axum::http::request::Parts, bytes::Bytes), Response> {
+    let (parts, body) = req.into_parts();
+    match crate::body::read_limited(&parts.headers, body, limit).await {
+        Ok(bytes) => Ok((parts, bytes)),
+        Err(e) => Err(e.into_response()),
     }
 }
 
