@@ -292,8 +292,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_second_turn_waits_then_is_refused() {
+    /// A store in a fresh directory (kept while the guard lives).
+    async fn store() -> (Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(kiln_store::StoreConfig {
             dir: dir.path().to_path_buf(),
@@ -302,6 +302,12 @@ mod tests {
         })
         .await
         .unwrap();
+        (store, dir)
+    }
+
+    #[tokio::test]
+    async fn a_second_turn_waits_then_is_refused() {
+        let (store, _dir) = store().await;
         let sessions = FileSessions::new(store, Duration::from_secs(60));
         let (id, reused) = sessions.open_runtime(&caller("alice"), "h").await.unwrap();
         assert!(!reused);
@@ -334,14 +340,7 @@ mod tests {
 
     #[tokio::test]
     async fn idle_sessions_are_emptied_and_used_ones_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(kiln_store::StoreConfig {
-            dir: dir.path().to_path_buf(),
-            retention: Duration::from_secs(3600),
-            budget: Default::default(),
-        })
-        .await
-        .unwrap();
+        let (store, _dir) = store().await;
         let sessions = FileSessions::new(store.clone(), Duration::from_secs(60));
         let alice = caller("alice");
         let old = sessions.open(&alice, "old").await.unwrap();
