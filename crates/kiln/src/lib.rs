@@ -556,6 +556,14 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     init_logging(&config.log_format);
     let addr = config.listen_addr()?;
     log_startup(&config)?;
+    match kiln_sandbox::own_mount_namespace() {
+        Some(Ok(())) => info!(
+            "mount namespace: Kiln's own (its slot filesystems vanish with its last process, even after SIGKILL)"
+        ),
+        Some(Err(e)) => warn!(error = %e,
+            "mount namespace: the host's (a killed server leaves its slot filesystems mounted until the next start)"),
+        None => {}
+    }
     let kiln = build(config).await?;
     for l in &kiln.languages {
         match (&l.version, &l.reason) {

@@ -81,6 +81,13 @@ fn main() -> ExitCode {
         eprintln!("kiln: cannot run as PID 1 with an init: {e}");
         return ExitCode::FAILURE;
     }
+    // The server's mounts (slot filesystems) live in a namespace of its own,
+    // so they vanish with it even after SIGKILL. A namespace belongs to a
+    // thread: enter it before the runtime starts any. Failing is not fatal
+    // (`serve` logs it); `kiln exec` makes the same mounts.
+    if matches!(cli.command, Command::Serve { .. } | Command::Exec { server: None, .. }) {
+        let _ = kiln_sandbox::enter_own_mount_namespace();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

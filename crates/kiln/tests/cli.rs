@@ -222,9 +222,17 @@ fn exec_still_prints_what_a_failed_compile_step_said() {
     assert!(!out.status.success());
 }
 
-#[test]
-fn serve_stops_cleanly_on_sigterm() {
-    common::require_root();
+/// A `kiln serve` child on a free port with a fresh data dir, its JSON log
+/// read on a thread.
+struct Served {
+    child: std::process::Child,
+    addr: String,
+    log: std::sync::mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    _data: tempfile::TempDir,
+}
+
+fn serve() -> Served {
     let data = tempfile::tempdir().unwrap();
     let mut child = Command::new(KILN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -261,6 +269,38 @@ fn serve_stops_cleanly_on_sigterm() {
             break v["fields"]["addr"].as_str().unwrap().to_owned();
         }
     };
+    Served {
+        child,
+        addr,
+        log: rx,
+        reader,
+        _data: data,
+    }
+}
+
+/// `(mount point, source)` of every mount in `/proc/<pid>/mountinfo`.
+fn mounts_of(pid: &str) -> Vec<(String, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let point = l.split(' ').nth(4)?;
+            let source = l.split(" - ").nth(1)?.split(' ').nth(1)?;
+            Some((point.to_owned(), source.to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn serve_stops_cleanly_on_sigterm() {
+    common::require_root();
+    let Served {
+        mut child,
+        addr,
+        log: rx,
+        reader,
+        _data,
+    } = serve();
     // it serves
     let rt = tokio::runtime::Runtime::new().unwrap();
     kiln_egress::install_crypto_provider();
@@ -347,4 +387,85 @@ async fn exec_on_a_server_streams_the_output_and_exits_with_the_programs_code() 
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("401"), "{err}");
     s.stop().await.unwrap();
+}
+
+#[test]
+fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
+    common::require_root();
+    let Served {
+        mut child,
+        reader,
+        log,
+        _data,
+        ..
+    } = serve();
+    let pid = child.id().to_string();
+    let host: Vec<(String, String)> = mounts_of("self");
+    // the server's own mounts (its slot filesystems, made while it starts
+    // serving) exist only in its namespace
+    let t = Instant::now();
+    let own: Vec<(String, String)> = loop {
+        let own: Vec<(String, String)> = mounts_of(&pid)
+            .into_iter()
+            .filter(|m| !host.contains(m))
+            .collect();
+        if own.iter().filter(|(point, _)| point.contains("/slots/")).count() >= 2 {
+            break own;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the server mounts a filesystem per slot: {own:?}; log: {:?}",
+            log.try_iter().collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let images: Vec<String> = own
+        .iter()
+        .filter(|(_, source)| source.starts_with("/dev/loop"))
+        .filter_map(|(point, source)| {
+            let dev = source.trim_start_matches("/dev/");
+            let backing =
+                std::fs::read_to_string(format!("/sys/block/{dev}/loop/backing_file")).ok()?;
+            assert!(
+                backing.trim().starts_with(point.rsplit_once('/')?.0),
+                "{dev} holds {backing} for {point}"
+            );
+            Some(backing.trim().to_owned())
+        })
+        .collect();
+    let host_now = mounts_of("self");
+    for (point, _) in &own {
+        assert!(
+            !host_now.iter().any(|(p, _)| p == point),
+            "{point} is mounted on the host too"
+        );
+    }
+    // SIGKILL: no clean-up code runs; the kernel must drop it all
+    child.kill().unwrap();
+    child.wait().unwrap();
+    reader.join().unwrap();
+    let t = Instant::now();
+    loop {
+        let attached: Vec<String> = std::fs::read_dir("/sys/block")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                std::fs::read_to_string(e.path().join("loop/backing_file")).ok()
+            })
+            .map(|b| b.trim().trim_end_matches(" (deleted)").to_owned())
+            .filter(|b| images.contains(b))
+            .collect();
+        if attached.is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "loop devices still attached 10 s after the server died: {attached:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let host_after = mounts_of("self");
+    for (point, _) in &own {
+        assert!(!host_after.iter().any(|(p, _)| p == point), "{point} left mounted");
+    }
 }

@@ -1,0 +1,49 @@
+//! The server's own mount namespace.
+//!
+//! `kiln serve` moves into a mount namespace of its own before it starts any
+//! thread. Its mounts (the slots' loop-mounted workspace filesystems) then
+//! live only there. When the last Kiln process is gone, even after SIGKILL,
+//! the kernel drops them and the loop devices clear themselves. Nothing
+//! stays behind on the host, and every jail copies a short mount table
+//! instead of the host's: a jail's `CLONE_NEWNS` copies every mount of its
+//! helper's namespace, and tears each down again when the jail ends.
+//!
+//! The namespace is a slave of the host's: mounts the operator makes later
+//! (a remounted data disk) still appear, and nothing propagates back.
+
+use std::sync::OnceLock;
+
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
+
+/// How [`enter_own_mount_namespace`] went, once it was called.
+static OUTCOME: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Moves the calling process into a new mount namespace, a recursive slave
+/// of the current one. Must be called while the process has a single
+/// thread (before any runtime starts): the namespace belongs to a thread.
+/// Records the outcome for [`own_mount_namespace`].
+pub fn enter_own_mount_namespace() -> Result<(), String> {
+    let r = enter();
+    let _ = OUTCOME.set(r.clone());
+    r
+}
+
+fn enter() -> Result<(), String> {
+    crate::sys::ensure_single_threaded().map_err(|e| e.to_string())?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / a slave of the host's mounts: {e}"))
+}
+
+/// `None` when this process never tried (tests run servers in their own
+/// process); else whether it has a mount namespace of its own.
+pub fn own_mount_namespace() -> Option<Result<(), String>> {
+    OUTCOME.get().cloned()
+}
