@@ -67,7 +67,7 @@ pub use kernel::{
     node_kernel_park, python_kernel_park,
 };
 pub use launcher::launcher_main;
-pub use mountns::{enter_own_mount_namespace, own_mount_namespace};
+pub use mountns::{enter_own_mount_namespace, own_mount_namespace, visible_mounts};
 pub use netns::JailNetwork;
 pub use pause::PauseClock;
 pub use probe::{HostReport, probe_host};

@@ -47,3 +47,11 @@ fn enter() -> Result<(), String> {
 pub fn own_mount_namespace() -> Option<Result<(), String>> {
     OUTCOME.get().cloned()
 }
+
+/// How many mounts this process sees: what every jail's `CLONE_NEWNS`
+/// copies (and tears down again when the jail ends).
+pub fn visible_mounts() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}

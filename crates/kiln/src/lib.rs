@@ -574,6 +574,13 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
         }
     }
     info!(report = %kiln.jails.sandbox().report(), "sandbox ready");
+    // Every jail copies, then tears down, each mount the server sees.
+    match kiln_sandbox::visible_mounts() {
+        n if n > 200 => warn!(mounts = n,
+            "the server sees {n} mounts; every jail copies and tears down each of them (a few µs apiece): \
+             unmount what the host no longer needs, or run Kiln in a container"),
+        n => info!(mounts = n, "mount table each jail copies"),
+    }
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("bind {addr}"))?;
