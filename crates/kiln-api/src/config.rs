@@ -249,6 +249,9 @@ pub struct AppState {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Kernels by name over `kernels` (the compatibility faces' workers).
     pub workers: Option<kiln_exec::workers::Workers>,
+    /// The live kernels of LibreChat's runtime sessions
+    /// (`runtime_session_live`), counted against each user's cap.
+    pub runtime_kernels: Option<kiln_exec::workers::Workers>,
     /// Server-side URL transfers under `config.url_fetch`; `None` when the
     /// HTTP client could not be built.
     pub fetcher: Option<kiln_exec::Fetcher>,
@@ -281,6 +284,7 @@ impl AppState {
             kernels: None,
             cluster: None,
             workers: None,
+            runtime_kernels: None,
             fetcher: None,
         }
     }
@@ -288,7 +292,9 @@ impl AppState {
     /// Live kernels `kernels` for the sessions API and the compatibility
     /// faces, and the URL fetcher of `config.url_fetch`.
     pub fn with_kernels(mut self, kernels: Option<kiln_exec::kernels::Kernels>) -> AppState {
-        self.workers = kernels.clone().map(kiln_exec::workers::Workers::new);
+        use kiln_exec::workers::{CapOwner, Workers};
+        self.workers = kernels.clone().map(|k| Workers::new(k, CapOwner::PerName));
+        self.runtime_kernels = kernels.clone().map(|k| Workers::new(k, CapOwner::Owner));
         self.kernels = kernels;
         self.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
             .inspect_err(|e| tracing::error!(error = %e, "URL transfers are unavailable"))

@@ -16,7 +16,7 @@
 //! - A kernel that died (out of memory, unresponsive, exited) stays listed
 //!   as lost, and every later call says why, until it is deleted or
 //!   expires; its slot and workspace are released at once.
-//! - Named kernels ([`Kernels::named`]) keep the live Python state of a
+//! - Named kernels ([`crate::workers::Workers`]) keep the live Python state of a
 //!   runtime session of LibreChat's stateful profile: each `/exec` call of
 //!   that session runs through the one-shot pipeline in a [`Kernels::seat`]
 //!   (its workspace emptied and staged from the session's files, the
@@ -230,8 +230,6 @@ struct State {
     sessions: HashMap<Nanoid, Arc<Session>>,
     /// Kernels being started, by owner (they count against the caps).
     starting: HashMap<String, usize>,
-    /// Named kernels: `owner \0 name` → id.
-    named: HashMap<String, Nanoid>,
 }
 
 impl State {
@@ -458,36 +456,6 @@ impl Kernels {
             }
             None => Err(KernelsError::Language(language.name().to_owned())),
         }
-    }
-
-    /// The live kernel of `lang` named `name` of `owner` (a runtime session
-    /// of LibreChat's stateful profile), started when there is none or the
-    /// last one is gone; `true` when started now. The caller serializes
-    /// calls of one name (the runtime session's turn).
-    pub async fn named(
-        &self,
-        owner: &str,
-        name: &str,
-        lang: &str,
-    ) -> Result<(Arc<Session>, bool), KernelsError> {
-        let key = format!("{owner}\0{name}");
-        let existing = {
-            let state = lock(&self.inner.state);
-            state
-                .named
-                .get(&key)
-                .and_then(|id| state.sessions.get(id))
-                .cloned()
-        };
-        if let Some(session) = existing {
-            if session.kernel.lost().is_none() {
-                return Ok((session, false));
-            }
-            let _ = self.delete(&session.id).await;
-        }
-        let info = self.create(owner, lang, None).await?;
-        lock(&self.inner.state).named.insert(key, info.id.clone());
-        Ok((self.get(&info.id)?, true))
     }
 
     /// A jail source whose one jail is `session`'s kernel, for a run of the

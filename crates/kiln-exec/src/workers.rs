@@ -1,11 +1,15 @@
-//! Kernels by name: `(owner, name)` → one live `py` kernel of
-//! [`Kernels`], started on first use. This is what seed 004's per-user
-//! workers (`user_uuid`) and seed 003's default runtime session are; the
-//! faces name a kernel instead of holding its id.
+//! Kernels by name: `(owner, name)` → one live kernel of [`Kernels`],
+//! started on first use. This is what seed 004's per-user workers
+//! (`user_uuid`), seed 003's default runtime session and the live runtime
+//! sessions of LibreChat's stateful profile are; the faces name a kernel
+//! instead of holding its id.
 //!
-//! - A named kernel belongs to the kernel owner `"{owner}|{name}"`: the
-//!   registry's per-owner cap counts it per name, its node cap counts it
-//!   like any kernel, and no other principal's name reaches it.
+//! - Who a named kernel counts against ([`CapOwner`]): the compatibility
+//!   faces give it the kernel owner `"{owner}|{name}"`, so the registry's
+//!   per-owner cap counts it per name; LibreChat's runtime sessions count
+//!   against the user's own cap, next to the kernels the user opened
+//!   through the sessions API. The node cap counts it like any kernel, and
+//!   no other principal's name reaches it either way.
 //! - Starting is serialised per name: two first calls at once start one
 //!   kernel.
 //! - A kernel that was lost, closed or expired is replaced by a fresh one
@@ -20,10 +24,20 @@ use crate::kernels::{Kernels, KernelsError, Session};
 
 type Entry = Arc<tokio::sync::Mutex<Option<Nanoid>>>;
 
+/// Whose per-owner kernel cap a named kernel counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapOwner {
+    /// Its own kernel owner, `"{owner}|{name}"`: each name has the cap.
+    PerName,
+    /// The owner's: named kernels share the cap with the owner's others.
+    Owner,
+}
+
 /// Named kernels over a [`Kernels`] registry. Cheap to clone.
 #[derive(Clone)]
 pub struct Workers {
     kernels: Kernels,
+    cap: CapOwner,
     names: Arc<Mutex<HashMap<(String, String), Entry>>>,
 }
 
@@ -43,9 +57,10 @@ pub fn kernel_owner(owner: &str, name: &str) -> String {
 }
 
 impl Workers {
-    pub fn new(kernels: Kernels) -> Workers {
+    pub fn new(kernels: Kernels, cap: CapOwner) -> Workers {
         Workers {
             kernels,
+            cap,
             names: Arc::default(),
         }
     }
@@ -70,12 +85,14 @@ impl Workers {
         )
     }
 
-    /// The live kernel `name` of `owner`, started now if there is none (or
-    /// the last one is gone). The flag says whether it was started now.
+    /// The live `lang` kernel `name` of `owner`, started now if there is
+    /// none (or the last one is gone). The flag says whether it was started
+    /// now.
     pub async fn get_or_start(
         &self,
         owner: &str,
         name: &str,
+        lang: &str,
     ) -> Result<(Arc<Session>, bool), KernelsError> {
         let entry = self.entry(owner, name);
         let mut id = entry.lock().await;
@@ -90,10 +107,11 @@ impl Workers {
             }
             *id = None;
         }
-        let info = self
-            .kernels
-            .create(&kernel_owner(owner, name), "py", None)
-            .await?;
+        let cap_owner = match self.cap {
+            CapOwner::PerName => kernel_owner(owner, name),
+            CapOwner::Owner => owner.to_owned(),
+        };
+        let info = self.kernels.create(&cap_owner, lang, None).await?;
         let session = self.kernels.get(&info.id)?;
         *id = Some(info.id);
         Ok((session, true))

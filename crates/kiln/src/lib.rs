@@ -336,6 +336,7 @@ pub async fn serve(
         kernels: None,
         cluster: cluster.clone(),
         workers: None,
+        runtime_kernels: None,
         fetcher: None,
     }
     .with_kernels(kiln.kernels.clone());

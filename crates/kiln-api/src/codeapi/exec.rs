@@ -305,11 +305,11 @@ async fn open_runtime(
     let id = kiln_exec::sessions::runtime_session_id(&parsed.caller, hint);
     if state.config.runtime_session_live
         && req.lang.name() == "py"
-        && let Some(kernels) = &state.kernels
+        && let Some(named) = &state.runtime_kernels
     {
         let owner = parsed.caller.principal.user_key();
-        match kernels.named(owner.as_str(), &id, "py").await {
-            Ok((session, _)) => req.jail = Some(kernels.seat(session)),
+        match named.get_or_start(owner.as_str(), &id, "py").await {
+            Ok((session, _)) => req.jail = Some(named.kernels().seat(session)),
             Err(e) => tracing::warn!(
                 runtime_session = %id, error = %e,
                 "no live kernel for the runtime session: this call runs in a fresh process"

@@ -99,7 +99,7 @@ async fn session(
             Ok((session, id.as_str().to_owned()))
         }
         None => {
-            let (session, _) = workers.get_or_start(&owner, DEFAULT_SESSION).await?;
+            let (session, _) = workers.get_or_start(&owner, DEFAULT_SESSION, "py").await?;
             let id = workers.kernels().info(&session).id.as_str().to_owned();
             Ok((session, id))
         }

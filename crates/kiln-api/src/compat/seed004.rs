@@ -244,7 +244,7 @@ pub async fn execute(
     let workers = workers(&state)?;
     let owner = owner(&state, &identity, &headers)?;
     let body: ExecuteBody = body(&state, &headers, raw).await?;
-    let (session, _) = workers.get_or_start(&owner, user).await?;
+    let (session, _) = workers.get_or_start(&owner, user, "py").await?;
     let worker_id = session_id(workers, &session);
     let result = workers
         .kernels()
@@ -349,7 +349,7 @@ pub async fn import(
         .iter()
         .map(|f| sandbox_path(&f.path, &f.name))
         .collect::<Result<Vec<_>, _>>()?;
-    let (session, _) = workers.get_or_start(&owner, user).await?;
+    let (session, _) = workers.get_or_start(&owner, user, "py").await?;
     let transfers: Vec<_> = body
         .files
         .into_iter()
