@@ -30,8 +30,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
@@ -153,18 +152,56 @@ pub(crate) struct SlotFs {
     bytes: u64,
     inodes: u64,
     quota: WorkspaceQuota,
-    torn_down: AtomicBool,
+    /// Set by [`SlotFs::teardown`]. Held while a slot's filesystem is
+    /// mounted again (`recreate`) and during teardown, so a re-creation
+    /// racing the teardown cannot leave a mount behind it.
+    torn_down: Mutex<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Live slot filesystems of this process, torn down at exit.
 static LIVE: Mutex<Vec<Weak<SlotFs>>> = Mutex::new(Vec::new());
 
+/// Teardowns under way, and their end. A server dropped on another thread
+/// (its last reference) tears down in `Drop`, where [`LIVE`] can no longer
+/// reach it; the exit hook waits for it, or the process would end half-way
+/// through and leave the remaining slots mounted.
+static TEARING_DOWN: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+/// How long the exit hook waits for teardowns on other threads.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Counts one teardown under way while it lives.
+struct TeardownUnderWay;
+
+impl TeardownUnderWay {
+    fn start() -> TeardownUnderWay {
+        *lock(&TEARING_DOWN.0) += 1;
+        TeardownUnderWay
+    }
+}
+
+impl Drop for TeardownUnderWay {
+    fn drop(&mut self) {
+        let mut n = lock(&TEARING_DOWN.0);
+        *n = n.saturating_sub(1);
+        TEARING_DOWN.1.notify_all();
+    }
+}
+
 extern "C" fn teardown_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-        for fs in live.iter().filter_map(Weak::upgrade) {
+        let live: Vec<Arc<SlotFs>> = lock(&LIVE).iter().filter_map(Weak::upgrade).collect();
+        for fs in live {
             fs.teardown();
         }
+        let n = lock(&TEARING_DOWN.0);
+        let _ = TEARING_DOWN
+            .1
+            .wait_timeout_while(n, EXIT_WAIT, |n| *n > 0)
+            .unwrap_or_else(|p| p.into_inner());
     });
 }
 
@@ -247,7 +284,7 @@ impl SlotFs {
             quota: WorkspaceQuota::None {
                 reason: "disabled by configuration".to_owned(),
             },
-            torn_down: AtomicBool::new(false),
+            torn_down: Mutex::new(false),
         };
         this.clear_all().map_err(SandboxError::Setup)?;
         let mut failures = Vec::new();
@@ -446,7 +483,7 @@ impl SlotFs {
     /// can build keeps a slot out of use; only when that fails too is the
     /// error returned.
     pub(crate) fn empty(&self, slot: u32) -> Result<(), String> {
-        if self.torn_down.load(Ordering::SeqCst) {
+        if *lock(&self.torn_down) {
             return Ok(());
         }
         let parent = self.parent(slot);
@@ -482,6 +519,10 @@ impl SlotFs {
     /// Replaces a slot's filesystem by a new empty one: unmount (detached
     /// if busy), then the same set-up as at start.
     fn recreate(&self, slot: u32) -> Result<(), String> {
+        let torn_down = lock(&self.torn_down);
+        if *torn_down {
+            return Err("the slot filesystems are torn down".to_owned());
+        }
         let parent = self.parent(slot);
         unmount_all(&parent)?;
         match fs::remove_file(self.image(slot)) {
@@ -505,7 +546,9 @@ impl SlotFs {
     /// Unmounts every slot filesystem and removes images and mount points.
     /// Idempotent; later runs find no workspace parent.
     pub(crate) fn teardown(&self) {
-        if self.torn_down.swap(true, Ordering::SeqCst) {
+        let _under_way = TeardownUnderWay::start();
+        let mut torn_down = lock(&self.torn_down);
+        if std::mem::replace(&mut *torn_down, true) {
             return;
         }
         for i in 0..self.slots {
@@ -532,7 +575,7 @@ impl SlotFs {
             quota: WorkspaceQuota::None {
                 reason: "test".to_owned(),
             },
-            torn_down: AtomicBool::new(false),
+            torn_down: Mutex::new(false),
         };
         this.clear_all().expect("plain slot dirs");
         Arc::new(this)

@@ -2,7 +2,8 @@
 //! workspace (bytes or files) gets ENOSPC and takes no more of the host's
 //! disk than the quota; the next job of the slot starts empty with the whole
 //! quota; the tmpfs fallback limits too; no quota at all is refused unless
-//! the sandbox may run degraded; shutdown leaves nothing behind.
+//! the sandbox may run degraded; shutdown leaves nothing behind, even when
+//! the process ends while another thread is tearing the slots down.
 //!
 //! Every test builds its own small sandbox (own slots dir and uid range).
 
@@ -360,4 +361,52 @@ async fn shutdown_unmounts_frees_the_loop_device_and_removes_everything() {
         s.sb.run(&slot, req, CancellationToken::new()).await,
         Err(SandboxError::ShutDown)
     ));
+}
+
+/// In the child: a 16-slot sandbox whose last reference is dropped on
+/// another thread while the main thread ends the process.
+const EXIT_CHILD: &str = "KILN_QUOTA_TEST_EXIT_CHILD";
+
+#[test]
+fn a_process_ending_while_another_thread_tears_its_slots_down_leaves_no_mount() {
+    let uid_base = 1_200_000_000 + 12 * 65_536;
+    let dir = slots_dir("exit-race");
+    if std::env::var_os(EXIT_CHILD).is_some() {
+        let Some(sb) = sandbox_or_skip(Sandbox::new(SandboxConfig {
+            slots: 16,
+            ..config("exit-race", uid_base, QuotaMode::Auto, false)
+        })) else {
+            std::process::exit(0);
+        };
+        let all = mounts_under(&dir).len();
+        std::thread::spawn(move || drop(sb));
+        // exit as soon as the other thread is part-way through
+        let t = std::time::Instant::now();
+        while mounts_under(&dir).len() == all && t.elapsed() < Duration::from_secs(10) {
+            std::hint::spin_loop();
+        }
+        std::process::exit(0);
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "a_process_ending_while_another_thread_tears_its_slots_down_leaves_no_mount",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(EXIT_CHILD, "1")
+        .output()
+        .expect("run the child");
+    assert!(
+        out.status.success(),
+        "child: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let skipped = String::from_utf8_lossy(&out.stderr).contains("SKIPPED");
+    assert!(!skipped || std::env::var_os("CI").is_none(), "skipped under CI");
+    assert!(
+        mounts_under(&dir).is_empty(),
+        "mounts left after the process ended: {:?}",
+        mounts_under(&dir)
+    );
 }
