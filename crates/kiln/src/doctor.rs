@@ -727,6 +727,10 @@ pub fn checks(
         .map(|l| (l.name.clone(), l.reason.clone().unwrap_or_default()))
         .collect();
     out.push(judge_runtimes(&missing, languages.len()));
+    out.push(judge_mounts(
+        kiln_sandbox::visible_mounts(),
+        config.max_concurrency + config.warm_jails + config.max_sessions,
+    ));
     out.push(judge_storage(&config.store_backends()));
     match disk_facts(&absolute(&config.data_dir)) {
         Some((at, d)) => out.push(judge_disk(
@@ -742,6 +746,32 @@ pub fn checks(
         )),
     }
     out
+}
+
+/// CPU a jail spends per mount it copies (BENCHMARKS.md: 6.6 µs).
+const MOUNT_COST_US: f64 = 6.6;
+/// Mount tables above this size get a warning (≈ 0.7 ms per run).
+const MANY_MOUNTS: usize = 100;
+
+/// The mount table: every jail copies the host's mounts plus the server's
+/// `slots` slot filesystems, and tears each down again.
+pub fn judge_mounts(host_mounts: usize, slots: u32) -> Finding {
+    let n = host_mounts + slots as usize;
+    let cost = format!(
+        "each jail copies {n} mounts ({host_mounts} of the host, {slots} slot filesystems), \
+         about {:.1} ms of CPU per run",
+        n as f64 * MOUNT_COST_US / 1000.0
+    );
+    if n > MANY_MOUNTS {
+        Finding::warn(
+            "mounts",
+            cost,
+            "unmount what the host no longer needs, or run Kiln in a container of its own \
+             (its mount table is short)",
+        )
+    } else {
+        Finding::ok("mounts", cost)
+    }
 }
 
 /// Which engines hold stored files: the embedded pair, or Postgres / S3
@@ -816,6 +846,18 @@ fn absolute(p: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_long_mount_table_is_a_warning_with_its_cost_per_run() {
+        let short = judge_mounts(20, 16);
+        assert_eq!(short.level, Level::Ok);
+        assert!(short.message.contains("36 mounts"), "{}", short.message);
+        let long = judge_mounts(500, 16);
+        assert_eq!(long.level, Level::Warn);
+        assert!(long.message.contains("3.4 ms"), "{}", long.message);
+        assert!(long.fix.is_some());
+    }
+
     use super::*;
 
     #[test]
