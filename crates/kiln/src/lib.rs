@@ -565,6 +565,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             "mount namespace: the host's (a killed server leaves its slot filesystems mounted until the next start)"),
         None => {}
     }
+    let slots = config.max_concurrency + config.warm_jails + config.max_sessions;
     let kiln = build(config).await?;
     for l in &kiln.languages {
         match (&l.version, &l.reason) {
@@ -575,13 +576,15 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
         }
     }
     info!(report = %kiln.jails.sandbox().report(), "sandbox ready");
-    // Every jail copies, then tears down, each mount the server sees.
-    match kiln_sandbox::visible_mounts() {
-        n if n > 100 => warn!(mounts = n,
-            "the server sees {n} mounts; every jail copies and tears down each of them, about 6 µs of CPU \
-             per mount and run (500 mounts cost a 2-vCPU host a fifth of its short-run throughput): \
-             unmount what the host no longer needs, or run Kiln in a container"),
-        n => info!(mounts = n, "mount table each jail copies"),
+    // Every jail copies, then tears down, each mount the server sees (its
+    // slot filesystems among them): the same judgement as `kiln doctor`'s.
+    let mounts = doctor::judge_mounts(
+        kiln_sandbox::visible_mounts().saturating_sub(slots as usize),
+        slots,
+    );
+    match mounts.level {
+        doctor::Level::Ok => info!("mount table: {}", mounts.message),
+        _ => warn!(fix = mounts.fix.as_deref().unwrap_or_default(), "mount table: {}", mounts.message),
     }
     let listener = TcpListener::bind(addr)
         .await
