@@ -403,7 +403,10 @@ fn a_process_ending_while_another_thread_tears_its_slots_down_leaves_no_mount() 
         String::from_utf8_lossy(&out.stderr)
     );
     let skipped = String::from_utf8_lossy(&out.stderr).contains("SKIPPED");
-    assert!(!skipped || std::env::var_os("CI").is_none(), "skipped under CI");
+    assert!(
+        !skipped || std::env::var_os("CI").is_none(),
+        "skipped under CI"
+    );
     assert!(
         mounts_under(&dir).is_empty(),
         "mounts left after the process ended: {:?}",

@@ -584,7 +584,10 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     );
     match mounts.level {
         doctor::Level::Ok => info!("mount table: {}", mounts.message),
-        _ => warn!(fix = mounts.fix.as_deref().unwrap_or_default(), "mount table: {}", mounts.message),
+        _ => warn!(
+            fix = mounts.fix.as_deref().unwrap_or_default(),
+            "mount table: {}", mounts.message
+        ),
     }
     let listener = TcpListener::bind(addr)
         .await

@@ -85,7 +85,10 @@ fn main() -> ExitCode {
     // so they vanish with it even after SIGKILL. A namespace belongs to a
     // thread: enter it before the runtime starts any. Failing is not fatal
     // (`serve` logs it); `kiln exec` makes the same mounts.
-    if matches!(cli.command, Command::Serve { .. } | Command::Exec { server: None, .. }) {
+    if matches!(
+        cli.command,
+        Command::Serve { .. } | Command::Exec { server: None, .. }
+    ) {
         let _ = kiln_sandbox::enter_own_mount_namespace();
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -409,7 +409,12 @@ fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
             .into_iter()
             .filter(|m| !host.contains(m))
             .collect();
-        if own.iter().filter(|(point, _)| point.contains("/slots/")).count() >= 2 {
+        if own
+            .iter()
+            .filter(|(point, _)| point.contains("/slots/"))
+            .count()
+            >= 2
+        {
             break own;
         }
         assert!(
@@ -449,9 +454,7 @@ fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
         let attached: Vec<String> = std::fs::read_dir("/sys/block")
             .unwrap()
             .flatten()
-            .filter_map(|e| {
-                std::fs::read_to_string(e.path().join("loop/backing_file")).ok()
-            })
+            .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
             .map(|b| b.trim().trim_end_matches(" (deleted)").to_owned())
             .filter(|b| images.contains(b))
             .collect();
@@ -466,6 +469,9 @@ fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
     }
     let host_after = mounts_of("self");
     for (point, _) in &own {
-        assert!(!host_after.iter().any(|(p, _)| p == point), "{point} left mounted");
+        assert!(
+            !host_after.iter().any(|(p, _)| p == point),
+            "{point} left mounted"
+        );
     }
 }
