@@ -146,14 +146,19 @@ fn full_path(path: &str, name: &str) -> String {
     format!("{}/{name}", path.trim_end_matches('/'))
 }
 
-fn check_count(n: usize) -> Result<(), Fail> {
+/// The workspace paths of a request's `files` (each a `(path, name)`):
+/// one at least, [`MAX_FILES`] at most, each checked by [`sandbox_path`].
+fn file_paths<'a>(
+    files: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<RelPath>, Fail> {
+    let n = files.len();
     if n == 0 {
         return Err(bad("files must name at least one file"));
     }
     if n > MAX_FILES {
         return Err(bad(format!("files names {n} files; at most {MAX_FILES}")));
     }
-    Ok(())
+    files.map(|(path, name)| sandbox_path(path, name)).collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -343,12 +348,11 @@ pub async fn import(
     let owner = owner(&state, &identity, &headers)?;
     let (workers, fetcher) = (workers(&state)?, fetcher(&state)?);
     let body: ImportBody = body(&state, &headers, raw).await?;
-    check_count(body.files.len())?;
-    let targets = body
-        .files
-        .iter()
-        .map(|f| sandbox_path(&f.path, &f.name))
-        .collect::<Result<Vec<_>, _>>()?;
+    let targets = file_paths(
+        body.files
+            .iter()
+            .map(|f| (f.path.as_str(), f.name.as_str())),
+    )?;
     let (session, _) = workers.get_or_start(&owner, user, "py").await?;
     let transfers: Vec<_> = body
         .files
@@ -414,12 +418,11 @@ pub async fn export(
     let owner = owner(&state, &identity, &headers)?;
     let (workers, fetcher) = (workers(&state)?, fetcher(&state)?);
     let body: ExportBody = body(&state, &headers, raw).await?;
-    check_count(body.files.len())?;
-    let sources = body
-        .files
-        .iter()
-        .map(|f| sandbox_path(&f.path, &f.name))
-        .collect::<Result<Vec<_>, _>>()?;
+    let sources = file_paths(
+        body.files
+            .iter()
+            .map(|f| (f.path.as_str(), f.name.as_str())),
+    )?;
     let session = workers.find(&owner, user).ok_or_else(no_worker)?;
     let max = fetcher.policy().max_bytes;
     let transfers: Vec<_> = body
@@ -493,12 +496,11 @@ pub async fn delete(
     let owner = owner(&state, &identity, &headers)?;
     let workers = workers(&state)?;
     let body: DeleteBody = body(&state, &headers, raw).await?;
-    check_count(body.files.len())?;
-    let targets = body
-        .files
-        .iter()
-        .map(|f| sandbox_path(&f.path, &f.name))
-        .collect::<Result<Vec<_>, _>>()?;
+    let targets = file_paths(
+        body.files
+            .iter()
+            .map(|f| (f.path.as_str(), f.name.as_str())),
+    )?;
     let session = workers.find(&owner, user).ok_or_else(no_worker)?;
     for rel in targets {
         match workers
