@@ -7,12 +7,20 @@ use std::time::{Duration, Instant};
 
 use common::{client, kernel_server};
 use kiln::testing::TestServer;
+use reqwest::Method;
 use serde_json::{Value, json};
 
 const KEY: &str = "seed003-test-key";
 
 async fn runtime(tweak: impl FnOnce(&mut kiln::config::Config)) -> TestServer {
     kernel_server(KEY, tweak).await
+}
+
+/// A request to `path` of the face, with Kiln's key.
+fn api(s: &TestServer, method: Method, path: &str) -> reqwest::RequestBuilder {
+    client()
+        .request(method, url(s, path))
+        .header("X-Access-Token", KEY)
 }
 
 fn url(s: &TestServer, path: &str) -> String {
@@ -48,9 +56,7 @@ async fn events(resp: reqwest::Response) -> Vec<(String, Value)> {
 }
 
 async fn code(s: &TestServer, body: Value) -> Vec<(String, Value)> {
-    let r = client()
-        .post(url(s, "/code"))
-        .header("X-Access-Token", KEY)
+    let r = api(s, Method::POST, "/code")
         .json(&body)
         .send()
         .await
@@ -96,9 +102,7 @@ async fn code_streams_named_events_and_sessions_keep_their_own_state() {
     assert_eq!(ev.last().expect("end").1["status"], "error");
 
     // a session of its own: separate state, then deleted
-    let r = client()
-        .post(url(&s, "/sessions"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::POST, "/sessions")
         .json(&json!({"language": "python"}))
         .send()
         .await
@@ -109,16 +113,12 @@ async fn code_streams_named_events_and_sessions_keep_their_own_state() {
     assert_ne!(id, default_id);
     let ev = code(&s, json!({"code": "'x' in globals()", "session_id": id})).await;
     assert_eq!(text_of(&ev, "result"), "False");
-    let r = client()
-        .delete(url(&s, &format!("/sessions/{id}")))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::DELETE, &format!("/sessions/{id}"))
         .send()
         .await
         .expect("send");
     assert_eq!(r.status(), 204);
-    let r = client()
-        .post(url(&s, "/code"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::POST, "/code")
         .json(&json!({"code": "1", "session_id": id}))
         .send()
         .await
@@ -126,18 +126,14 @@ async fn code_streams_named_events_and_sessions_keep_their_own_state() {
     assert_eq!(r.status(), 404);
 
     // another user cannot use the session id of someone else
-    let r = client()
-        .post(url(&s, "/sessions"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::POST, "/sessions")
         .header("User-Id", "alice")
         .send()
         .await
         .expect("send");
     assert_eq!(r.status(), 201);
     let alice: Value = r.json().await.expect("json");
-    let r = client()
-        .post(url(&s, "/code"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::POST, "/code")
         .header("User-Id", "mallory")
         .json(&json!({"code": "1", "session_id": alice["session_id"]}))
         .send()
@@ -152,9 +148,7 @@ async fn code_streams_named_events_and_sessions_keep_their_own_state() {
         json!({"code": "1", "session_id": "not-an-id"}),
         json!({"source": "1"}),
     ] {
-        let r = client()
-            .post(url(&s, "/code"))
-            .header("X-Access-Token", KEY)
+        let r = api(&s, Method::POST, "/code")
             .json(&body)
             .send()
             .await
@@ -182,9 +176,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
             "file",
             reqwest::multipart::Part::bytes(b"notes".to_vec()).file_name("notes.txt"),
         );
-    let r = client()
-        .post(url(&s, "/files/upload?path=/workspace/in"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::POST, "/files/upload?path=/workspace/in")
         .multipart(form)
         .send()
         .await
@@ -200,9 +192,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
     )
     .await;
     assert_eq!(ev.last().expect("end").1["status"], "ok", "{ev:?}");
-    let r = client()
-        .get(url(&s, "/files?path=/workspace"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::GET, "/files?path=/workspace")
         .send()
         .await
         .expect("send");
@@ -222,9 +212,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
             "/workspace/out.txt"
         ]
     );
-    let v: Value = client()
-        .get(url(&s, "/files?path=/workspace/in"))
-        .header("X-Access-Token", KEY)
+    let v: Value = api(&s, Method::GET, "/files?path=/workspace/in")
         .send()
         .await
         .expect("send")
@@ -232,9 +220,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
         .await
         .expect("json");
     assert_eq!(v["files"].as_array().map(Vec::len), Some(2), "{v}");
-    let r = client()
-        .get(url(&s, "/files/download?path=/workspace/out.txt"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::GET, "/files/download?path=/workspace/out.txt")
         .send()
         .await
         .expect("send");
@@ -253,12 +239,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
         ("/files/download?path=/workspace/missing.txt", 404),
         ("/files/download", 400),
     ] {
-        let r = client()
-            .get(url(&s, path))
-            .header("X-Access-Token", KEY)
-            .send()
-            .await
-            .expect("send");
+        let r = api(&s, Method::GET, path).send().await.expect("send");
         assert_eq!(r.status().as_u16(), status, "{path}");
     }
     code(
@@ -266,9 +247,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
         json!({"code": "import os\nos.symlink('/etc/passwd', '/mnt/data/link')"}),
     )
     .await;
-    let r = client()
-        .get(url(&s, "/files/download?path=/workspace/link"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::GET, "/files/download?path=/workspace/link")
         .send()
         .await
         .expect("send");
@@ -277,9 +256,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
         "file",
         reqwest::multipart::Part::bytes(b"x".to_vec()).file_name("x.txt"),
     );
-    let r = client()
-        .post(url(&s, "/files/upload?path=/workspace/../../etc"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::POST, "/files/upload?path=/workspace/../../etc")
         .multipart(form)
         .send()
         .await
@@ -287,12 +264,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
     assert_eq!(r.status().as_u16(), 400);
 
     // metrics: one live kernel (the default session), and a stream of them
-    let r = client()
-        .get(url(&s, "/metrics"))
-        .header("X-Access-Token", KEY)
-        .send()
-        .await
-        .expect("send");
+    let r = api(&s, Method::GET, "/metrics").send().await.expect("send");
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["sessions"]["live"], 1, "{v}");
@@ -300,9 +272,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
         v["memory"]["total_bytes"].as_u64().is_some_and(|b| b > 0),
         "{v}"
     );
-    let r = client()
-        .get(url(&s, "/metrics/watch?interval_ms=100"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::GET, "/metrics/watch?interval_ms=100")
         .send()
         .await
         .expect("send");
@@ -320,9 +290,7 @@ async fn files_upload_list_download_stay_in_the_workspace_and_metrics_report_ker
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(text.contains("\"live\":1"), "{text}");
-    let r = client()
-        .get(url(&s, "/metrics/watch?interval_ms=1"))
-        .header("X-Access-Token", KEY)
+    let r = api(&s, Method::GET, "/metrics/watch?interval_ms=1")
         .send()
         .await
         .expect("send");
