@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, kernel_server};
+use common::{client, kernel_server, parse_frame};
 use kiln::testing::TestServer;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -39,19 +39,10 @@ async fn events(resp: reqwest::Response) -> Vec<(String, Value)> {
         .await
         .expect("the stream ends")
         .expect("body");
+    let at = Instant::now();
     text.split("\n\n")
-        .filter_map(|frame| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in frame.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    name = Some(v.trim().to_owned());
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push_str(v.trim_start());
-                }
-            }
-            Some((name?, serde_json::from_str(&data).unwrap_or(Value::Null)))
-        })
+        .map(|frame| parse_frame(frame, at))
+        .filter_map(|e| Some((e.event?, e.data)))
         .collect()
 }
 

@@ -249,7 +249,8 @@ pub async fn sse_events(resp: reqwest::Response, limit: std::time::Duration) -> 
     out
 }
 
-fn parse_frame(frame: &str, at: std::time::Instant) -> Sse {
+/// One event-stream frame (its lines, without the blank line ending it).
+pub fn parse_frame(frame: &str, at: std::time::Instant) -> Sse {
     let mut event = None;
     let mut data = String::new();
     for line in frame.lines() {
