@@ -84,6 +84,11 @@ pub struct ServiceConfig {
     /// (`content-type`, `content-disposition`, ...).
     #[serde(default)]
     pub response_headers: Vec<String>,
+    /// Pass the jail's `Range` and `If-Range` on. Off by default: an
+    /// upstream that reflects the injected credential would hand it out in
+    /// slices too short for the scrubber to recognise (`docs/egress.md`).
+    #[serde(default)]
+    pub allow_range: bool,
     /// Calls one grant (one run) may make to this service.
     #[serde(default = "default_grant_requests")]
     pub max_requests_per_grant: u32,
@@ -125,6 +130,7 @@ impl std::fmt::Debug for ServiceConfig {
             .field("users", &self.users)
             .field("tenants", &self.tenants)
             .field("allow_private_upstream", &self.allow_private_upstream)
+            .field("allow_range", &self.allow_range)
             .finish_non_exhaustive()
     }
 }
@@ -264,6 +270,7 @@ mod tests {
             allow_private_upstream: false,
             forward_headers: vec![],
             response_headers: vec![],
+            allow_range: false,
             max_requests_per_grant: 1,
         };
         let shown = format!("{c:?}");

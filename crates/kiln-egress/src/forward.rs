@@ -53,8 +53,12 @@ const FORWARDED: &[&str] = &[
     "if-none-match",
     "if-modified-since",
     "if-unmodified-since",
-    "range",
 ];
+
+/// Request headers passed on only to a service that allows them
+/// (`allow_range`): slices of an answer that reflects a secret would
+/// outwit the scrubber (`scrub.rs`), which sees one slice at a time.
+const RANGE: &[&str] = &["range", "if-range"];
 
 /// Response headers passed back (besides a service's own
 /// `response_headers`); everything else is dropped.
@@ -282,7 +286,9 @@ fn request_headers(from: &HeaderMap, service: &Service) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in from {
         let n = name.as_str();
-        let passed = FORWARDED.contains(&n) || service.forward_headers.contains(name);
+        let passed = FORWARDED.contains(&n)
+            || service.forward_headers.contains(name)
+            || (service.allow_range && RANGE.contains(&n));
         let injected = service.inject_headers.iter().any(|(h, _)| h == name);
         if passed && !injected {
             out.append(name.clone(), value.clone());
@@ -294,6 +300,11 @@ fn request_headers(from: &HeaderMap, service: &Service) -> HeaderMap {
     for (h, v) in &service.inject_headers {
         out.insert(h.clone(), v.clone());
     }
+    // only bodies the scrubber can read: nothing compressed
+    out.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
     out
 }
 
@@ -566,6 +577,23 @@ async fn forward(
         .is_some_and(|n| n > service.max_response_bytes)
     {
         return Err(too_large_response(&service));
+    }
+    if let Some(coding) = resp
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        // compressed bytes would pass the scrubber and be inflated in the jail
+        return Err(Refused::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_encoded",
+            format!(
+                "the upstream of {} answered with Content-Encoding {:?} although the gateway asked for identity; \
+                 the gateway passes only bodies it can check for secrets",
+                service.name,
+                shown(&String::from_utf8_lossy(coding.as_bytes()), 32)
+            ),
+        ));
     }
     let headers = response_headers(resp.headers(), &service, &scrub);
     let download = Download {

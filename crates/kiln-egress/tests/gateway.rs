@@ -42,6 +42,7 @@ fn service(upstream: &str, paths: &[&str]) -> ServiceConfig {
         allow_private_upstream: true,
         forward_headers: vec![],
         response_headers: vec![],
+        allow_range: false,
         max_requests_per_grant: 100,
     }
 }
@@ -94,6 +95,7 @@ async fn setup(
         &[
             "/redirect/*",
             "/echo",
+            "/reflect",
             "/big/*",
             "/chunked/*",
             "/stream/*",
@@ -169,6 +171,13 @@ async fn refused(r: reqwest::Response) -> (u16, String, Value) {
         .to_owned();
     let body: Value = r.json().await.unwrap_or(Value::Null);
     (status, reason, body)
+}
+
+/// Asserts a refusal's status and reason; returns its JSON body.
+async fn expect_refused(r: reqwest::Response, status: u16, reason: &str) -> Value {
+    let (got, why, body) = refused(r).await;
+    assert_eq!((got, why.as_str()), (status, reason), "{body}");
+    body
 }
 
 fn assert_no_key(what: &str, bytes: &[u8]) {
@@ -523,6 +532,147 @@ async fn a_response_echoing_the_key_reaches_the_jail_without_it() {
     );
     let calls = s.calls(1).await;
     assert_eq!(calls[0].outcome, "ok");
+}
+
+/// `GET /tricks/reflect?as=<how>` with an optional `Range`: status and body.
+async fn reflect(s: &Setup, how: &str, range: Option<String>) -> (u16, Vec<u8>) {
+    let mut req = client().get(format!("{}/tricks/reflect?as={how}", s.url));
+    if let Some(r) = range {
+        req = req.header("Range", r);
+    }
+    let r = req.send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.bytes().await.expect("body").to_vec())
+}
+
+/// Whether `bytes` holds 8 consecutive bytes of the key (ASCII case aside).
+fn has_key_piece(bytes: &[u8]) -> bool {
+    let hay = bytes.to_ascii_lowercase();
+    KEY.as_bytes()
+        .windows(8)
+        .any(|w| hay.windows(8).any(|h| h == w.to_ascii_lowercase()))
+}
+
+/// The slices of 12 bytes of `/reflect` a jail would ask for, put together.
+async fn rebuilt_from_slices(s: &Setup) -> Vec<u8> {
+    let (_, whole) = reflect(s, "plain", None).await;
+    let mut rebuilt = Vec::new();
+    for a in (0..whole.len()).step_by(12) {
+        let (status, part) = reflect(s, "plain", Some(format!("bytes={a}-{}", a + 11))).await;
+        assert!(status == 200 || status == 206, "{status}");
+        if status == 200 {
+            return part; // the range was not honoured: the whole body
+        }
+        rebuilt.extend_from_slice(&part);
+    }
+    rebuilt
+}
+
+#[tokio::test]
+async fn range_requests_never_reach_the_upstream_so_slices_cannot_rebuild_the_key() {
+    let s = setup(|_, _| {}).await;
+    let rebuilt = rebuilt_from_slices(&s).await;
+    assert_no_key("the slices put together", &rebuilt);
+    assert!(
+        rebuilt.starts_with(b"key=DeepL-Auth-Key ****"),
+        "{rebuilt:?}"
+    );
+    assert!(
+        s.fake.seen().iter().all(|r| !r
+            .headers
+            .iter()
+            .any(|(k, _)| k == "range" || k == "if-range")),
+        "a Range header reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn a_service_that_allows_ranges_still_never_passes_eight_bytes_of_the_key() {
+    let s = setup(|services, _| {
+        services.get_mut("tricks").expect("tricks").allow_range = true;
+    })
+    .await;
+    let rebuilt = rebuilt_from_slices(&s).await;
+    assert!(
+        s.fake
+            .seen()
+            .iter()
+            .any(|r| r.headers.iter().any(|(k, _)| k == "range")),
+        "the service allows ranges: they reach the upstream"
+    );
+    assert!(
+        !has_key_piece(&rebuilt),
+        "{}",
+        String::from_utf8_lossy(&rebuilt)
+    );
+    assert_no_key("the slices put together", &rebuilt);
+}
+
+#[tokio::test]
+async fn a_reflected_key_in_another_case_or_encoding_is_scrubbed() {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{GeneralPurpose, STANDARD, URL_SAFE_NO_PAD};
+    let s = setup(|_, _| {}).await;
+    let b64 = |e: &GeneralPurpose, text: &[u8]| -> Vec<u8> {
+        // what the jail could decode: scrubbed characters taken for 'A'
+        let t: Vec<u8> = text
+            .iter()
+            .map(|&c| if c == b'*' { b'A' } else { c })
+            .collect();
+        let t = &t[..t.len() - t.len() % 4];
+        e.decode(t).unwrap_or_default()
+    };
+    for how in ["upper", "hex", "base64", "base64url", "url"] {
+        let (status, body) = reflect(&s, how, None).await;
+        assert_eq!(status, 200, "{how}");
+        let text = body
+            .strip_prefix(b"key=")
+            .and_then(|b| b.strip_suffix(b"\n"))
+            .expect("key=...");
+        let decoded: Vec<u8> = match how {
+            "hex" => text
+                .chunks(2)
+                .filter_map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok())
+                .collect(),
+            "base64" => [0, 1, 2, 3]
+                .iter()
+                .flat_map(|&skip| b64(&STANDARD, &text[skip..]))
+                .collect(),
+            "base64url" => [0, 1, 2, 3]
+                .iter()
+                .flat_map(|&skip| b64(&URL_SAFE_NO_PAD, &text[skip..]))
+                .collect(),
+            "url" => percent_encoding::percent_decode(text).collect(),
+            _ => text.to_vec(),
+        };
+        assert!(
+            !has_key_piece(&decoded),
+            "{how}: {} decodes to {}",
+            String::from_utf8_lossy(text),
+            String::from_utf8_lossy(&decoded)
+        );
+    }
+    assert_eq!(s.calls(5).await.len(), 5);
+}
+
+#[tokio::test]
+async fn a_compressed_answer_is_refused_because_it_could_not_be_scrubbed() {
+    let s = setup(|_, _| {}).await;
+    let r = client()
+        .get(format!("{}/tricks/reflect?as=gzip", s.url))
+        .header("Accept-Encoding", "gzip")
+        .send()
+        .await
+        .expect("send");
+    expect_refused(r, 502, "upstream_encoded").await;
+    let seen = &s.fake.seen()[0];
+    assert!(
+        seen.headers
+            .iter()
+            .any(|(k, v)| k == "accept-encoding" && v == "identity"),
+        "{seen:?}"
+    );
+    get_healthy(&s).await;
 }
 
 #[tokio::test]

@@ -5,8 +5,9 @@
 //! table, so the result is a real .docx that python-docx can read.
 //!
 //! Besides DeepL's routes it has the misbehaving ones the attack tests
-//! need: redirects, an echo of the credentials, large and slow bodies and
-//! a sink that counts what it receives. Every request is logged.
+//! need: redirects, an echo of the credentials (and a reflection of the
+//! key that serves byte ranges and encodes it on request), large and slow
+//! bodies and a sink that counts what it receives. Every request is logged.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -79,6 +80,7 @@ impl FakeDeepl {
             .route("/v2/usage", get(|| async { "{}" }))
             .route("/redirect/{to}", any(redirect))
             .route("/echo", any(echo))
+            .route("/reflect", get(reflect))
             .route("/big/{n}", get(big))
             .route("/chunked/{n}", get(chunked))
             .route("/stream/{n}", get(stream))
@@ -323,6 +325,79 @@ async fn echo(headers: HeaderMap, uri: Uri) -> Response {
         body,
     )
         .into_response()
+}
+
+/// `key=<the Authorization value>\n`, encoded as `?as=` says (`upper`,
+/// `hex`, `base64`, `base64url`, `url`, or `gzip`: sent compressed with
+/// `Content-Encoding: gzip`), and a `Range: bytes=A-B` of it as a 206.
+async fn reflect(headers: HeaderMap, uri: Uri) -> Response {
+    use base64::Engine as _;
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec())
+        .unwrap_or_default();
+    let how = uri
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("as=")))
+        .unwrap_or("plain");
+    let key: Vec<u8> = match how {
+        "upper" => auth.to_ascii_uppercase(),
+        "hex" => auth
+            .iter()
+            .flat_map(|b| format!("{b:02x}").into_bytes())
+            .collect(),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .encode(&auth)
+            .into_bytes(),
+        "base64url" => base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(&auth)
+            .into_bytes(),
+        // as encodeURIComponent or urllib's quote(safe='') would
+        "url" => auth
+            .iter()
+            .flat_map(|&b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    vec![b]
+                } else {
+                    format!("%{b:02X}").into_bytes()
+                }
+            })
+            .collect(),
+        _ => auth,
+    };
+    let mut body = b"key=".to_vec();
+    body.extend_from_slice(&key);
+    body.push(b'\n');
+    if how == "gzip" {
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&body).expect("gzip");
+        let body = z.finish().expect("gzip");
+        return ([(header::CONTENT_ENCODING, "gzip")], body).into_response();
+    }
+    let range = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+    match range {
+        Some((a, b)) if a <= b && a < body.len() => {
+            let b = b.min(body.len() - 1);
+            (
+                StatusCode::PARTIAL_CONTENT,
+                [
+                    (header::ACCEPT_RANGES, "bytes".to_owned()),
+                    (
+                        header::CONTENT_RANGE,
+                        format!("bytes {a}-{b}/{}", body.len()),
+                    ),
+                ],
+                body[a..=b].to_vec(),
+            )
+                .into_response()
+        }
+        _ => ([(header::ACCEPT_RANGES, "bytes")], body).into_response(),
+    }
 }
 
 async fn big(Path(n): Path<usize>) -> Response {

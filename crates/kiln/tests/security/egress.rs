@@ -42,6 +42,7 @@ fn service(upstream: &str, paths: &[&str]) -> kiln_egress::ServiceConfig {
         allow_private_upstream: true,
         forward_headers: vec![],
         response_headers: vec![],
+        allow_range: false,
         max_requests_per_grant: 100,
     }
 }
