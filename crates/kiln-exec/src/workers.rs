@@ -4,9 +4,13 @@
 //! sessions of LibreChat's stateful profile are; the faces name a kernel
 //! instead of holding its id.
 //!
+//! - A name is a [`WorkerName`]: the face it belongs to is part of the key,
+//!   not a prefix of a string, so no string a client sends in one face
+//!   (a `user_uuid`, a runtime session hint) can name another face's kernel.
 //! - Who a named kernel counts against ([`CapOwner`]): the compatibility
-//!   faces give it the kernel owner `"{owner}|{name}"`, so the registry's
-//!   per-owner cap counts it per name; LibreChat's runtime sessions count
+//!   faces give it the kernel owner [`kernel_owner`] (the owner, then the
+//!   face and the name), so the registry's per-owner cap counts it per
+//!   name; LibreChat's runtime sessions count
 //!   against the user's own cap, next to the kernels the user opened
 //!   through the sessions API. The node cap counts it like any kernel, and
 //!   no other principal's name reaches it either way.
@@ -24,6 +28,30 @@ use crate::kernels::{Kernels, KernelsError, Session};
 
 type Entry = Arc<tokio::sync::Mutex<Option<Nanoid>>>;
 
+/// The name of a named kernel, with the face it belongs to: names of
+/// different faces never compare equal, whatever their strings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum WorkerName {
+    /// Seed 003's default runtime session (one per owner).
+    Seed003Default,
+    /// Seed 004's worker of a `user_uuid`.
+    Seed004(String),
+    /// A runtime session of LibreChat's stateful profile (its `rt_` id).
+    Runtime(String),
+}
+
+impl std::fmt::Display for WorkerName {
+    /// The face, then the name: distinct for distinct names (a face's tag
+    /// is never a prefix of another's).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerName::Seed003Default => f.write_str("seed003:default"),
+            WorkerName::Seed004(n) => write!(f, "seed004:{n}"),
+            WorkerName::Runtime(n) => write!(f, "runtime:{n}"),
+        }
+    }
+}
+
 /// Whose per-owner kernel cap a named kernel counts against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CapOwner {
@@ -38,7 +66,7 @@ pub enum CapOwner {
 pub struct Workers {
     kernels: Kernels,
     cap: CapOwner,
-    names: Arc<Mutex<HashMap<(String, String), Entry>>>,
+    names: Arc<Mutex<HashMap<(String, WorkerName), Entry>>>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -51,8 +79,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The kernel owner of `owner`'s kernel named `name`.
-pub fn kernel_owner(owner: &str, name: &str) -> String {
+/// The kernel owner of `owner`'s kernel named `name` (a user key has no
+/// `|`, so it never equals a user's own key).
+pub fn kernel_owner(owner: &str, name: &WorkerName) -> String {
     format!("{owner}|{name}")
 }
 
@@ -69,7 +98,7 @@ impl Workers {
         &self.kernels
     }
 
-    fn entry(&self, owner: &str, name: &str) -> Entry {
+    fn entry(&self, owner: &str, name: &WorkerName) -> Entry {
         let mut names = lock(&self.names);
         // forget names whose kernel is gone (expired, released elsewhere)
         if names.len() > 2 * self.kernels.config().max_total + 64 {
@@ -78,11 +107,7 @@ impl Workers {
                 Err(_) => true,
             });
         }
-        Arc::clone(
-            names
-                .entry((owner.to_owned(), name.to_owned()))
-                .or_default(),
-        )
+        Arc::clone(names.entry((owner.to_owned(), name.clone())).or_default())
     }
 
     /// The live `lang` kernel `name` of `owner`, started now if there is
@@ -91,7 +116,7 @@ impl Workers {
     pub async fn get_or_start(
         &self,
         owner: &str,
-        name: &str,
+        name: &WorkerName,
         lang: &str,
     ) -> Result<(Arc<Session>, bool), KernelsError> {
         let entry = self.entry(owner, name);
@@ -118,9 +143,9 @@ impl Workers {
     }
 
     /// The live kernel `name` of `owner`, if one runs; never starts one.
-    pub fn find(&self, owner: &str, name: &str) -> Option<Arc<Session>> {
+    pub fn find(&self, owner: &str, name: &WorkerName) -> Option<Arc<Session>> {
         let entry = lock(&self.names)
-            .get(&(owner.to_owned(), name.to_owned()))
+            .get(&(owner.to_owned(), name.clone()))
             .cloned()?;
         let id = entry.try_lock().ok()?.clone()?;
         self.kernels
@@ -131,14 +156,38 @@ impl Workers {
 
     /// Closes the kernel `name` of `owner` and forgets the name; `false`
     /// when there was none.
-    pub async fn release(&self, owner: &str, name: &str) -> bool {
-        let Some(entry) = lock(&self.names).remove(&(owner.to_owned(), name.to_owned())) else {
+    pub async fn release(&self, owner: &str, name: &WorkerName) -> bool {
+        let Some(entry) = lock(&self.names).remove(&(owner.to_owned(), name.clone())) else {
             return false;
         };
         let id = entry.lock().await.take();
         match id {
             Some(id) => self.kernels.delete(&id).await.is_ok(),
             None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_different_faces_never_meet_whatever_their_strings() {
+        let names = [
+            WorkerName::Seed003Default,
+            WorkerName::Seed004("seed003-default".into()),
+            WorkerName::Seed004("default".into()),
+            WorkerName::Seed004("rt_abc".into()),
+            WorkerName::Runtime("rt_abc".into()),
+            WorkerName::Runtime("default".into()),
+        ];
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                assert_ne!(a, b);
+                assert_ne!(kernel_owner("t:user:u", a), kernel_owner("t:user:u", b));
+            }
+            assert_ne!(kernel_owner("t:user:u", a), "t:user:u");
         }
     }
 }

@@ -47,11 +47,17 @@ async fn events(resp: reqwest::Response) -> Vec<(String, Value)> {
 }
 
 async fn code(s: &TestServer, body: Value) -> Vec<(String, Value)> {
-    let r = api(s, Method::POST, "/code")
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
+    code_as(s, None, body).await
+}
+
+/// `POST /code` as the user `user` (its `User-Id`), or as nobody in
+/// particular.
+async fn code_as(s: &TestServer, user: Option<&str>, body: Value) -> Vec<(String, Value)> {
+    let mut req = api(s, Method::POST, "/code");
+    if let Some(u) = user {
+        req = req.header("User-Id", u);
+    }
+    let r = req.json(&body).send().await.expect("send");
     assert_eq!(r.status(), 200);
     events(r).await
 }
@@ -153,6 +159,54 @@ async fn code_streams_named_events_and_sessions_keep_their_own_state() {
         .await
         .expect("send");
     assert_eq!(r.status(), 401, "no token");
+}
+
+#[tokio::test]
+async fn the_default_session_answers_to_its_own_id_and_shares_no_kernel_with_seed004_workers() {
+    let s = runtime(|_| {}).await;
+    let carol = Some("carol");
+    let ev = code_as(
+        &s,
+        carol,
+        json!({"code": "secret = 'seed003-state'\nsecret"}),
+    )
+    .await;
+    assert_eq!(text_of(&ev, "result"), "'seed003-state'");
+    let id = ev.last().expect("end").1["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_owned();
+
+    // the id its events report addresses it: same kernel, same state
+    let ev = code_as(&s, carol, json!({"code": "secret", "session_id": id})).await;
+    assert_eq!(text_of(&ev, "result"), "'seed003-state'", "{ev:?}");
+    assert_eq!(ev.last().expect("end").1["session_id"], id.as_str());
+
+    // seed 004's workers of the same user are other kernels, whatever
+    // their user_uuid says
+    for uuid in ["seed003-default", "default", "seed003"] {
+        let r = client()
+            .post(format!("{}/api/v1/execute?user_uuid={uuid}", s.base_url))
+            .header("X-Auth-Token", KEY)
+            .header("User-Id", "carol")
+            .json(&json!({"code": "'secret' in globals()"}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200, "{uuid}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["result_text"], "False", "{uuid}: {v}");
+        assert_ne!(v["worker_id"], id.as_str(), "{uuid}: {v}");
+    }
+
+    // nobody else addresses it
+    let r = api(&s, Method::POST, "/code")
+        .header("User-Id", "mallory")
+        .json(&json!({"code": "secret", "session_id": id}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 403);
 }
 
 #[tokio::test]

@@ -308,7 +308,8 @@ async fn open_runtime(
         && let Some(named) = &state.runtime_kernels
     {
         let owner = parsed.caller.principal.user_key();
-        match named.get_or_start(owner.as_str(), &id, "py").await {
+        let name = kiln_exec::workers::WorkerName::Runtime(id.clone());
+        match named.get_or_start(owner.as_str(), &name, "py").await {
             Ok((session, _)) => req.jail = Some(named.kernels().seat(session)),
             Err(e) => tracing::warn!(
                 runtime_session = %id, error = %e,

@@ -34,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
 use kiln_exec::kernels::{OutputSink, Session};
+use kiln_exec::workers::WorkerName;
 use serde::Deserialize;
 
 use super::{Envelope, workers};
@@ -41,8 +42,6 @@ use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, authorize, parse_id};
 
-/// The name of a caller's default runtime session among its workers.
-const DEFAULT_SESSION: &str = "seed003-default";
 /// The seed's workspace directory.
 const WORKSPACE: &str = "/workspace";
 
@@ -80,8 +79,9 @@ fn caller(
     Ok((caller, key.as_str().to_owned()))
 }
 
-/// The session `session_id` names (the caller's own, by the one access
-/// rule), or the caller's default runtime session, started on first use.
+/// The session `session_id` names (the caller's default runtime session, or
+/// one of its own by the one access rule), or the caller's default runtime
+/// session, started on first use.
 async fn session(
     state: &AppState,
     identity: &Identity,
@@ -94,12 +94,20 @@ async fn session(
         Some(id) => {
             let id = parse_id(id)?;
             let session = workers.kernels().get(&id)?;
+            // the id its events report: the caller's own default session,
+            // whose kernel owner is the name's, not the caller's key
+            let default = workers.find(&owner, &WorkerName::Seed003Default);
+            if default.is_some_and(|d| workers.kernels().info(&d).id == id) {
+                return Ok((session, id.as_str().to_owned()));
+            }
             let stored = SessionKey::from_stored(session.owner().to_owned());
             authorize(&state.config, &caller, &Claim::none(), &id, &stored)?;
             Ok((session, id.as_str().to_owned()))
         }
         None => {
-            let (session, _) = workers.get_or_start(&owner, DEFAULT_SESSION, "py").await?;
+            let (session, _) = workers
+                .get_or_start(&owner, &WorkerName::Seed003Default, "py")
+                .await?;
             let id = workers.kernels().info(&session).id.as_str().to_owned();
             Ok((session, id))
         }

@@ -26,7 +26,7 @@ use base64::Engine as _;
 use futures::{StreamExt, TryStreamExt};
 use kiln_core::RelPath;
 use kiln_exec::kernels::{EvalResult, KernelsError, Session};
-use kiln_exec::workers::Workers;
+use kiln_exec::workers::{WorkerName, Workers};
 use kiln_exec::{FetchError, Fetcher};
 use serde::{Deserialize, Serialize};
 
@@ -73,8 +73,9 @@ pub struct UserQuery {
     user_uuid: Option<String>,
 }
 
-/// The `user_uuid` query parameter: 1–128 of `A-Z a-z 0-9 - _ .`.
-fn user_uuid(q: &UserQuery) -> Result<&str, Fail> {
+/// The worker the `user_uuid` query parameter names (1–128 of `A-Z a-z
+/// 0-9 - _ .`), in this face's own name space.
+fn user_uuid(q: &UserQuery) -> Result<WorkerName, Fail> {
     let u = q
         .user_uuid
         .as_deref()
@@ -88,7 +89,7 @@ fn user_uuid(q: &UserQuery) -> Result<&str, Fail> {
             "user_uuid must be 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.'",
         ));
     }
-    Ok(u)
+    Ok(WorkerName::Seed004(u.to_owned()))
 }
 
 fn fetcher(state: &AppState) -> Result<&Fetcher, Fail> {
@@ -249,7 +250,7 @@ pub async fn execute(
     let workers = workers(&state)?;
     let owner = owner(&state, &identity, &headers)?;
     let body: ExecuteBody = body(&state, &headers, raw).await?;
-    let (session, _) = workers.get_or_start(&owner, user, "py").await?;
+    let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
     let worker_id = session_id(workers, &session);
     let result = workers
         .kernels()
@@ -257,7 +258,7 @@ pub async fn execute(
         .await;
     let r = match result {
         Ok(r) if r.timed_out => {
-            workers.release(&owner, user).await;
+            workers.release(&owner, &user).await;
             return Err(Fail::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
@@ -268,7 +269,7 @@ pub async fn execute(
         }
         Ok(r) => r,
         Err(KernelsError::Lost(why)) => {
-            workers.release(&owner, user).await;
+            workers.release(&owner, &user).await;
             return Err(Fail::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("session lost: {why}; the environment was destroyed"),
@@ -297,7 +298,7 @@ pub async fn release(
 ) -> Result<Response, Fail> {
     let user = user_uuid(&q)?;
     let owner = owner(&state, &identity, &headers)?;
-    workers(&state)?.release(&owner, user).await;
+    workers(&state)?.release(&owner, &user).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -353,7 +354,7 @@ pub async fn import(
             .iter()
             .map(|f| (f.path.as_str(), f.name.as_str())),
     )?;
-    let (session, _) = workers.get_or_start(&owner, user, "py").await?;
+    let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
     let transfers: Vec<_> = body
         .files
         .into_iter()
@@ -423,7 +424,7 @@ pub async fn export(
             .iter()
             .map(|f| (f.path.as_str(), f.name.as_str())),
     )?;
-    let session = workers.find(&owner, user).ok_or_else(no_worker)?;
+    let session = workers.find(&owner, &user).ok_or_else(no_worker)?;
     let max = fetcher.policy().max_bytes;
     let transfers: Vec<_> = body
         .files
@@ -501,7 +502,7 @@ pub async fn delete(
             .iter()
             .map(|f| (f.path.as_str(), f.name.as_str())),
     )?;
-    let session = workers.find(&owner, user).ok_or_else(no_worker)?;
+    let session = workers.find(&owner, &user).ok_or_else(no_worker)?;
     for rel in targets {
         match workers
             .kernels()
