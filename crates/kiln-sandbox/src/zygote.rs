@@ -402,9 +402,22 @@ fn become_program(spec_line: &mut [u8], fds: [OwnedFd; 5]) -> ! {
     jail::forked_program_main(spec_line, exec_w, go_r, init_pidfd, run_embedded)
 }
 
-/// The parked program process's last step: the preload's runner takes over
+/// The parked program process's last step: the process takes the go's
+/// command line and environment as its own in the kernel's eyes (`ps`,
+/// `/proc/self/{comm,cmdline,environ}` show `python3 -u main.py ARGS`, not
+/// the fork-server's `kiln __zygote`), then the preload's runner takes over
 /// (it ends the process itself).
 fn run_embedded(go: &GoMsg) -> ! {
+    // An execve here would make the process dumpable again (no privilege
+    // changes at it), so its /proc files are its own: /proc/self/environ
+    // readable, as in a cold run. Leaving uid 0 had cleared the flag.
+    if let Err(e) = nix::sys::prctl::set_dumpable(true) {
+        eprintln!("kiln: set dumpable: {e}");
+        sys::exit_now(1)
+    }
+    // best effort: without checkpoint/restore support in the kernel only
+    // the name changes; the run itself is the same either way
+    let _ = sys::set_exec_identity(&go.argv, &go.env);
     #[derive(Serialize)]
     struct Run<'a> {
         argv: &'a [String],

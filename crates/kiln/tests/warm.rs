@@ -27,6 +27,17 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["--flag", "a b"],
     ),
     (
+        // the process as the kernel shows it: name, command line, initial
+        // environment, and `ps`'s view of it
+        "process name and command line",
+        "py",
+        "import os, subprocess\nprint(open('/proc/self/comm').read())\n\
+         print(open('/proc/self/cmdline', 'rb').read())\n\
+         print(open('/proc/self/environ', 'rb').read())\n\
+         print(subprocess.run(['ps', '-o', 'comm=,args=', '-p', str(os.getpid())], capture_output=True, text=True))",
+        &["--flag", "a b"],
+    ),
+    (
         // in order: os.environ's, and the C library's as a child inherits it
         "environment",
         "py",

@@ -35,7 +35,11 @@
 # - threads get the hidden frames' depth as extra recursion room; RSS and
 #   ru_maxrss include the shared preloaded pages;
 # - the process's parent is the fork-server, outside the jail's pid namespace,
-#   so os.getppid() is 0 (1, the jail's init, in a cold run).
+#   so os.getppid() is 0 (1, the jail's init, in a cold run);
+# - /proc/self/exe (psutil's exe()) is the fork-server's binary: the kernel lets
+#   no process replace the file it runs. Its name and command line are the go's
+#   (/proc/self/comm, cmdline and environ, hence ps and psutil's name() and
+#   cmdline()): the fork-server sets them before it calls run().
 # The fork-server must call PyOS_AfterFork_Child() in the child (threading's
 # and random's at-fork hooks); the child reseeds random and numpy anyway.
 
