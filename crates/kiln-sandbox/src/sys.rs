@@ -470,11 +470,11 @@ pub fn set_exec_identity(argv: &[String], env: &[(String, String)]) -> io::Resul
         auxv_size: 0,
         exe_fd: u32::MAX,
     };
+    let unused: libc::c_ulong = 0;
     // SAFETY: `map` is a fully initialised prctl_mm_map of the size passed;
     // the kernel only reads it. Every address in it is this process's own
     // (its current layout, and `block`, which is never freed); no auxv and
     // no exe file (exe_fd -1) are changed.
-    let unused: libc::c_ulong = 0;
     let rc = unsafe {
         libc::prctl(
             PR_SET_MM,
