@@ -13,9 +13,11 @@
 #      ~20 s on a warm mirror);
 #   5. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line;
-#   6. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
+#   6. the habits: `cargo fmt --check` and `cargo clippy --all-targets -D warnings` over the
+#      workspace (a failure fails the run, after the tests have run);
+#   7. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
 #      (scripts/container-test.sh --ci); the full container proof is opt-in;
-#   7. under CI: the Kubernetes manifests rendered and schema-checked (scripts/validate-k8s.sh).
+#   8. under CI: the Kubernetes manifests rendered and schema-checked (scripts/validate-k8s.sh).
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
 # Usage: scripts/test.sh [extra args for cargo test (or cargo nextest run)]
@@ -135,6 +137,24 @@ if [[ "${KILN_TEST_RUNNER:-cargo}" == nextest ]]; then
   cargo nextest run --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
 else
   cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
+fi
+
+# The code's habits, gated: formatting and clippy's lints as errors, on every target (tests and
+# benches too). Run after the tests so a lint never hides a test result; clippy's check build
+# adds ~3 min on a fresh machine.
+section "lint (rustfmt, clippy)"
+if cargo fmt --all -- --check >/dev/null; then
+  echo "rustfmt: clean"
+else
+  echo "rustfmt: FAILED (run cargo fmt --all; the diff is above)"
+  cargo fmt --all -- --check || true
+  status=1
+fi
+if cargo clippy --workspace --all-targets --locked -- -D warnings; then
+  echo "clippy: clean"
+else
+  echo "clippy: FAILED (see above)"
+  status=1
 fi
 
 # ---- fuzzing: begin (owned by scripts/fuzz.sh) --------------------------------------------

@@ -182,29 +182,33 @@ async fn a_timeout_answers_504_and_a_dead_kernel_503_and_each_destroys_the_envir
 
 /// A loopback file server: `GET /data.csv`, `GET /moved` (302 to it),
 /// `GET /big` (2 MiB), `PUT /put/{name}` (kept in the map).
-async fn file_server() -> (String, Arc<Mutex<HashMap<String, Vec<u8>>>>) {
+/// What the file server received, by name.
+type Uploads = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+async fn file_server() -> (String, Uploads) {
     use axum::extract::{Path, State};
     use axum::routing::{get, put};
-    let received: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
-    let app = axum::Router::new()
-        .route("/data.csv", get(|| async { "a,b\n1,2\n" }))
-        .route(
-            "/moved",
-            get(|| async { axum::response::Redirect::to("/data.csv") }),
-        )
-        .route("/big", get(|| async { vec![b'x'; 2 * 1024 * 1024] }))
-        .route(
-            "/put/{name}",
-            put(
-                |State(m): State<Arc<Mutex<HashMap<String, Vec<u8>>>>>,
-                 Path(name): Path<String>,
-                 body: axum::body::Bytes| async move {
-                    m.lock().unwrap().insert(name, body.to_vec());
-                    axum::http::StatusCode::OK
-                },
-            ),
-        )
-        .with_state(Arc::clone(&received));
+    let received: Uploads = Arc::default();
+    let app =
+        axum::Router::new()
+            .route("/data.csv", get(|| async { "a,b\n1,2\n" }))
+            .route(
+                "/moved",
+                get(|| async { axum::response::Redirect::to("/data.csv") }),
+            )
+            .route("/big", get(|| async { vec![b'x'; 2 * 1024 * 1024] }))
+            .route(
+                "/put/{name}",
+                put(
+                    |State(m): State<Uploads>,
+                     Path(name): Path<String>,
+                     body: axum::body::Bytes| async move {
+                        m.lock().unwrap().insert(name, body.to_vec());
+                        axum::http::StatusCode::OK
+                    },
+                ),
+            )
+            .with_state(Arc::clone(&received));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
