@@ -282,7 +282,7 @@ async fn cancel_kills_the_jail() {
             cancel,
         )
         .await;
-    assert!(matches!(r, Err(SandboxError::Cancelled)), "{r:?}");
+    assert!(matches!(r, Err(SandboxError::Cancelled(_))), "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_no_leftovers(&slot);
 }
