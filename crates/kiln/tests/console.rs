@@ -1033,6 +1033,7 @@ async fn the_playground_uploads_a_chosen_file_once_clears_it_and_draws_chatty_ou
     let t0 = Instant::now();
     run_keyed(&c, &editor, "the chatty run").await;
     let took = t0.elapsed();
+    eprintln!("chatty output: 1000 lines run and drawn in {took:?}");
     let want: String = (0..1000).map(|i| format!("{i}\n")).collect();
     assert_eq!(text_of(&c, "output").await, want);
     let spans = c
@@ -1043,7 +1044,6 @@ async fn the_playground_uploads_a_chosen_file_once_clears_it_and_draws_chatty_ou
         .await
         .unwrap();
     assert_eq!(spans, 1, "stdout drawn as one span");
-    eprintln!("chatty output: 1000 lines run and drawn in {took:?}");
 
     c.close().await.unwrap();
     drop(driver);
