@@ -517,7 +517,6 @@ function defs(target, pairs) {
 async function showResult(res) {
   const how = res.status ? `${res.status}${res.message ? " — " + res.message : ""}` : "ok";
   const code = res.code === null || res.code === undefined ? res.signal || "killed" : `exit ${res.code}`;
-  $("run-state").textContent = `done: ${code}, ${how}`;
   const pairs = [["status", how], ["exit", code], ["wall", ms(res.wall_time)]];
   if (current && current.runId) {
     const view = await json(`/v1/runs/${encodeURIComponent(current.runId)}`);
@@ -531,6 +530,8 @@ async function showResult(res) {
     }
   }
   defs($("usage"), pairs);
+  // "done" once the usage is shown (the files follow)
+  $("run-state").textContent = `done: ${code}, ${how}`;
   const list = $("outputs");
   const files = (res.files || []).filter((f) => !f.inherited);
   if (files.length) list.append(el("h3", {}, "Files"));
@@ -740,14 +741,10 @@ async function openRun(id) {
       table(["name", "bytes"], r.inputs.map((f) => [f.name, bytes(f.bytes)]), "run-detail-inputs"));
   }
   const made = r.files.filter((f) => !f.inherited);
-  if (made.length) {
-    files.append(el("h4", {}, "Files"));
-    // downloads need the run's owner: another user's files are listed only
-    const mine = r.principal.endsWith(`:user:${sessionStorage.getItem(USER) || "console"}`);
-    for (const f of made) {
-      if (mine) files.append(await fileView({ id: f.id, name: f.name, storage_session_id: f.storage_session_id }));
-      else files.append(el("div", { class: "file" }, f.name, " ", el("span", { class: "muted" }, `${bytes(f.bytes)} (owned by ${r.principal})`)));
-    }
+  if (made.length) files.append(el("h4", {}, "Files"));
+  for (const f of made) {
+    const path = `/v1/admin/runs/${encodeURIComponent(r.run_id)}/files/${encodeURIComponent(f.id)}`;
+    files.append(await downloadView(f.name, path));
   }
   box.hidden = false;
   box.scrollIntoView({ block: "start" });

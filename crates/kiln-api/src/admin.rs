@@ -2,11 +2,11 @@
 //! `GET /admin/status` (health, sandbox capabilities, warm pool and
 //! fork-server, queue, stored bytes per owner, and the last hour of a few
 //! key numbers), `GET /admin/runs` (the run registry's recent runs,
-//! filterable) and `GET /admin/runs/{run_id}` (one run whole: its code,
-//! output, files and usage, whoever started it), `GET /admin/kernels` and
+//! filterable), `GET /admin/runs/{run_id}` (one run whole: its code,
+//! output, files and usage, whoever started it) and its files'
+//! `/files/{file_id}`, `GET /admin/kernels` and
 //! `DELETE /admin/kernels/{session_id}` (every live kernel; close any).
-//! The web console
-//! ([`crate::console`]) draws them.
+//! The web console ([`crate::console`]) draws them.
 //!
 //! What the sandbox knows comes from the binary through [`Operations`]
 //! (this crate does not depend on kiln-sandbox); the history is sampled
@@ -548,6 +548,45 @@ pub async fn run(
         files,
         error,
     }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/runs/{run_id}/files/{file_id}",
+    operation_id = "adminRunFile",
+    tag = "Operations",
+    summary = "A file a run produced, any owner's",
+    description = "The bytes of one of the files the run's result lists (`GET /admin/runs/{run_id}`'s `files`), whoever owns them: the operator's view of a run includes its outputs.",
+    params(
+        ("run_id" = String, Path, description = "The run's id"),
+        ("file_id" = String, Path, description = "The file's id, from the run's files"),
+    ),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "Not an id", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 404, description = "No such run, or no such file among its outputs", body = crate::error::ErrorBody),
+    )
+)]
+pub async fn run_file(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    let Path((run_id, file_id)) = path.map_err(|_| ApiError::MalformedId)?;
+    let (run_id, file_id) = (parse_id(&run_id)?, parse_id(&file_id)?);
+    let handle = state
+        .runs
+        .get(&run_id)
+        .ok_or_else(|| ApiError::RunNotFound(run_id.clone()))?;
+    let outcome = handle.info().outcome;
+    // only what this run's result lists: the route reads no other file
+    let sid = outcome
+        .as_deref()
+        .and_then(|o| o.as_ref().ok())
+        .and_then(|r| r.files.iter().find(|f| f.id == file_id))
+        .map(|f| f.storage_session_id.clone())
+        .ok_or_else(|| ApiError::RunFileNotFound(file_id.clone()))?;
+    crate::codeapi::files::stored_file(&state, sid, file_id).await
 }
 
 /// One live kernel (a session of `/v1/sessions`, a compatibility face's

@@ -130,6 +130,7 @@ async fn console_pages_carry_no_secret_set_a_csp_and_need_the_key_for_data() {
         "/v1/admin/status",
         "/v1/admin/runs",
         "/v1/admin/runs/V1StGXR8_Z5jdHi6B-myT",
+        "/v1/admin/runs/V1StGXR8_Z5jdHi6B-myT/files/V1StGXR8_Z5jdHi6B-myT",
         "/v1/admin/kernels",
     ] {
         let r = http
@@ -176,7 +177,27 @@ async fn console_pages_carry_no_secret_set_a_csp_and_need_the_key_for_data() {
     assert_eq!(one["principal"], "local:user:ops-check");
     assert!(one["usage"]["run"]["wall_time_ms"].is_u64(), "{one}");
     assert!(one["run_status"].is_null());
+    // its outputs download through the operator's route, whoever owns them;
+    // only files the run's result lists
+    let writer = "open('/mnt/data/out.txt', 'w').write('made by ops-check')";
+    let writer_id = exec_as_ops(&s, json!({"lang": "py", "code": writer})).await;
+    let made = admin_json(&s, &format!("/v1/admin/runs/{writer_id}")).await;
+    let fid = made["files"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(made["files"][0]["name"], "out.txt", "{made}");
+    let r = http
+        .get(format!(
+            "{}/v1/admin/runs/{writer_id}/files/{fid}",
+            s.base_url
+        ))
+        .header("X-API-Key", KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "made by ops-check");
+    let not_its = format!("/v1/admin/runs/{run_id}/files/{fid}");
     for (path, status) in [
+        (not_its.as_str(), 404),
         ("/v1/admin/runs?status=sleeping", 400),
         ("/v1/admin/runs?run_status=ZZ", 400),
         ("/v1/admin/runs/V1StGXR8_Z5jdHi6B-myT", 404),
