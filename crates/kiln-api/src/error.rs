@@ -153,6 +153,9 @@ pub enum ApiError {
     /// No run of that id (or it is no longer kept).
     #[error("run {0} not found")]
     RunNotFound(Nanoid),
+    /// The run's result lists no file of that id.
+    #[error("file {0} is not among the run's outputs")]
+    RunFileNotFound(Nanoid),
     /// A rate limit of §4 refused the request.
     #[error("rate limited ({class:?})")]
     RateLimited {
@@ -227,6 +230,7 @@ impl ApiError {
             ),
             RouteNotFound(_) => plain(StatusCode::NOT_FOUND, "Not found"),
             RunNotFound(_) => plain(StatusCode::NOT_FOUND, "Run not found"),
+            RunFileNotFound(_) => plain(StatusCode::NOT_FOUND, "File not among the run's outputs"),
             MethodNotAllowed => plain(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
             BodyTooLarge { .. } => plain(StatusCode::PAYLOAD_TOO_LARGE, "Request body too large"),
             UploadTooLarge { .. } => {

@@ -187,6 +187,19 @@ impl Session {
             .map(|s| (s.host_uid(), s.host_gid()))
     }
 
+    pub fn id(&self) -> &Nanoid {
+        &self.id
+    }
+
+    pub fn lang(&self) -> &'static str {
+        self.lang
+    }
+
+    /// Memory the kernel holds now, bytes (see [`Kernel::memory_now`]).
+    pub fn memory_now(&self) -> Option<u64> {
+        self.kernel.memory_now()
+    }
+
     pub fn info(&self, max_age: Duration) -> SessionInfo {
         let clock = lock(&self.clock);
         let idle_end = clock.last_used_at + self.ttl;
@@ -681,6 +694,15 @@ impl Kernels {
         .await
     }
 
+    /// Every session this node holds (live or lost, not yet forgotten),
+    /// oldest first: the operator's view, whoever owns them.
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        let mut all: Vec<Arc<Session>> =
+            lock(&self.inner.state).sessions.values().cloned().collect();
+        all.sort_by_key(|s| s.created);
+        all
+    }
+
     /// Closes and forgets `id`.
     pub async fn delete(&self, id: &Nanoid) -> Result<(), KernelsError> {
         let session = lock(&self.inner.state)
@@ -845,7 +867,7 @@ impl Jail for SeatJail {
                 r = exec => r,
                 () = cancel.cancelled() => {
                     let _ = self.kernels.interrupt(&self.session).await;
-                    return Err(SandboxError::Cancelled);
+                    return Err(SandboxError::Cancelled(None));
                 }
             };
             as_run_result(result, stderr_cap)

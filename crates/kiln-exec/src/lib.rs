@@ -35,9 +35,9 @@ pub use egress::{SERVICES_PORT, SERVICES_URL};
 pub use kiln_egress::{FetchError, FetchPolicy, Fetcher, install_crypto_provider};
 pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
 pub use runs::{
-    AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, CancelReason, Phase, RunContext,
-    RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions, Step, Stream, Subscriber,
-    TracingAudit, Watch,
+    AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, CancelReason, KEPT_CODE_BYTES,
+    KeptCode, Phase, RunContext, RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions,
+    Step, Stream, Subscriber, TracingAudit, Watch,
 };
 pub use types::*;
 pub use walker::WalkLimits;

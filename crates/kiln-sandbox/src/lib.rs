@@ -59,7 +59,7 @@ mod zygote;
 
 pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
-pub use error::SandboxError;
+pub use error::{KilledUsage, SandboxError};
 pub use jail::helper_main;
 pub use jails::{BoxFuture, COLD_PROFILE, Jail, JailSource, Jails, ZygoteStart};
 pub use kernel::{

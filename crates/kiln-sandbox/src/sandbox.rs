@@ -778,7 +778,13 @@ async fn conclude(
 /// Maps what the helper reported to a run's result.
 fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxError> {
     let (exit, cpu_time) = match (s.status, s.killed) {
-        (_, Some(KillReason::Cancelled)) => return Err(SandboxError::Cancelled),
+        (_, Some(KillReason::Cancelled)) => {
+            return Err(SandboxError::Cancelled(Some(crate::KilledUsage {
+                wall_time: s.wall_time,
+                cpu_time: stats.cpu,
+                memory_peak: stats.memory_peak,
+            })));
+        }
         (
             Some(StatusMsg::Finished {
                 code,

@@ -357,7 +357,7 @@ impl Default for Config {
             warm_min: 1,
             python_zygote: true,
             python_template: "auto".into(),
-            run_retention_secs: 600,
+            run_retention_secs: 3600,
             run_retention_mb: 64,
             rate_limit_runs: 0,
             rate_limit_window_secs: 60,

@@ -592,7 +592,11 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("bind {addr}"))?;
-    info!(addr = %listener.local_addr()?, "kiln listening (LibreChat: LIBRECHAT_CODE_BASEURL=http://<host>:<port>/v1)");
+    let local = listener.local_addr()?;
+    info!(addr = %local, "kiln listening (LibreChat: LIBRECHAT_CODE_BASEURL=http://<host>:<port>/v1)");
+    if kiln.config.console {
+        info!(url = %format!("http://{local}{}", kiln_api::console::PATH), "web console");
+    }
 
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();

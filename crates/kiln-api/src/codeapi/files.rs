@@ -93,7 +93,17 @@ pub async fn download(
     let (sid, fid) = ids(path)?;
     let q = query(q)?;
     authorized(&state, &identity, &headers, &q, &sid, Some(&fid)).await?;
-    let meta = find_object(&state, &sid, &fid).await?;
+    stored_file(&state, sid, fid).await
+}
+
+/// The stored file `fid` of session `sid` as a download, for a caller
+/// already authorized (the download route, the operator's run view).
+pub(crate) async fn stored_file(
+    state: &AppState,
+    sid: Nanoid,
+    fid: Nanoid,
+) -> Result<Response, ApiError> {
+    let meta = find_object(state, &sid, &fid).await?;
     let stream = match state.store.read(&meta).await {
         Ok(s) => s,
         Err(StoreError::NotFound) => {

@@ -366,6 +366,22 @@ impl RunCgroups {
         self.read_stats()
     }
 
+    /// Memory the groups hold now (v2 `memory.current`, v1
+    /// `memory.usage_in_bytes`); `None` if it cannot be read.
+    pub(crate) fn memory_now(&self) -> Option<u64> {
+        let memory = self.dirs.first()?;
+        let file = if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        };
+        fs::read_to_string(memory.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// Starts a new peak-memory window and returns a reader of its peak:
     /// cgroup v2 (Linux 6.12+) resets `memory.peak` for one open descriptor
     /// only, v1 resets the group's `max_usage_in_bytes`. `None` if neither
