@@ -206,7 +206,7 @@ pub struct StoredView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AdminStatus {
     pub version: String,
-    /// `none` or `api-key`.
+    /// `none`, `api-key`, `jwt` or `api-key,jwt`.
     pub auth: String,
     pub languages: Vec<LanguageHealth>,
     /// Absent when the server was built without a sandbox (tests).
@@ -233,6 +233,7 @@ pub struct AdminStatus {
     responses(
         (status = 200, description = "OK", body = AdminStatus),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 403, description = "A user's token: the admin view needs the operator's API key", body = crate::error::CodedError),
     )
 )]
 pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
@@ -255,8 +256,10 @@ pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
     Json(AdminStatus {
         version: state.health.version.clone(),
         auth: match state.config.auth {
+            AuthMode::None => "none",
             AuthMode::ApiKey => "api-key",
-            _ => "none",
+            AuthMode::Jwt => "jwt",
+            AuthMode::ApiKeyOrJwt => "api-key,jwt",
         }
         .to_owned(),
         languages: state.health.languages.clone(),
@@ -323,6 +326,7 @@ const STATUSES: [&str; 5] = ["queued", "running", "finished", "failed", "cancell
         (status = 200, description = "OK", body = Vec<RunSummary>),
         (status = 400, description = "Unknown status filter", body = crate::error::ErrorBody),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 403, description = "A user's token: the admin view needs the operator's API key", body = crate::error::CodedError),
     )
 )]
 pub async fn runs(
@@ -413,6 +417,7 @@ pub struct EgressCallView {
     responses(
         (status = 200, description = "OK", body = Vec<EgressCallView>),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 403, description = "A user's token: the admin view needs the operator's API key", body = crate::error::CodedError),
         (status = 500, description = "The store could not be read", body = crate::error::ErrorBody),
     )
 )]

@@ -64,6 +64,10 @@ pub enum ApiError {
     /// Auth `jwt` without a usable verifier.
     #[error("JWT auth is misconfigured")]
     JwtMisconfigured,
+    /// The operator's view (`/admin/*`) without the operator's credential:
+    /// a user's token, or no API key configured to present (403).
+    #[error("the admin view needs the operator's API key")]
+    OperatorOnly { key_configured: bool },
     /// `require_identity` is on and the request carries no identity.
     #[error("request carries no user identity")]
     IdentityRequired,
@@ -185,6 +189,9 @@ impl ApiError {
     pub fn status_and_body(&self) -> (StatusCode, Value) {
         use ApiError::*;
         let plain = |status: StatusCode, msg: &str| (status, json!({ "error": msg }));
+        let coded = |status: StatusCode, code: &str, msg: &str| {
+            (status, json!({ "error": code, "message": msg }))
+        };
         match self {
             BadRequest(msg) => plain(StatusCode::BAD_REQUEST, msg),
             MalformedId => plain(StatusCode::BAD_REQUEST, "Bad request"),
@@ -214,6 +221,17 @@ impl ApiError {
             JwtMisconfigured => plain(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "CodeAPI JWT auth is misconfigured",
+            ),
+            OperatorOnly { key_configured } => coded(
+                StatusCode::FORBIDDEN,
+                "operator_only",
+                if *key_configured {
+                    "The admin view needs the operator's API key (X-API-Key); a user's token \
+                     does not open it"
+                } else {
+                    "The admin view needs the operator's API key: set api_key (KILN_API_KEY); \
+                     a user's token does not open it"
+                },
             ),
             IdentityRequired => plain(StatusCode::UNAUTHORIZED, "Authentication is required"),
             SessionForbidden { .. } => plain(StatusCode::FORBIDDEN, "Unauthorized"),
