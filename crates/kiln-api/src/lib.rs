@@ -23,11 +23,14 @@
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500, forwarding to the owner node of a kernel or run ([`cluster`], with
-//! several nodes); then, per authenticated route, authentication (API key or
-//! LibreChat's JWT; each face answers a failure in its own envelope; the
-//! admin routes take only the operator's key) and, on LibreChat's routes,
-//! the per-principal rate limits of [`rate`].
+//! 500, the browser guard (a foreign `Origin`, and on a keyless server a
+//! foreign `Host`, refused: [`origin`]), forwarding to the owner node of a
+//! kernel or run ([`cluster`], with several nodes; it reads a body only
+//! once the route's credential check admits the caller); then, per
+//! authenticated route, authentication (API key or LibreChat's JWT; each
+//! face answers a failure in its own envelope; the admin routes take only
+//! the operator's key) and, on LibreChat's routes, the per-principal rate
+//! limits of [`rate`].
 
 pub mod admin;
 pub mod body;
@@ -41,6 +44,7 @@ pub mod identity;
 pub mod jwt;
 pub mod middleware;
 pub mod openapi;
+pub mod origin;
 pub mod proxy;
 pub mod rate;
 pub mod runs;
@@ -187,6 +191,10 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(middleware::http_metrics))
         .layer(axum::middleware::from_fn(middleware::profile))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            origin::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             cluster::forward,
