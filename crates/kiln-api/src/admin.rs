@@ -212,7 +212,7 @@ pub struct StoredView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AdminStatus {
     pub version: String,
-    /// `none` or `api-key`.
+    /// `none`, `api-key`, `jwt` or `api-key,jwt`.
     pub auth: String,
     pub languages: Vec<LanguageHealth>,
     /// Absent when the server was built without a sandbox (tests).
@@ -239,6 +239,7 @@ pub struct AdminStatus {
     responses(
         (status = 200, description = "OK", body = AdminStatus),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 403, description = "A user's token: the admin view needs the operator's API key", body = crate::error::CodedError),
     )
 )]
 pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
@@ -261,8 +262,10 @@ pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
     Json(AdminStatus {
         version: state.health.version.clone(),
         auth: match state.config.auth {
+            AuthMode::None => "none",
             AuthMode::ApiKey => "api-key",
-            _ => "none",
+            AuthMode::Jwt => "jwt",
+            AuthMode::ApiKeyOrJwt => "api-key,jwt",
         }
         .to_owned(),
         languages: state.health.languages.clone(),
@@ -376,6 +379,7 @@ fn run_status_matches(want: &str, s: &RunSummary) -> bool {
         (status = 200, description = "OK", body = Vec<RunSummary>),
         (status = 400, description = "Unknown status or run_status filter", body = crate::error::ErrorBody),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 403, description = "A user's token: the admin view needs the operator's API key", body = crate::error::CodedError),
     )
 )]
 pub async fn runs(
@@ -736,6 +740,7 @@ pub struct EgressCallView {
     responses(
         (status = 200, description = "OK", body = Vec<EgressCallView>),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 403, description = "A user's token: the admin view needs the operator's API key", body = crate::error::CodedError),
         (status = 500, description = "The store could not be read", body = crate::error::ErrorBody),
     )
 )]

@@ -64,6 +64,16 @@ pub enum ApiError {
     /// Auth `jwt` without a usable verifier.
     #[error("JWT auth is misconfigured")]
     JwtMisconfigured,
+    /// The operator's view (`/admin/*`) without the operator's credential:
+    /// a user's token, or no API key configured to present (403).
+    #[error("the admin view needs the operator's API key")]
+    OperatorOnly { key_configured: bool },
+    /// A browser request from another origin (403).
+    #[error("cross-origin request from {0:?} refused")]
+    ForeignOrigin(String),
+    /// A `Host` this server does not answer to (421: DNS rebinding).
+    #[error("host {0:?} is not one this server answers to")]
+    UnknownHost(String),
     /// `require_identity` is on and the request carries no identity.
     #[error("request carries no user identity")]
     IdentityRequired,
@@ -188,6 +198,9 @@ impl ApiError {
     pub fn status_and_body(&self) -> (StatusCode, Value) {
         use ApiError::*;
         let plain = |status: StatusCode, msg: &str| (status, json!({ "error": msg }));
+        let coded = |status: StatusCode, code: &str, msg: &str| {
+            (status, json!({ "error": code, "message": msg }))
+        };
         match self {
             BadRequest(msg) => plain(StatusCode::BAD_REQUEST, msg),
             MalformedId => plain(StatusCode::BAD_REQUEST, "Bad request"),
@@ -217,6 +230,37 @@ impl ApiError {
             JwtMisconfigured => plain(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "CodeAPI JWT auth is misconfigured",
+            ),
+            OperatorOnly { key_configured } => coded(
+                StatusCode::FORBIDDEN,
+                "operator_only",
+                if *key_configured {
+                    "The admin view needs the operator's API key (X-API-Key); a user's token \
+                     does not open it"
+                } else {
+                    "The admin view needs the operator's API key: set api_key (KILN_API_KEY); \
+                     a user's token does not open it"
+                },
+            ),
+            ForeignOrigin(origin) => coded(
+                StatusCode::FORBIDDEN,
+                "cross_origin_refused",
+                &format!(
+                    "Cross-origin browser request refused: Origin {origin} is not this \
+                     server's own. Kiln's clients call it from a server; a browser only from \
+                     its own origin (the console at /console/). To reach it under another \
+                     name, add that name to allowed_hosts (KILN_ALLOWED_HOSTS)"
+                ),
+            ),
+            UnknownHost(host) => coded(
+                StatusCode::MISDIRECTED_REQUEST,
+                "unknown_host",
+                &format!(
+                    "Host {host} is not a name this server answers to (a keyless server \
+                     answers only its listen address, loopback names and IP addresses). If \
+                     Kiln is reached under this name, add it to allowed_hosts \
+                     (KILN_ALLOWED_HOSTS)"
+                ),
             ),
             IdentityRequired => plain(StatusCode::UNAUTHORIZED, "Authentication is required"),
             SessionForbidden { .. } => plain(StatusCode::FORBIDDEN, "Unauthorized"),

@@ -9,7 +9,7 @@
 //! | Kiln's runs | `GET /runs/{run_id}`, `GET /runs/{run_id}/events`, `POST /runs/{run_id}/cancel` | [`runs`] |
 //! | Kiln's sessions (live kernels) | `POST /sessions`, `GET|DELETE /sessions/{session_id}`, `POST /sessions/{session_id}/exec`, `POST /sessions/{session_id}/interrupt`, `GET /sessions/{session_id}/files`, `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | [`sessions`] |
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
-//! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs[/{run_id}[/files/{file_id}]]`, `GET /admin/egress`, `GET /admin/kernels`, `DELETE /admin/kernels/{session_id}` (behind the key) | [`codeapi::health`], [`openapi`], [`admin`] |
+//! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs[/{run_id}[/files/{file_id}]]`, `GET /admin/egress`, `GET /admin/kernels`, `DELETE /admin/kernels/{session_id}` (behind the operator's API key; a user's token is refused) | [`codeapi::health`], [`openapi`], [`admin`] |
 //! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
 //! | Seed 004 (stateful gateway) | `POST /api/v1/execute`, `POST /api/v1/release`, `GET /api/v1/status`, `POST|DELETE /api/v1/files`, `POST /api/v1/files/export` (root only; off with `seed004_api = false`) | [`compat::seed004`] |
 //! | Seed 003 (runtime daemon) | `POST /code`, `POST /sessions`, `DELETE /sessions/{session_id}`, `GET /files`, `POST /files/upload`, `GET /files/download`, `GET /metrics`, `GET /metrics/watch` under `runtime_api_prefix` (default `/runtime`; root only) | [`compat::seed003`] |
@@ -23,10 +23,14 @@
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500, forwarding to the owner node of a kernel or run ([`cluster`], with
-//! several nodes); then, per authenticated route, authentication (API key or
-//! LibreChat's JWT; each face answers a failure in its own envelope) and,
-//! on LibreChat's routes, the per-principal rate limits of [`rate`].
+//! 500, the browser guard (a foreign `Origin`, and on a keyless server a
+//! foreign `Host`, refused: [`origin`]), forwarding to the owner node of a
+//! kernel or run ([`cluster`], with several nodes; it reads a body only
+//! once the route's credential check admits the caller); then, per
+//! authenticated route, authentication (API key or LibreChat's JWT; each
+//! face answers a failure in its own envelope; the admin routes take only
+//! the operator's key) and, on LibreChat's routes, the per-principal rate
+//! limits of [`rate`].
 
 pub mod admin;
 pub mod body;
@@ -40,6 +44,7 @@ pub mod identity;
 pub mod jwt;
 pub mod middleware;
 pub mod openapi;
+pub mod origin;
 pub mod proxy;
 pub mod rate;
 pub mod runs;
@@ -89,13 +94,6 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run))
         .routes(routes!(runs::run_events))
         .routes(routes!(runs::cancel_run))
-        .routes(routes!(admin::status))
-        .routes(routes!(admin::runs))
-        .routes(routes!(admin::run))
-        .routes(routes!(admin::run_file))
-        .routes(routes!(admin::kernels))
-        .routes(routes!(admin::close_kernel))
-        .routes(routes!(admin::egress))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             rate::limit,
@@ -132,8 +130,22 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
             state.clone(),
             middleware::auth,
         ));
+    // the operator's view: the operator's credential, never a user's token
+    let admin = OpenApiRouter::new()
+        .routes(routes!(admin::status))
+        .routes(routes!(admin::runs))
+        .routes(routes!(admin::run))
+        .routes(routes!(admin::run_file))
+        .routes(routes!(admin::kernels))
+        .routes(routes!(admin::close_kernel))
+        .routes(routes!(admin::egress))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::operator_auth,
+        ));
     OpenApiRouter::new()
         .merge(librechat)
+        .merge(admin)
         .merge(seed)
         .merge(sessions)
         .routes(routes!(health::health))
@@ -183,6 +195,10 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(middleware::http_metrics))
         .layer(axum::middleware::from_fn(middleware::profile))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            origin::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             cluster::forward,

@@ -528,12 +528,20 @@ pub async fn get_file(
     let (id, rel) = file_path(path)?;
     let session = find(&state, &identity, &headers, &id)?;
     let content_type = kiln_exec::content_type(rel.as_str());
+    let name = rel.as_str().to_owned();
     let (file, size) = kernels(&state)?.read_file(session, rel).await?;
-    Ok(file_response(file, size, &content_type))
+    Ok(file_response(file, size, &content_type, &name))
 }
 
-/// A workspace file's bytes, streamed, with its type and length.
-pub(crate) fn file_response(file: std::fs::File, size: u64, content_type: &str) -> Response {
+/// A workspace file's bytes, streamed, with its type and length, served
+/// as LibreChat's `/download` serves a stored file (an attachment,
+/// `nosniff`, a sandboxing CSP: [`crate::files::download_headers`]).
+pub(crate) fn file_response(
+    file: std::fs::File,
+    size: u64,
+    content_type: &str,
+    name: &str,
+) -> Response {
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();
@@ -541,6 +549,7 @@ pub(crate) fn file_response(file: std::fs::File, size: u64, content_type: &str) 
         h.insert(CONTENT_TYPE, v);
     }
     h.insert(CONTENT_LENGTH, HeaderValue::from(size));
+    crate::files::download_headers(h, name);
     resp
 }
 

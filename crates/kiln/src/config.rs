@@ -291,6 +291,13 @@ pub struct Config {
     /// Where rate limits are counted: `local` (each node on its own) or
     /// `postgres` (in the shared database, one budget for every node).
     pub rate_limit_backend: String,
+    /// Names Kiln is reached under (comma-separated: `kiln,kiln.example`,
+    /// each with or without `:port`): a keyless server answers a `Host`
+    /// that is not an IP address, nor `localhost` when listening on
+    /// loopback or every address, nor one of these (nor `advertise_url`'s
+    /// host) with 421 (DNS rebinding); a browser `Origin` naming one of
+    /// these is taken as the server's own.
+    pub allowed_hosts: String,
 }
 
 impl Default for Config {
@@ -403,6 +410,7 @@ impl Default for Config {
             node_secret: None,
             node_dead_after_secs: 15,
             rate_limit_backend: "local".to_owned(),
+            allowed_hosts: String::new(),
         }
     }
 }

@@ -261,6 +261,24 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
         .clone()
 }
 
+/// The names a browser may reach the server under: `allowed_hosts` and
+/// the host of `advertise_url` (other nodes forward to it by that name).
+fn host_policy(
+    config: &config::Config,
+    listen: Option<std::net::SocketAddr>,
+) -> kiln_api::origin::HostPolicy {
+    let mut hosts = kiln_api::origin::HostPolicy::new(listen, &config.allowed_hosts);
+    if let Some(host) = config
+        .advertise_url
+        .as_deref()
+        .and_then(|u| reqwest::Url::parse(u.trim()).ok())
+        .and_then(|u| u.host_str().map(str::to_owned))
+    {
+        hosts.allow(&host);
+    }
+    hosts
+}
+
 /// Serve until `shutdown` is cancelled. Then stop accepting, let running
 /// executions (attached and detached) finish for up to
 /// `shutdown_grace_secs`, kill the rest.
@@ -294,6 +312,7 @@ pub async fn serve(
         seed004_api: kiln.config.seed004_api,
         runtime_api_prefix: kiln.config.runtime_api_prefix(),
         url_fetch: kiln.config.url_fetch(),
+        hosts: host_policy(&kiln.config, listener.local_addr().ok()),
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -790,7 +809,9 @@ pub fn health_check(config: &Config, timeout: Duration) -> ExitCode {
         let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
-        s.write_all(b"GET /health HTTP/1.0\r\nHost: kiln\r\n\r\n")?;
+        // the address as Host: a keyless server answers addresses, not
+        // names it was not told (origin.rs)
+        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
         let mut head = Vec::new();
         s.take(4096).read_to_end(&mut head)?;
         Ok(String::from_utf8_lossy(&head)

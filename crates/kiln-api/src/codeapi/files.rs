@@ -147,18 +147,30 @@ pub fn file_response(meta: &ObjectMeta, body: Body) -> Response {
             .unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
     h.insert(CONTENT_LENGTH, HeaderValue::from(meta.size));
-    // the type is what the program's file name suggests: a browser must not
-    // guess another (an .txt holding HTML stays text)
+    download_headers(h, &meta.name);
+    resp
+}
+
+/// What every file a program wrote is served with, whatever its type
+/// (`text/html`, `image/svg+xml`): an attachment named `name`, never
+/// rendered inline on the server's origin (the console's); the type is
+/// what the file's name suggests and a browser must not guess another (a
+/// `.txt` holding HTML stays text); and, should it be opened anyway, a
+/// sandbox with no script and no fetch.
+pub fn download_headers(h: &mut axum::http::HeaderMap, name: &str) {
     h.insert(
         HeaderName::from_static("x-content-type-options"),
         HeaderValue::from_static("nosniff"),
     );
     h.insert(
         CONTENT_DISPOSITION,
-        HeaderValue::from_str(&content_disposition(&meta.name))
+        HeaderValue::from_str(&content_disposition(name))
             .unwrap_or(HeaderValue::from_static("attachment")),
     );
-    resp
+    h.insert(
+        axum::http::header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; sandbox"),
+    );
 }
 
 /// The object, or 404 at once: Kiln stores a run's outputs before its

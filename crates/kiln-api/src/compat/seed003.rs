@@ -376,8 +376,14 @@ pub async fn download(
     let rel = workspace_path(&path)?.ok_or_else(|| bad("path names a directory"))?;
     let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
     let content_type = kiln_exec::content_type(rel.as_str());
+    let name = rel.as_str().to_owned();
     let (file, size) = workers(&state)?.kernels().read_file(session, rel).await?;
-    Ok(crate::sessions::file_response(file, size, &content_type))
+    Ok(crate::sessions::file_response(
+        file,
+        size,
+        &content_type,
+        &name,
+    ))
 }
 
 /// Kernels of this node and the host's load and memory.
