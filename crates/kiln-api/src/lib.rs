@@ -159,6 +159,10 @@ pub fn router(state: AppState) -> Router {
     let (api, api_doc) = api_routes(&state).split_for_parts();
     let (root, root_doc) = root_routes(&state).split_for_parts();
     let doc = openapi::document(api_doc, root_doc);
+    let mut public = openapi::PUBLIC_OPERATIONS.to_vec();
+    if !state.config.metrics_require_key {
+        public.push("metrics");
+    }
     let api = api.method_not_allowed_fallback(middleware::method_not_allowed);
 
     let layers = ServiceBuilder::new()
@@ -196,7 +200,7 @@ pub fn router(state: AppState) -> Router {
         .merge(root)
         .merge(compat::routes(&state))
         .route("/v1/openapi.json", get(openapi::openapi_json))
-        .layer(axum::Extension(openapi::Document::new(doc)))
+        .layer(axum::Extension(openapi::Document::new(doc, &public)))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .layer(layers)

@@ -1,7 +1,8 @@
-//! The OpenAPI document against the running server: it is OpenAPI 3.1,
-//! every operation it lists is a route the server has (and with the method
-//! it says), every route LibreChat and the seed call is in it, and every
-//! schema it references exists. Under CI the document also passes an
+//! What a running server tells the tools in front of it. The OpenAPI
+//! document: it is OpenAPI 3.1, every operation it lists is a route the
+//! server has (and with the method it says), every route LibreChat and the
+//! seed call is in it, every schema it references exists, and its security
+//! says which operations need the key. Under CI the document also passes an
 //! independent validator (`openapi-spec-validator`, installed by
 //! scripts/test.sh).
 
@@ -192,4 +193,97 @@ fn validate_externally(doc: &Value) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `GET url`, sent.
+async fn get(url: &str) -> reqwest::Response {
+    client().get(url).send().await.unwrap()
+}
+
+/// The operation object of `method path`.
+fn operation<'a>(doc: &'a Value, method: &str, path: &str) -> &'a Value {
+    let op = &doc["paths"][path][method];
+    assert!(op.is_object(), "{method} {path} is not documented");
+    op
+}
+
+#[tokio::test]
+async fn every_protected_operation_lists_401_and_the_key_schemes_and_public_ones_need_none() {
+    let s = server_with(|c| {
+        c.warm_jails = 0;
+        c.api_key = Some("openapi-key".into());
+    })
+    .await;
+    let doc: Value = get(&format!("{}/openapi.json", s.base_url))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["apiKey"]["type"], "apiKey");
+    assert_eq!(schemes["apiKey"]["in"], "header");
+    assert_eq!(schemes["apiKey"]["name"], "X-API-Key");
+    assert_eq!(schemes["bearer"]["type"], "http");
+    assert_eq!(schemes["bearer"]["scheme"], "bearer");
+
+    let public = [
+        ("get", "/v1/health"),
+        ("get", "/health"),
+        ("get", "/v1/librechat/health"),
+        ("get", "/metrics"),
+        ("get", "/openapi.json"),
+    ];
+    let mut protected = 0;
+    for (method, path) in operations(&doc) {
+        let op = operation(&doc, &method, &path);
+        if public.contains(&(method.as_str(), path.as_str())) {
+            assert_eq!(op["security"], serde_json::json!([]), "{method} {path}");
+            // and the server agrees: no key needed
+            let r = get(&format!("{}{path}", s.base_url)).await;
+            assert_ne!(r.status(), 401, "{method} {path} is public");
+            continue;
+        }
+        protected += 1;
+        let names: Vec<&str> = op["security"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {path} has no security"))
+            .iter()
+            .flat_map(|req| req.as_object().unwrap().keys().map(String::as_str))
+            .collect();
+        assert_eq!(names, ["apiKey", "bearer"], "{method} {path}");
+        assert!(
+            op["responses"]["401"].is_object(),
+            "{method} {path} does not list 401"
+        );
+        // and the server agrees: without the key, 401
+        let r = client()
+            .request(
+                method.to_uppercase().parse().unwrap(),
+                format!("{}{}", s.base_url, concrete(&path)),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{method} {path} is protected");
+    }
+    assert!(protected > 20, "{protected} protected operations");
+
+    // `detail=simple` lists strings; the schema says so
+    let list = operation(&doc, "get", "/v1/files/{session_id}");
+    let item = &list["responses"]["200"]["content"]["application/json"]["schema"]["items"];
+    let name = item["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
+    let shapes = doc["components"]["schemas"][name]["oneOf"]
+        .as_array()
+        .unwrap();
+    assert!(shapes.iter().any(|s| s["type"] == "string"), "{shapes:?}");
+    assert!(shapes.iter().any(|s| s.get("$ref").is_some()), "{shapes:?}");
+
+    // the event stream and the 413 of /v1/exec
+    let exec = operation(&doc, "post", "/v1/exec");
+    assert!(exec["responses"]["200"]["content"]["text/event-stream"].is_object());
+    assert!(exec["responses"]["200"]["content"]["application/json"].is_object());
+    assert!(exec["responses"]["413"].is_object());
+
+    validate_externally(&doc);
+    s.stop().await.unwrap();
 }
