@@ -46,6 +46,7 @@ pub mod runs;
 pub mod server;
 pub mod sessions;
 pub mod sse;
+pub mod telemetry;
 
 pub use codeapi::{exec, files, health, programmatic, upload};
 

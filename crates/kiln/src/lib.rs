@@ -253,11 +253,23 @@ impl kiln_egress::Ledger for StoreLedger {
     }
 }
 
-/// The process-wide Prometheus recorder (installed once).
+/// The process-wide Prometheus recorder (installed once): latencies as
+/// histograms, every series described ([`kiln_api::telemetry`]).
 pub fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".to_owned()),
+                    &kiln_api::telemetry::BUCKETS,
+                )
+                .ok()?
+                .install_recorder()
+                .ok()?;
+            kiln_api::telemetry::describe(env!("CARGO_PKG_VERSION"));
+            Some(handle)
+        })
         .clone()
 }
 
