@@ -587,7 +587,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             }
         }
     }
-    info!(report = %kiln.jails.sandbox().report(), "sandbox ready");
+    info!(report = %one_line(&kiln.jails.sandbox().report().to_string()), "sandbox ready");
     // Every jail copies, then tears down, each mount the server sees (its
     // slot filesystems among them): the same judgement as `kiln doctor`'s.
     let mounts = doctor::judge_mounts(
@@ -636,7 +636,10 @@ fn log_startup(config: &Config) -> anyhow::Result<()> {
         Auth::None if !addr.ip().is_loopback() => warn!(
             listen = %addr,
             "AUTH IS OFF and Kiln listens beyond loopback: anyone who can reach this port can run code. \
-             Set KILN_API_KEY (LibreChat: LIBRECHAT_CODE_API_KEY) or restrict the network."
+             Keep the port on a network only LibreChat reaches (a compose network with no published port, \
+             or listen on 127.0.0.1), or turn on LibreChat's CodeAPI JWT and KILN_AUTH=jwt. \
+             A shared key (KILN_API_KEY) only works with LibreChat builds that send one: current LibreChat \
+             sends none, and every call would get 401 (docs/librechat.md)."
         ),
         Auth::None => info!("auth: none (loopback only)"),
         Auth::ApiKey => info!("auth: api-key (X-API-Key or Authorization: Bearer)"),
@@ -660,17 +663,32 @@ pub fn init_logging(format: &str) {
 }
 
 pub(crate) fn init_logging_with(format: &str, default_level: &str, test: bool) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // colours only for a person at a terminal: a file, a pipe or a
+    // container's log collector gets plain text
+    let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_target(false);
     let _ = match (format, test) {
         ("json", _) => builder.json().try_init(),
         (_, true) => builder.with_test_writer().try_init(),
         _ => builder.try_init(),
     };
+}
+
+/// A multi-line report as one line (`a; b; c`), so that one log record
+/// stays on one line of the log.
+pub fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Detect each language's version on the host (the jail sees the same `/usr`).

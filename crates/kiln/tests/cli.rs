@@ -1,5 +1,5 @@
-//! The `kiln` binary itself: `doctor`, `exec`, and `serve` stopping cleanly
-//! on SIGTERM.
+//! The `kiln` binary itself: `doctor`, `exec`, `serve` stopping cleanly on
+//! SIGTERM, and its log.
 
 mod common;
 
@@ -229,6 +229,8 @@ struct Served {
     addr: String,
     log: std::sync::mpsc::Receiver<String>,
     reader: std::thread::JoinHandle<()>,
+    /// The log lines up to `kiln listening`.
+    early: Vec<String>,
     _data: tempfile::TempDir,
 }
 
@@ -253,6 +255,7 @@ fn serve() -> Served {
             }
         }
     });
+    let mut early = Vec::new();
     let addr = loop {
         let line = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(l) => l,
@@ -268,12 +271,14 @@ fn serve() -> Served {
         {
             break v["fields"]["addr"].as_str().unwrap().to_owned();
         }
+        early.push(line);
     };
     Served {
         child,
         addr,
         log: rx,
         reader,
+        early,
         _data: data,
     }
 }
@@ -300,6 +305,7 @@ fn serve_stops_cleanly_on_sigterm() {
         log: rx,
         reader,
         _data,
+        ..
     } = serve();
     // it serves
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -474,4 +480,103 @@ fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
             "{point} left mounted"
         );
     }
+}
+
+/// Stops a served child with SIGTERM and returns every log line left.
+fn stop_and_drain(served: Served) -> Vec<String> {
+    let Served {
+        mut child,
+        log,
+        reader,
+        ..
+    } = served;
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+    log.try_iter().collect()
+}
+
+#[test]
+fn the_log_keeps_records_on_one_line_polling_at_debug_and_streams_without_latency() {
+    use serde_json::Value;
+    common::require_root();
+    let served = serve();
+    let ready = served
+        .early
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "sandbox ready" && v["fields"]["report"].is_string())
+        .expect("the sandbox ready line with the host's report");
+    let report = ready["fields"]["report"].as_str().unwrap();
+    assert!(
+        report.contains("kernel: ") && report.contains("; "),
+        "{report}"
+    );
+    assert!(!report.contains('\n'), "{report:?}");
+
+    let addr = served.addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    kiln_egress::install_crypto_provider();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        // what an open console tab polls
+        for _ in 0..3 {
+            let r = http.get(format!("http://{addr}/v1/admin/status")).send().await.unwrap();
+            assert_ne!(r.status(), 404);
+        }
+        // a streamed run that takes a while
+        let body = http
+            .post(format!("http://{addr}/v1/exec"))
+            .header("Accept", "text/event-stream")
+            .json(&serde_json::json!({"lang": "py", "code": "import time\ntime.sleep(1)\nprint('x')"}))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(body.contains("event: result"), "{body}");
+        let r = http.get(format!("http://{addr}/v1/health")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    });
+    let lines: Vec<Value> = stop_and_drain(served)
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let route = |v: &Value| v["span"]["route"].as_str().unwrap_or_default().to_owned();
+    let responses: Vec<&Value> = lines
+        .iter()
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("response"))
+        })
+        .collect();
+    // polling is not at info
+    assert!(
+        !responses.iter().any(|v| route(v) == "/admin/status"),
+        "{responses:?}"
+    );
+    // a plain request has its latency
+    let health = responses
+        .iter()
+        .find(|v| route(v) == "/health")
+        .expect("the health request's line");
+    assert!(health["span"]["latency_ms"].is_u64(), "{health}");
+    // a stream says so, and neither it nor its run's audit line carries a latency
+    let stream = responses
+        .iter()
+        .find(|v| route(v) == "/exec")
+        .expect("the stream's line");
+    assert_eq!(stream["fields"]["message"], "response streams", "{stream}");
+    assert!(stream["span"].get("latency_ms").is_none(), "{stream}");
+    let audit = lines
+        .iter()
+        .find(|v| v["fields"]["message"] == "run audited")
+        .expect("an audit line");
+    assert!(!audit.to_string().contains("latency_ms"), "{audit}");
 }
