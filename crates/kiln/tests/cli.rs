@@ -1,5 +1,7 @@
-//! The `kiln` binary itself: `doctor`, `exec`, `serve` stopping cleanly on
-//! SIGTERM, and its log.
+//! The `kiln` binary itself: `doctor`, `exec` (input files, saved outputs),
+//! `health` and `doctor` taking `serve`'s flags, `serve` reporting a busy
+//! port before it starts anything and stopping cleanly on SIGTERM, and its
+//! log on a pipe.
 
 mod common;
 
@@ -151,6 +153,11 @@ fn health_fails_when_nothing_answers() {
     let err = String::from_utf8_lossy(&out.stderr);
     // a wildcard listen address is asked on loopback
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    // and how to ask another one
+    assert!(
+        err.contains("--listen") && err.contains("KILN_LISTEN"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -480,6 +487,214 @@ fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
             "{point} left mounted"
         );
     }
+}
+
+#[tokio::test]
+async fn health_takes_serves_listen_flag_and_resolves_host_names() {
+    let s = common::server_with(|c| c.warm_jails = 0).await;
+    let port = s.base_url.rsplit(':').next().unwrap().to_owned();
+    let health = |listen: String| {
+        let mut cmd = tokio::process::Command::new(KILN);
+        cmd.args(["health", "--timeout", "5", "--listen", &listen])
+            // the flag wins over the environment, as with `serve`
+            .env("KILN_LISTEN", "127.0.0.1:1");
+        cmd
+    };
+    let out = health(format!("127.0.0.1:{port}")).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // a host name is resolved, not refused as "not host:port"
+    let out = health(format!("localhost:{port}")).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = health("no-such-host.invalid:8000".into())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not resolve") && err.contains("IP address"),
+        "{err}"
+    );
+    s.stop().await.unwrap();
+}
+
+/// `kiln serve` on a port this test holds, with a text log on a pipe:
+/// (how long it took to give up, exit code, stdout, stderr).
+fn serve_on_a_busy_port() -> (Duration, Option<i32>, String, String, u32) {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let data = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = Command::new(KILN)
+        .args(["serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("KILN_LOG_FORMAT", "text")
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    drop(holder);
+    (
+        started.elapsed(),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        port.into(),
+    )
+}
+
+#[test]
+fn serve_reports_a_busy_port_before_starting_anything_and_names_its_holder() {
+    common::require_root();
+    let (took, code, log, err, port) = serve_on_a_busy_port();
+    assert_eq!(code, Some(1), "{log}{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{port} is already in use")),
+        "{err}"
+    );
+    // the holder is this test process
+    assert!(
+        err.contains(&format!("(pid {})", std::process::id())),
+        "{err}"
+    );
+    assert!(err.contains("--listen"), "{err}");
+    // nothing of the sandbox or the languages started
+    assert!(!log.contains("sandbox ready"), "{log}");
+    assert!(!log.contains("language"), "{log}");
+    assert!(
+        !log.contains("fork-server") && !err.contains("fork-server"),
+        "{log}{err}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn a_log_on_a_pipe_carries_no_colour_codes() {
+    common::require_root();
+    let (_, _, log, _, _) = serve_on_a_busy_port();
+    assert!(log.contains("auth: none"), "{log}");
+    assert!(!log.contains('\x1b'), "{log:?}");
+}
+
+#[test]
+fn exec_refuses_an_unknown_language_and_lists_the_valid_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("prog.cob");
+    std::fs::write(&f, "DISPLAY 'HI'.").unwrap();
+    let out = Command::new(KILN)
+        .args(["exec", "--lang", "cobol"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unsupported language \"cobol\""), "{err}");
+    for name in ["py", "js", "bash", "rs", "go"] {
+        assert!(err.contains(name), "{name} not listed: {err}");
+    }
+}
+
+/// A program that reads `data.csv` and writes `result.csv` and `sub/n.txt`.
+const WRITES_OUTPUTS: &str = "import os\n\
+rows = open('data.csv').read().split()\n\
+open('result.csv', 'w').write('total\\n%d\\n' % sum(int(r) for r in rows))\n\
+os.makedirs('sub', exist_ok=True)\n\
+open('sub/n.txt', 'w').write(str(len(rows)))\n\
+print('done')\n";
+
+/// The input file and an output dir, for [`WRITES_OUTPUTS`].
+fn outputs_job() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("sum.py");
+    std::fs::write(&prog, WRITES_OUTPUTS).unwrap();
+    let data = dir.path().join("data.csv");
+    std::fs::write(&data, "1\n2\n39\n").unwrap();
+    let out = dir.path().join("out");
+    (dir, prog, data, out)
+}
+
+/// The outputs [`WRITES_OUTPUTS`] leaves in `out`, and the report.
+fn assert_outputs_saved(out: &std::path::Path, stdout: &[u8], stderr: &[u8]) {
+    let err = String::from_utf8_lossy(stderr);
+    assert_eq!(String::from_utf8_lossy(stdout), "done\n", "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("result.csv")).unwrap(),
+        "total\n42\n"
+    );
+    assert_eq!(std::fs::read_to_string(out.join("sub/n.txt")).unwrap(), "3");
+    assert!(err.contains("output file: result.csv (saved to "), "{err}");
+}
+
+#[test]
+fn exec_places_input_files_and_saves_outputs_in_the_out_dir() {
+    common::require_root();
+    let (_dir, prog, data, out) = outputs_job();
+    let run = Command::new(KILN)
+        .args(["exec", "--lang", "py", "--file"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .arg(&prog)
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    assert_outputs_saved(&out, &run.stdout, &run.stderr);
+    // without --out the outputs are only named, and it says so
+    let run = Command::new(KILN)
+        .args(["exec", "--lang", "py", "--file"])
+        .arg(&data)
+        .arg(&prog)
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("output file: result.csv (not saved; use --out DIR)"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn exec_on_a_server_uploads_input_files_and_downloads_outputs_to_the_out_dir() {
+    let s = common::server_with(|c| {
+        c.warm_jails = 0;
+        c.api_key = Some("cli-files-key".into());
+    })
+    .await;
+    let (_dir, prog, data, out) = outputs_job();
+    let run = tokio::process::Command::new(KILN)
+        .args(["exec", "--lang", "py", "--server", &s.base_url, "--file"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .arg(&prog)
+        .env("KILN_API_KEY", "cli-files-key")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_outputs_saved(&out, &run.stdout, &run.stderr);
+    s.stop().await.unwrap();
 }
 
 /// Stops a served child with SIGTERM and returns every log line left.
