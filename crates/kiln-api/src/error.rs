@@ -37,6 +37,17 @@ pub struct CodedError {
 /// (runtime sessions, spec §13.4), which it serves too.
 pub const PROFILE: &str = "default";
 
+/// Why a request without valid credentials was refused in the key's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyProblem {
+    /// Neither `X-API-Key` nor `Authorization: Bearer` was sent.
+    #[error("no API key was sent (X-API-Key or Authorization: Bearer)")]
+    Missing,
+    /// A key was sent and it is not the configured one.
+    #[error("the API key sent does not match the server's")]
+    Wrong,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// Malformed input; the message is safe to show (400 `{"error":msg}`).
@@ -52,9 +63,10 @@ pub enum ApiError {
     /// (409 `runtime_session_busy`, spec §13.4).
     #[error("runtime session is busy")]
     RuntimeSessionBusy,
-    /// Missing or wrong API key.
-    #[error("missing or invalid credentials")]
-    Unauthenticated,
+    /// Missing or wrong API key (which of the two is said: the first thing
+    /// an operator needs to know).
+    #[error("missing or invalid credentials: {0}")]
+    Unauthenticated(KeyProblem),
     /// Auth `jwt` and no `Authorization: Bearer`.
     #[error("bearer token required")]
     BearerRequired,
@@ -220,7 +232,10 @@ impl ApiError {
                     "message": "Runtime session is busy",
                 }),
             ),
-            Unauthenticated => plain(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Unauthenticated(problem) => plain(
+                StatusCode::UNAUTHORIZED,
+                &format!("Unauthorized: {problem}"),
+            ),
             BearerRequired => plain(StatusCode::UNAUTHORIZED, "Bearer token is required"),
             RateLimited { class, verdict } => (
                 StatusCode::TOO_MANY_REQUESTS,

@@ -51,6 +51,7 @@ pub mod runs;
 pub mod server;
 pub mod sessions;
 pub mod sse;
+pub mod telemetry;
 
 pub use codeapi::{exec, files, health, programmatic, upload};
 
@@ -175,6 +176,10 @@ pub fn router(state: AppState) -> Router {
     let (api, api_doc) = api_routes(&state).split_for_parts();
     let (root, root_doc) = root_routes(&state).split_for_parts();
     let doc = openapi::document(api_doc, root_doc);
+    let mut public = openapi::PUBLIC_OPERATIONS.to_vec();
+    if !state.config.metrics_require_key {
+        public.push("metrics");
+    }
     let api = api.method_not_allowed_fallback(middleware::method_not_allowed);
 
     let layers = ServiceBuilder::new()
@@ -216,7 +221,7 @@ pub fn router(state: AppState) -> Router {
         .merge(root)
         .merge(compat::routes(&state))
         .route("/v1/openapi.json", get(openapi::openapi_json))
-        .layer(axum::Extension(openapi::Document::new(doc)))
+        .layer(axum::Extension(openapi::Document::new(doc, &public)))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .layer(layers)
@@ -236,15 +241,33 @@ impl<B> MakeSpan<B> for RequestSpan {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         let route = middleware::route_label(req.extensions().get::<MatchedPath>());
-        tracing::info_span!(
-            "request",
-            request_id = %request_id,
-            method = %req.method(),
-            route = %route,
-            status = tracing::field::Empty,
-            latency_ms = tracing::field::Empty,
-        )
+        // a span's level is a constant of its call site: one site per level
+        macro_rules! request_span {
+            ($level:expr) => {
+                tracing::span!(
+                    $level,
+                    "request",
+                    request_id = %request_id,
+                    method = %req.method(),
+                    route = %route,
+                    status = tracing::field::Empty,
+                    latency_ms = tracing::field::Empty,
+                )
+            };
+        }
+        // the console polls `/admin/*` every few seconds: its requests are
+        // logged at debug, so that an open tab does not fill the log
+        if is_polled(&route) {
+            request_span!(tracing::Level::DEBUG)
+        } else {
+            request_span!(tracing::Level::INFO)
+        }
     }
+}
+
+/// Routes a client polls (the console's `/admin/*`), logged at debug.
+fn is_polled(route: &str) -> bool {
+    route.starts_with("/admin/")
 }
 
 #[derive(Clone, Copy)]
@@ -252,9 +275,34 @@ struct LogResponse;
 
 impl<B> OnResponse<B> for LogResponse {
     fn on_response(self, resp: &Response<B>, latency: Duration, span: &Span) {
+        let status = resp.status().as_u16();
+        span.record("status", status);
+        // an info span is one of the requests logged at info; a debug one
+        // (polling) or a disabled one is logged at debug
+        let loud = span
+            .metadata()
+            .is_some_and(|m| *m.level() == tracing::Level::INFO);
+        let streamed = resp
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if streamed {
+            // the head of a stream is ready at once: the time to it is not
+            // the request's latency, so none is recorded (the run's audit
+            // record has its duration)
+            if loud {
+                tracing::info!(status, "response streams");
+            } else {
+                tracing::debug!(status, "response streams");
+            }
+            return;
+        }
         let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
-        span.record("status", resp.status().as_u16());
         span.record("latency_ms", latency_ms);
-        tracing::info!(status = resp.status().as_u16(), latency_ms, "response");
+        if loud {
+            tracing::info!(status, latency_ms, "response");
+        } else {
+            tracing::debug!(status, latency_ms, "response");
+        }
     }
 }

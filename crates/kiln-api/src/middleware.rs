@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq;
 use tower_http::request_id::{MakeRequestId, RequestId};
 
 use crate::config::{AppState, AuthMode};
-use crate::error::{ApiError, PROFILE};
+use crate::error::{ApiError, KeyProblem, PROFILE};
 use crate::identity::{Caller, Identity};
 
 /// Request header naming the profile the client expects.
@@ -101,7 +101,12 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
         return Ok(Identity::default());
     }
     if !mode.accepts_jwt() {
-        return Err(ApiError::Unauthenticated);
+        let problem = if presented_keys(req).next().is_some() {
+            KeyProblem::Wrong
+        } else {
+            KeyProblem::Missing
+        };
+        return Err(refused(problem));
     }
     let Some(verifier) = state.config.jwt.as_deref() else {
         return Err(ApiError::JwtMisconfigured);
@@ -109,8 +114,9 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
     let Some(token) = bearer(req) else {
         return Err(
             if mode.accepts_key() && req.headers().contains_key("x-api-key") {
-                ApiError::Unauthenticated
+                refused(KeyProblem::Wrong)
             } else {
+                tracing::info!("request refused: no bearer token was sent");
                 ApiError::BearerRequired
             },
         );
@@ -127,6 +133,12 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
             Err(reason.into())
         }
     }
+}
+
+/// The 401 for `problem`, logged (never the key itself).
+fn refused(problem: KeyProblem) -> ApiError {
+    tracing::info!(reason = %problem, "request refused: 401");
+    ApiError::Unauthenticated(problem)
 }
 
 /// The identity of a request whose `header` carries the shared key (a

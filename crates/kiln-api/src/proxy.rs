@@ -205,8 +205,8 @@ impl From<OpenError> for ProxyError {
 /// The 401 of this face (authentication failed with `e`).
 pub fn unauthorized(e: ApiError, key_sent: bool) -> Response {
     let (status, detail) = match e {
-        ApiError::Unauthenticated if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),
-        ApiError::Unauthenticated => (
+        ApiError::Unauthenticated(_) if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),
+        ApiError::Unauthenticated(_) => (
             StatusCode::UNAUTHORIZED,
             "Missing API key (send it in the x-api-key header)",
         ),

@@ -404,7 +404,10 @@ async fn api_key_or_jwt_accepts_either_and_only_the_token_is_an_identity() {
     let r = exec_with(&s, None, &[("X-API-Key", "wrong")]).await;
     assert_eq!(
         (r.status().as_u16(), json(r).await),
-        (401, json!({"error": "Unauthorized"}))
+        (
+            401,
+            json!({"error": "Unauthorized: the API key sent does not match the server's"})
+        )
     );
     let r = exec_with(&s, Some("wrong"), &[]).await;
     assert_eq!(

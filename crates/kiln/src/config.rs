@@ -627,10 +627,43 @@ impl Config {
         }
     }
 
+    /// `listen` as an address: `ip:port`, or `name:port` with the name
+    /// resolved (its first address; `localhost` is `127.0.0.1`).
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
-        self.listen
-            .parse()
-            .with_context(|| format!("listen address {:?} is not host:port", self.listen))
+        let listen = self.listen.trim();
+        if let Ok(addr) = listen.parse() {
+            return Ok(addr);
+        }
+        let Some((host, port)) = listen.rsplit_once(':') else {
+            bail!(
+                "listen address {:?} has no port: use host:port, e.g. 127.0.0.1:8000 or 0.0.0.0:8000",
+                self.listen
+            );
+        };
+        let Ok(port) = port.parse::<u16>() else {
+            bail!(
+                "listen address {:?}: {port:?} is not a port number (use host:port, e.g. 127.0.0.1:8000)",
+                self.listen
+            );
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .map(Iterator::collect)
+            .unwrap_or_default();
+        // IPv4 first: `localhost` resolves to ::1 and 127.0.0.1, and clients
+        // configured with 127.0.0.1 are the common case
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .with_context(|| {
+                format!(
+                    "listen address {:?}: the host name {host:?} does not resolve; use an IP address, \
+                     e.g. 127.0.0.1:{port} (this host only) or 0.0.0.0:{port} (every interface)",
+                    self.listen
+                )
+            })
     }
 
     /// Programmatic tool calling's settings (`ptc_*`).

@@ -227,7 +227,7 @@ impl Detail {
         ScopeQuery,
     ),
     responses(
-        (status = 200, description = "One item per object; its shape follows `detail`", body = Vec<Object>),
+        (status = 200, description = "One item per object; its shape follows `detail`: a string with `simple` (the default), an object with the others", body = Vec<ListItem>),
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
@@ -257,6 +257,71 @@ pub async fn list(
         })?;
     let items: Vec<Value> = objects.iter().map(|m| list_item(m, detail)).collect();
     Ok(Json(Value::Array(items)).into_response())
+}
+
+/// One item of `GET /files/{session_id}` (documentation of the JSON
+/// [`list_item`] writes).
+#[derive(utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ListItem {
+    /// `detail=simple` (the default): the object's key,
+    /// `<session_id>/<file_id><extension>`.
+    Simple(String),
+    /// `detail=normalized`.
+    Normalized(NormalizedItem),
+    /// `detail=full`.
+    Full(FullItem),
+    /// `detail=summary`.
+    Summary(SummaryItem),
+}
+
+/// `detail=summary`: the key, size, time and SHA-256.
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct SummaryItem {
+    /// `<session_id>/<file_id><extension>`.
+    name: String,
+    size: u64,
+    /// ISO 8601.
+    last_modified: String,
+    /// The bytes' SHA-256, lower-case hex.
+    etag: String,
+}
+
+/// `detail=full`: the summary plus ids, metadata and type.
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct FullItem {
+    id: String,
+    name: String,
+    size: u64,
+    last_modified: String,
+    etag: String,
+    /// `original-filename`, `original-filename-encoded`, `content-type`,
+    /// `read-only` (`"true"`/`"false"`).
+    metadata: std::collections::BTreeMap<String, String>,
+    version_id: String,
+    content_type: String,
+}
+
+/// `detail=normalized`: the shape of an `/exec` input reference.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct NormalizedItem {
+    id: String,
+    /// The path below `/mnt/data`.
+    name: String,
+    storage_session_id: String,
+    size: u64,
+    #[serde(rename = "contentType")]
+    content_type: String,
+    #[serde(rename = "lastModified")]
+    last_modified: String,
+    /// Present (`true`) only for a read-only object.
+    read_only: Option<bool>,
 }
 
 fn list_item(m: &ObjectMeta, detail: Detail) -> Value {
