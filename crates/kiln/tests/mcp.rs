@@ -320,6 +320,15 @@ async fn the_transport_refuses_what_it_cannot_serve() {
         (404, Some(-32601))
     );
 
+    // a call without a tool name: invalid params, answered like a result
+    let nameless = modern("tools/call", json!({"arguments": {}}));
+    let c_v = [v[0], v[1], ("mcp-method", "tools/call")];
+    let (status, body) = post(&s, "/mcp", &c_v, &nameless).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_i64()),
+        (200, Some(-32602))
+    );
+
     // legacy: no session, an unknown session
     let plain = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
     let (status, body) = post(&s, "/mcp", &[key], plain).await;

@@ -383,9 +383,10 @@ pub async fn post(
     match era {
         Era::Modern(_) => {
             let result = modern(&call, &method, &params).await;
+            // the revision's one status for a method error; every other
+            // error of a method is an answer like a result (200)
             let status = match &result {
                 Err(e) if e.code == code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
-                Err(e) if e.code == code::INVALID_PARAMS => StatusCode::BAD_REQUEST,
                 _ => StatusCode::OK,
             };
             let result = result.map(|mut v| {
