@@ -306,7 +306,8 @@ async fn render_run(call: &Call<'_>, r: &ExecResult) -> Value {
     });
     let mut content = output_blocks(&r.stdout, &r.stderr, note);
     let mut files = Vec::new();
-    for f in &r.files {
+    // what the program wrote: unchanged inputs echoed back are the caller's own
+    for f in r.files.iter().filter(|f| !f.inherited) {
         let uri = file_uri(&f.storage_session_id, &f.id);
         files.push(json!({ "name": f.name, "uri": uri }));
         let inline = if is_png(&f.name) {
