@@ -3,7 +3,8 @@
 #
 # Owns: getting a fresh Debian 12 machine with Rust from nothing to a full test run:
 #   1. the jail runtimes (scripts/install-runtimes.sh, plus npm for step 3);
-#   2. test tools: openapi-spec-validator (PyPI) for the OpenAPI check, unless python3 has it;
+#   2. test tools: openapi-spec-validator (PyPI) for the OpenAPI check, unless python3 has it,
+#      and the official MCP Python SDK (PyPI mcp 2.x) for the /mcp test, unless python3 has it;
 #   3. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
 #      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
 #      since the last install;
@@ -44,17 +45,30 @@ section "runtimes"
 scripts/install-runtimes.sh --with-npm
 
 section "test tools"
+# pip_target VAR SPEC: installs SPEC (PyPI) into a new directory of its own, exports VAR naming
+# it (the test that needs it puts it on PYTHONPATH), and says how long it took.
+pip_target() {
+  local var=$1 spec=$2 started=$SECONDS dir
+  dir=$(mktemp -d)
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$dir" "$spec"
+  export "$var=$dir"
+  echo "$spec installed in $dir in $((SECONDS - started)) s"
+}
 # crates/kiln/tests/openapi.rs has openapi-spec-validator (PyPI) check the OpenAPI document.
 # Installed into a directory of its own when python3 lacks it, so that nothing reaches the
 # jails' /usr/bin/python3 (which sees /usr/local).
 if python3 -c 'import openapi_spec_validator' 2>/dev/null; then
   echo "openapi-spec-validator: $(python3 -m pip --disable-pip-version-check show openapi-spec-validator 2>/dev/null | sed -n 's/^Version: //p')"
 else
-  oas_tools=$(mktemp -d)
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-    --target "$oas_tools" "openapi-spec-validator>=0.7,<1"
-  export KILN_OPENAPI_PYTHONPATH="$oas_tools"
-  echo "openapi-spec-validator installed in $oas_tools"
+  pip_target KILN_OPENAPI_PYTHONPATH "openapi-spec-validator>=0.7,<1"
+fi
+# crates/kiln/tests/mcp.rs drives /mcp with the official MCP client (PyPI mcp 2.x, ~45 MB with
+# its dependencies, ~7 s), in a directory of its own for the same reason.
+if python3 -c 'import mcp, httpx2; from mcp import Client' 2>/dev/null; then
+  echo "mcp: $(python3 -m pip --disable-pip-version-check show mcp 2>/dev/null | sed -n 's/^Version: //p')"
+else
+  pip_target KILN_MCP_PYTHONPATH "mcp>=2,<3"
 fi
 
 section "e2e Node project (tests/e2e)"
@@ -106,12 +120,7 @@ fi
 if python3 -c 'import moto.server' 2>/dev/null; then
   echo "moto: $(python3 -c 'import moto; print(moto.__version__)')"
 else
-  moto_started=$SECONDS
-  moto_tools=$(mktemp -d)
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-    --target "$moto_tools" "moto[server]>=5,<6"
-  export KILN_MOTO_PYTHONPATH="$moto_tools"
-  echo "moto installed in $moto_tools in $((SECONDS - moto_started)) s"
+  pip_target KILN_MOTO_PYTHONPATH "moto[server]>=5,<6"
 fi
 
 # crates/kiln/tests/nodes.rs puts three Kiln nodes behind HAProxy (round-robin on

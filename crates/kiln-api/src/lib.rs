@@ -10,6 +10,7 @@
 //! | Kiln's sessions (live kernels) | `POST /sessions`, `GET|DELETE /sessions/{session_id}`, `POST /sessions/{session_id}/exec`, `POST /sessions/{session_id}/interrupt`, `GET /sessions/{session_id}/files`, `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | [`sessions`] |
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
 //! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs[/{run_id}[/files/{file_id}]]`, `GET /admin/egress`, `GET /admin/kernels`, `DELETE /admin/kernels/{session_id}` (behind the operator's API key; a user's token is refused) | [`codeapi::health`], [`openapi`], [`admin`] |
+//! | MCP (streamable HTTP) | `POST|DELETE /mcp` (tools `execute_code`, `create_session`, `close_session`; `resources/read` of their outputs) | [`mcp`] |
 //! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
 //! | Seed 004 (stateful gateway) | `POST /api/v1/execute`, `POST /api/v1/release`, `GET /api/v1/status`, `POST|DELETE /api/v1/files`, `POST /api/v1/files/export` (root only; off with `seed004_api = false`) | [`compat::seed004`] |
 //! | Seed 003 (runtime daemon) | `POST /code`, `POST /sessions`, `DELETE /sessions/{session_id}`, `GET /files`, `POST /files/upload`, `GET /files/download`, `GET /metrics`, `GET /metrics/watch` under `runtime_api_prefix` (default `/runtime`; root only) | [`compat::seed003`] |
@@ -42,6 +43,7 @@ pub mod console;
 pub mod error;
 pub mod identity;
 pub mod jwt;
+pub mod mcp;
 pub mod middleware;
 pub mod openapi;
 pub mod origin;
@@ -144,11 +146,23 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
             state.clone(),
             middleware::operator_auth,
         ));
+    // one registry of the handshake generation's sessions, shared by `/mcp`
+    // and `/v1/mcp` (the router clones this one)
+    let mcp = OpenApiRouter::new()
+        .routes(routes!(mcp::post, mcp::delete))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ))
+        .layer(axum::Extension(std::sync::Arc::new(
+            mcp::McpSessions::default(),
+        )));
     OpenApiRouter::new()
         .merge(librechat)
         .merge(admin)
         .merge(seed)
         .merge(sessions)
+        .merge(mcp)
         .routes(routes!(health::health))
         .routes(routes!(proxy::health))
 }

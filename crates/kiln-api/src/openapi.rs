@@ -127,6 +127,10 @@ pub fn document(api: OpenApi, root: OpenApi) -> OpenApi {
             "Live kernels: state that persists between calls, interrupts, the workspace's files",
         ),
         tag(
+            "MCP",
+            "The Model Context Protocol endpoint (streamable HTTP, JSON-RPC): tools over runs and live kernels; see docs/mcp.md",
+        ),
+        tag(
             "Seed 000",
             "The code-interpreter-proxy API of seed 000, under /v1/librechat",
         ),

@@ -220,7 +220,7 @@ fn view(info: &SessionInfo) -> SessionView {
     }
 }
 
-fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
+pub(crate) fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
     state
         .kernels
         .as_ref()
@@ -244,7 +244,7 @@ pub(crate) fn owner_of(
 /// The session `id`, if the caller may use it (the one access rule, as for
 /// runs: its creator, and identity-less callers unless identity is
 /// required).
-fn find(
+pub(crate) fn find(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,

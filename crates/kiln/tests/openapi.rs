@@ -124,6 +124,8 @@ async fn the_document_matches_the_routes_the_server_has() {
         ("get", "/v1/librechat/files/{file_id}"),
         ("delete", "/v1/librechat/files/{file_id}"),
         ("get", "/v1/librechat/health"),
+        ("post", "/v1/mcp"),
+        ("delete", "/v1/mcp"),
         ("get", "/metrics"),
         ("get", "/openapi.json"),
     ] {

@@ -299,3 +299,12 @@ pub async fn wait_for_profile(s: &TestServer, profile: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The content blocks of an MCP tool result of type `kind` (`text`,
+/// `image`, `resource_link`).
+pub fn mcp_blocks<'a>(result: &'a Value, kind: &str) -> Vec<&'a Value> {
+    result["content"]
+        .as_array()
+        .map(|a| a.iter().filter(|b| b["type"] == kind).collect())
+        .unwrap_or_default()
+}

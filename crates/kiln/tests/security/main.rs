@@ -20,6 +20,7 @@ mod hardening;
 mod http;
 mod info;
 mod isolation;
+mod mcp;
 mod network;
 mod privilege;
 mod processes;
