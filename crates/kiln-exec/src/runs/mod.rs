@@ -542,10 +542,7 @@ impl Runs {
             metrics::counter!("kiln_runs_refused_total", "reason" => "queue_full").increment(1);
             return Err(ExecError::Busy { retry_after });
         }
-        if let Some(rate) = &inner.rate {
-            rate.check(caller.principal.user_key().as_str(), Instant::now())
-                .map_err(|retry_after| ExecError::RateLimited { retry_after })?;
-        }
+        self.admit(&caller)?;
         // the run's token also fires when everything is killed (shutdown)
         let cancel = Cancel::child_of(&inner.kill_all);
         let record = Record::new(caller, req.lang.name(), opts, cancel);
@@ -592,6 +589,20 @@ impl Runs {
         Ok(Watch {
             handle: RunHandle(record),
         })
+    }
+
+    /// Counts one start of code by `caller` against the per-caller rate
+    /// limit (`RateLimited` past it). [`Runs::start`] asks it for every
+    /// run; a face that runs code outside the registry (a live kernel's
+    /// evaluation) asks it too, so every way of running code shares the
+    /// caller's one budget.
+    pub fn admit(&self, caller: &Caller) -> Result<(), ExecError> {
+        match &self.inner.rate {
+            Some(rate) => rate
+                .check(caller.principal.user_key().as_str(), Instant::now())
+                .map_err(|retry_after| ExecError::RateLimited { retry_after }),
+            None => Ok(()),
+        }
     }
 
     /// When as many runs wait for their turn as `max_waiting` allows: a
