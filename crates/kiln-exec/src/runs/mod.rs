@@ -143,6 +143,23 @@ fn ended(outcome: &Result<ExecResult, ExecError>) -> Phase {
     }
 }
 
+/// Roughly the memory an ended run's outcome holds beyond its log: the
+/// result repeats the output, and names its files.
+fn outcome_bytes(outcome: &Result<ExecResult, ExecError>) -> usize {
+    match outcome {
+        Ok(r) => {
+            let files: usize = r
+                .files
+                .iter()
+                .map(|f| f.name.len() + std::mem::size_of::<OutputFile>())
+                .sum();
+            let deleted: usize = r.deleted_files.iter().map(String::len).sum();
+            r.stdout.len() + r.stderr.len() + files + deleted
+        }
+        Err(e) => e.to_string().len(),
+    }
+}
+
 /// One run's record, shared by the registry, its task and its watchers.
 #[derive(Debug)]
 struct Record {
@@ -634,9 +651,10 @@ impl Runs {
         if let Some(sink) = &self.inner.cfg.audit {
             sink.record(&AuditRecord::of(record, ended(&outcome), &outcome));
         }
+        let kept = outcome_bytes(&outcome);
         record.log.finish(outcome);
         {
-            let size = record.log.size() + 512;
+            let size = record.log.size() + kept + 512;
             let mut table = self.table();
             table.ended.push_back((record.id.clone(), size));
             table.ended_bytes += size;
