@@ -719,6 +719,7 @@ impl Started {
 }
 
 /// Runs the helper for `spec` to the end (a jail built for this run only).
+#[allow(clippy::too_many_arguments)] // what `drive` takes, plus the helper and its spec
 pub(crate) async fn supervise(
     helper: &Path,
     launcher: Option<&Launcher>,
