@@ -144,10 +144,13 @@ mod tests {
     fn concurrent_acquires_never_pass_the_caps() {
         let caps = Caps::new(3, 5);
         let guards: Vec<CapGuard> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..32)
+            let handles: Vec<_> = (0..32u32)
                 .map(|i| {
                     let caps = caps.clone();
-                    s.spawn(move || caps.acquire(if i % 2 == 0 { "a" } else { "b" }).ok())
+                    s.spawn(move || {
+                        caps.acquire(if i.is_multiple_of(2) { "a" } else { "b" })
+                            .ok()
+                    })
                 })
                 .collect();
             handles
