@@ -155,16 +155,13 @@ async fn programmatic(
 
 /// The phase of run `id` (`running`, `finished`, ...).
 async fn phase(s: &kiln::testing::TestServer, id: &str) -> String {
-    let v: serde_json::Value = common::client()
+    let req = common::client()
         .get(format!("{}/runs/{id}", s.v1()))
-        .header("User-Id", "attacker")
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
-    v["status"].as_str().unwrap_or_default().to_owned()
+        .header("User-Id", "attacker");
+    common::json_of(req).await["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Finding 8 of issue 24: a fork chain evaded the per-process RLIMIT_CPU,
