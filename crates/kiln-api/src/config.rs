@@ -297,9 +297,9 @@ impl AppState {
     /// Live kernels `kernels` for the sessions API and the compatibility
     /// faces, and the URL fetcher of `config.url_fetch`.
     pub fn with_kernels(mut self, kernels: Option<kiln_exec::kernels::Kernels>) -> AppState {
-        use kiln_exec::workers::{CapOwner, Workers};
-        self.workers = kernels.clone().map(|k| Workers::new(k, CapOwner::PerName));
-        self.runtime_kernels = kernels.clone().map(|k| Workers::new(k, CapOwner::Owner));
+        use kiln_exec::workers::Workers;
+        self.workers = kernels.clone().map(Workers::new);
+        self.runtime_kernels = kernels.clone().map(Workers::new);
         self.kernels = kernels;
         self.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
             .inspect_err(|e| tracing::error!(error = %e, "URL transfers are unavailable"))

@@ -390,11 +390,13 @@ pub async fn delete_session(
         (status = 404, description = "No such session", body = crate::error::CodedError),
         (status = 409, description = "Another evaluation runs", body = crate::error::CodedError),
         (status = 410, description = "The session is lost (`message` says why)", body = crate::error::CodedError),
+        (status = 429, description = "Too many starts of code by this caller (the limit every face that runs code shares)", body = crate::error::CodedError),
     )
 )]
 pub async fn exec(
     State(state): State<AppState>,
     identity: Identity,
+    peer: crate::rate::Peer,
     headers: HeaderMap,
     path: SessionPath,
     body: Body,
@@ -405,10 +407,16 @@ pub async fn exec(
         Some(0) => return Err(ApiError::BadRequest("timeout must be positive".into())),
         t => t.map(Duration::from_millis),
     };
+    let (caller, _) = owner_of(&state, &identity, &headers)?;
+    let verdict = crate::rate::evaluates_code(&state, &caller, peer.0).await?;
     let kernels = kernels(&state)?.clone();
     if !crate::sse::wants_events(&headers) {
         let result = kernels.exec(session, body.code, timeout, None).await?;
-        return Ok(Json(ExecView::from(&result)).into_response());
+        let mut resp = Json(ExecView::from(&result)).into_response();
+        if let Some(v) = verdict {
+            crate::rate::stamp(resp.headers_mut(), &v);
+        }
+        return Ok(resp);
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let out = tx.clone();

@@ -4,12 +4,11 @@
 //! sessions of LibreChat's stateful profile are; the faces name a kernel
 //! instead of holding its id.
 //!
-//! - Who a named kernel counts against ([`CapOwner`]): the compatibility
-//!   faces give it the kernel owner `"{owner}|{name}"`, so the registry's
-//!   per-owner cap counts it per name; LibreChat's runtime sessions count
-//!   against the user's own cap, next to the kernels the user opened
-//!   through the sessions API. The node cap counts it like any kernel, and
-//!   no other principal's name reaches it either way.
+//! - A named kernel belongs to its owner (the principal's user key) and
+//!   counts against the owner's cap like any of the owner's kernels,
+//!   whatever face started it and however many names the owner uses: a
+//!   name is the caller's choice, so caps never count per name. No other
+//!   principal's name reaches it.
 //! - Starting is serialised per name: two first calls at once start one
 //!   kernel.
 //! - A kernel that was lost, closed or expired is replaced by a fresh one
@@ -24,20 +23,10 @@ use crate::kernels::{Kernels, KernelsError, Session};
 
 type Entry = Arc<tokio::sync::Mutex<Option<Nanoid>>>;
 
-/// Whose per-owner kernel cap a named kernel counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapOwner {
-    /// Its own kernel owner, `"{owner}|{name}"`: each name has the cap.
-    PerName,
-    /// The owner's: named kernels share the cap with the owner's others.
-    Owner,
-}
-
 /// Named kernels over a [`Kernels`] registry. Cheap to clone.
 #[derive(Clone)]
 pub struct Workers {
     kernels: Kernels,
-    cap: CapOwner,
     names: Arc<Mutex<HashMap<(String, String), Entry>>>,
 }
 
@@ -51,16 +40,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The kernel owner of `owner`'s kernel named `name`.
-pub fn kernel_owner(owner: &str, name: &str) -> String {
-    format!("{owner}|{name}")
-}
-
 impl Workers {
-    pub fn new(kernels: Kernels, cap: CapOwner) -> Workers {
+    pub fn new(kernels: Kernels) -> Workers {
         Workers {
             kernels,
-            cap,
             names: Arc::default(),
         }
     }
@@ -107,11 +90,7 @@ impl Workers {
             }
             *id = None;
         }
-        let cap_owner = match self.cap {
-            CapOwner::PerName => kernel_owner(owner, name),
-            CapOwner::Owner => owner.to_owned(),
-        };
-        let info = self.kernels.create(&cap_owner, lang, None).await?;
+        let info = self.kernels.create(owner, lang, None).await?;
         let session = self.kernels.get(&info.id)?;
         *id = Some(info.id);
         Ok((session, true))

@@ -70,7 +70,7 @@ pub use launcher::launcher_main;
 pub use mountns::{enter_own_mount_namespace, own_mount_namespace, visible_mounts};
 pub use netns::JailNetwork;
 pub use pause::PauseClock;
-pub use probe::{HostReport, probe_host};
+pub use probe::{HostReport, cpu_budget_warning, probe_host};
 pub use quota::{QuotaMode, WorkspaceQuota};
 pub use reaper::init_if_pid1;
 pub use run::{OutputSink, OutputStream, RunRequest, RunResult};

@@ -259,6 +259,10 @@ pub struct Config {
     /// Most programmatic runs alive (running or paused for tool results) at
     /// once; a paused run holds its jail. 0: half of `max_concurrency`.
     pub ptc_max_active: usize,
+    /// Most programmatic runs one user may have alive at once (429 beyond),
+    /// so one user leaving tool calls unanswered cannot hold every place.
+    /// 0: half of `ptc_max_active` (at least 1).
+    pub ptc_max_per_user: usize,
     /// Seconds a paused run waits for its tool results before it is ended.
     pub ptc_state_ttl_secs: u64,
     /// Seconds a client has to send a request head (also the idle limit of
@@ -399,6 +403,7 @@ impl Default for Config {
             egress_ledger_days: 90,
             ptc_secret: None,
             ptc_max_active: 0,
+            ptc_max_per_user: 0,
             ptc_state_ttl_secs: 600,
             http_header_timeout_secs: 10,
             http_body_idle_timeout_secs: 30,
@@ -679,14 +684,19 @@ impl Config {
 
     pub fn ptc_settings(&self) -> kiln_api::programmatic::PtcSettings {
         let ttl = std::time::Duration::from_secs(self.ptc_state_ttl_secs.max(1));
+        let max_active = match self.ptc_max_active {
+            0 => (self.max_concurrency as usize / 2).max(1),
+            n => n,
+        };
         kiln_api::programmatic::PtcSettings {
             secret: self
                 .ptc_secret
                 .as_deref()
                 .filter(|s| !s.is_empty())
                 .map(|s| s.as_bytes().to_vec()),
-            max_active: match self.ptc_max_active {
-                0 => (self.max_concurrency as usize / 2).max(1),
+            max_active,
+            max_per_user: match self.ptc_max_per_user {
+                0 => (max_active / 2).max(1),
                 n => n,
             },
             limits: kiln_exec::ptc::PtcLimits {

@@ -53,7 +53,7 @@ use crate::body::{parse_object, read_limited, require_json};
 use crate::config::{ApiConfig, AppState, RuntimeSessionMode};
 use crate::error::ApiError;
 use crate::identity::{Caller, Identity, header_user_id, resolve_caller};
-use crate::rate::{Class, Peer, address_key, stamp};
+use crate::rate::{Peer, stamp, starts_code};
 use crate::sse::{self, Early, Face};
 
 /// What a client may send to `/exec` (documentation of the hand-written
@@ -159,12 +159,7 @@ pub async fn exec(
         "exec"
     );
     // counted per principal once the body named it (§4)
-    let key = if parsed.caller.identified {
-        parsed.caller.principal.user_key().as_str().to_owned()
-    } else {
-        address_key(peer.0)
-    };
-    let verdict = state.rates.check(Class::Exec, &key).await?;
+    let verdict = starts_code(&state, &parsed.caller, peer.0).await?;
     let mut resp = run(state, &headers, parsed).await?;
     if let Some(v) = verdict {
         stamp(resp.headers_mut(), &v);

@@ -150,6 +150,7 @@ fn event(name: &str, data: serde_json::Value) -> Event {
 pub async fn code(
     State(state): State<AppState>,
     identity: Identity,
+    peer: crate::rate::Peer,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, Fail> {
@@ -163,6 +164,8 @@ pub async fn code(
         Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Some(Duration::from_secs_f64(t)),
         Some(_) => return Err(bad("timeout must be a positive number of seconds")),
     };
+    let (caller, _) = caller(&state, &identity, &headers)?;
+    crate::rate::evaluates_code(&state, &caller, peer.0).await?;
     let (session, id) = session(&state, &identity, &headers, body.session_id.as_deref()).await?;
     let kernels = workers(&state)?.kernels().clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();

@@ -143,6 +143,23 @@ fn ended(outcome: &Result<ExecResult, ExecError>) -> Phase {
     }
 }
 
+/// Roughly the memory an ended run's outcome holds beyond its log: the
+/// result repeats the output, and names its files.
+fn outcome_bytes(outcome: &Result<ExecResult, ExecError>) -> usize {
+    match outcome {
+        Ok(r) => {
+            let files: usize = r
+                .files
+                .iter()
+                .map(|f| f.name.len() + std::mem::size_of::<OutputFile>())
+                .sum();
+            let deleted: usize = r.deleted_files.iter().map(String::len).sum();
+            r.stdout.len() + r.stderr.len() + files + deleted
+        }
+        Err(e) => e.to_string().len(),
+    }
+}
+
 /// One run's record, shared by the registry, its task and its watchers.
 #[derive(Debug)]
 struct Record {
@@ -602,10 +619,7 @@ impl Runs {
             metrics::counter!("kiln_runs_refused_total", "reason" => "queue_full").increment(1);
             return Err(ExecError::Busy { retry_after });
         }
-        if let Some(rate) = &inner.rate {
-            rate.check(caller.principal.user_key().as_str(), Instant::now())
-                .map_err(|retry_after| ExecError::RateLimited { retry_after })?;
-        }
+        self.admit(&caller)?;
         // the run's token also fires when everything is killed (shutdown)
         let cancel = Cancel::child_of(&inner.kill_all);
         let record = Record::new(
@@ -660,6 +674,20 @@ impl Runs {
         })
     }
 
+    /// Counts one start of code by `caller` against the per-caller rate
+    /// limit (`RateLimited` past it). [`Runs::start`] asks it for every
+    /// run; a face that runs code outside the registry (a live kernel's
+    /// evaluation) asks it too, so every way of running code shares the
+    /// caller's one budget.
+    pub fn admit(&self, caller: &Caller) -> Result<(), ExecError> {
+        match &self.inner.rate {
+            Some(rate) => rate
+                .check(caller.principal.user_key().as_str(), Instant::now())
+                .map_err(|retry_after| ExecError::RateLimited { retry_after }),
+            None => Ok(()),
+        }
+    }
+
     /// When as many runs wait for their turn as `max_waiting` allows: a
     /// guess at how long until one may start (a turn per slot, a second
     /// each, 1–30 s). Faces ask before they read a large body.
@@ -689,9 +717,10 @@ impl Runs {
         if let Some(sink) = &self.inner.cfg.audit {
             sink.record(&AuditRecord::of(record, ended(&outcome), &outcome));
         }
+        let kept = outcome_bytes(&outcome);
         record.log.finish(outcome);
         {
-            let size = record.log.size() + record.code.text.len() + 512;
+            let size = record.log.size() + record.code.text.len() + kept + 512;
             let mut table = self.table();
             table.ended.push_back((record.id.clone(), size));
             table.ended_bytes += size;

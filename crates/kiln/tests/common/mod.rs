@@ -78,6 +78,11 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// Sends `req` and returns the answer's JSON body.
+pub async fn json_of(req: reqwest::RequestBuilder) -> Value {
+    req.send().await.expect("send").json().await.expect("json")
+}
+
 /// POST /v1/exec and return (status, json).
 pub async fn exec_raw(s: &TestServer, body: Value) -> (u16, Value) {
     let r = client()
