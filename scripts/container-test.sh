@@ -451,9 +451,10 @@ if want compose; then
   have_image "$kiln_image" || fail "no $kiln_image: run the image phase first"
   podman tag "$kiln_image" localhost/kiln:latest
   pkg=$(e2e_node)
-  # LibreChat's `api` keeps the example's environment (LIBRECHAT_CODE_BASEURL,
-  # LIBRECHAT_CODE_API_KEY) and gets the e2e suite as its program; the suite reads those two as
-  # LibreChat does. `kiln` is the example's service as written (build context aside).
+  # LibreChat's `api` keeps the example's environment (LIBRECHAT_CODE_BASEURL) and gets the e2e
+  # suite as its program; the suite reads it, and LIBRECHAT_CODE_API_KEY, as LibreChat does.
+  # `kiln` is the example's service as written (build context aside). The key mode adds what
+  # the example's commented `${KILN_API_KEY}` lines say, as an operator uncommenting them would.
   cat >"$work/compose.override.yml" <<EOF
 services:
   api:
@@ -468,9 +469,18 @@ EOF
   if ((privileged)); then
     echo "    privileged: true" >>"$work/compose.override.yml"
   fi
+  cat >"$work/compose.key.yml" <<'EOF'
+services:
+  api:
+    environment:
+      LIBRECHAT_CODE_API_KEY: ${KILN_API_KEY}
+  kiln:
+    environment:
+      KILN_API_KEY: ${KILN_API_KEY}
+EOF
+  compose_files=(-f "$repo_root/docker-compose.example.yml" -f "$work/compose.override.yml")
   compose() {
-    (cd "$work" && podman-compose -p "$project" -f "$repo_root/docker-compose.example.yml" \
-      -f "$work/compose.override.yml" "$@")
+    (cd "$work" && podman-compose -p "$project" "${compose_files[@]}" "$@")
   }
   # current LibreChat (no key anywhere: Kiln's auth is none), then an older one (a key in .env)
   for mode in no-key key; do
@@ -479,6 +489,7 @@ EOF
       export KILN_API_KEY
       KILN_API_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
       expect='auth: api-key'
+      compose_files+=(-f "$work/compose.key.yml")
     else
       unset KILN_API_KEY
       expect='AUTH IS OFF'

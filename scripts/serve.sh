@@ -3,7 +3,8 @@
 #
 # Owns: installing missing jail runtimes when it can (root, or sudo), building the web
 # console's editor bundle when npm is there (scripts/build-console.sh), then building and
-# running `kiln serve` in release mode. Arguments go to `kiln serve`
+# running `kiln serve` in release mode (the first build takes tens of minutes, and it says so
+# first). Arguments go to `kiln serve`
 # (e.g. scripts/serve.sh --listen 0.0.0.0:8000 --data-dir /var/lib/kiln).
 set -euo pipefail
 
@@ -16,4 +17,10 @@ if ! scripts/install-runtimes.sh; then
 fi
 # the console's CodeMirror editor (npm + esbuild); without npm the console uses a textarea
 scripts/build-console.sh || echo "serve: the console's editor bundle was not built; the console uses a textarea" >&2
+# the first release build compiles every dependency with optimisations: say so before the wait
+target_dir=${CARGO_TARGET_DIR:-$repo_root/target}
+if [[ ! -x "$target_dir/release/kiln" ]]; then
+  echo "serve: building Kiln in release mode for the first time; this takes tens of minutes on a" >&2
+  echo "       small machine (later starts reuse the build)." >&2
+fi
 exec cargo run --release --locked -p kiln -- serve "$@"

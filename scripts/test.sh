@@ -3,7 +3,8 @@
 #
 # Owns: getting a fresh Debian 12 machine with Rust from nothing to a full test run:
 #   1. the jail runtimes (scripts/install-runtimes.sh, plus npm for step 3);
-#   2. test tools: openapi-spec-validator (PyPI) for the OpenAPI check, unless python3 has it;
+#   2. test tools: openapi-spec-validator (PyPI) for the OpenAPI check, unless python3 has it,
+#      and the official MCP Python SDK (PyPI mcp 2.x) for the /mcp test, unless python3 has it;
 #   3. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
 #      brings @librechat/agents and the Node 24 it requires); skipped when the lock is unchanged
 #      since the last install;
@@ -13,9 +14,11 @@
 #      ~20 s on a warm mirror);
 #   5. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line;
-#   6. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
+#   6. the habits: `cargo fmt --check` and `cargo clippy --all-targets -D warnings` over the
+#      workspace (a failure fails the run, after the tests have run);
+#   7. under CI: the fuzz targets (scripts/fuzz.sh) and the container checks that fit CI's time
 #      (scripts/container-test.sh --ci); the full container proof is opt-in;
-#   7. under CI: the Kubernetes manifests rendered and schema-checked (scripts/validate-k8s.sh).
+#   8. under CI: the Kubernetes manifests rendered and schema-checked (scripts/validate-k8s.sh).
 # With CI set (CI=true), tests that need root, namespaces, cgroups or the e2e Node project fail
 # instead of skipping; CI is exported so every test process sees it.
 # Usage: scripts/test.sh [extra args for cargo test (or cargo nextest run)]
@@ -42,17 +45,30 @@ section "runtimes"
 scripts/install-runtimes.sh --with-npm
 
 section "test tools"
+# pip_target VAR SPEC: installs SPEC (PyPI) into a new directory of its own, exports VAR naming
+# it (the test that needs it puts it on PYTHONPATH), and says how long it took.
+pip_target() {
+  local var=$1 spec=$2 started=$SECONDS dir
+  dir=$(mktemp -d)
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$dir" "$spec"
+  export "$var=$dir"
+  echo "$spec installed in $dir in $((SECONDS - started)) s"
+}
 # crates/kiln/tests/openapi.rs has openapi-spec-validator (PyPI) check the OpenAPI document.
 # Installed into a directory of its own when python3 lacks it, so that nothing reaches the
 # jails' /usr/bin/python3 (which sees /usr/local).
 if python3 -c 'import openapi_spec_validator' 2>/dev/null; then
   echo "openapi-spec-validator: $(python3 -m pip --disable-pip-version-check show openapi-spec-validator 2>/dev/null | sed -n 's/^Version: //p')"
 else
-  oas_tools=$(mktemp -d)
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-    --target "$oas_tools" "openapi-spec-validator>=0.7,<1"
-  export KILN_OPENAPI_PYTHONPATH="$oas_tools"
-  echo "openapi-spec-validator installed in $oas_tools"
+  pip_target KILN_OPENAPI_PYTHONPATH "openapi-spec-validator>=0.7,<1"
+fi
+# crates/kiln/tests/mcp.rs drives /mcp with the official MCP client (PyPI mcp 2.x, ~45 MB with
+# its dependencies, ~7 s), in a directory of its own for the same reason.
+if python3 -c 'import mcp, httpx2; from mcp import Client' 2>/dev/null; then
+  echo "mcp: $(python3 -m pip --disable-pip-version-check show mcp 2>/dev/null | sed -n 's/^Version: //p')"
+else
+  pip_target KILN_MCP_PYTHONPATH "mcp>=2,<3"
 fi
 
 section "e2e Node project (tests/e2e)"
@@ -104,12 +120,7 @@ fi
 if python3 -c 'import moto.server' 2>/dev/null; then
   echo "moto: $(python3 -c 'import moto; print(moto.__version__)')"
 else
-  moto_started=$SECONDS
-  moto_tools=$(mktemp -d)
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-    --target "$moto_tools" "moto[server]>=5,<6"
-  export KILN_MOTO_PYTHONPATH="$moto_tools"
-  echo "moto installed in $moto_tools in $((SECONDS - moto_started)) s"
+  pip_target KILN_MOTO_PYTHONPATH "moto[server]>=5,<6"
 fi
 
 # crates/kiln/tests/nodes.rs puts three Kiln nodes behind HAProxy (round-robin on
@@ -135,6 +146,24 @@ if [[ "${KILN_TEST_RUNNER:-cargo}" == nextest ]]; then
   cargo nextest run --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
 else
   cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=1
+fi
+
+# The code's habits, gated: formatting and clippy's lints as errors, on every target (tests and
+# benches too). Run after the tests so a lint never hides a test result; clippy's check build
+# adds ~3 min on a fresh machine.
+section "lint (rustfmt, clippy)"
+if cargo fmt --all -- --check >/dev/null; then
+  echo "rustfmt: clean"
+else
+  echo "rustfmt: FAILED (run cargo fmt --all; the diff is above)"
+  cargo fmt --all -- --check || true
+  status=1
+fi
+if cargo clippy --workspace --all-targets --locked -- -D warnings; then
+  echo "clippy: clean"
+else
+  echo "clippy: FAILED (see above)"
+  status=1
 fi
 
 # ---- fuzzing: begin (owned by scripts/fuzz.sh) --------------------------------------------

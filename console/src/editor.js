@@ -4,10 +4,10 @@
 // Exposes window.KilnEditor.create(parent, { doc, lang, onRun }) ->
 // { getValue(), setValue(text), setLanguage(lang), focus() }.
 import { EditorView, basicSetup } from "codemirror";
-import { Compartment, EditorState } from "@codemirror/state";
+import { Compartment, EditorState, Prec } from "@codemirror/state";
 import { keymap } from "@codemirror/view";
 import { indentWithTab } from "@codemirror/commands";
-import { StreamLanguage } from "@codemirror/language";
+import { StreamLanguage, indentUnit } from "@codemirror/language";
 import { python } from "@codemirror/lang-python";
 import { javascript } from "@codemirror/lang-javascript";
 import { c, cpp, java } from "@codemirror/legacy-modes/mode/clike";
@@ -38,23 +38,31 @@ const modes = {
   bash: () => StreamLanguage.define(shell),
 };
 
+// One indent step per language, as its own style guides have it (basicSetup's
+// default is 2 spaces): PEP 8's 4 for Python, Go's tab, 2 for JS/TS, shell,
+// R and Fortran, 4 for the C family, Rust and D.
+const indents = { py: "    ", go: "\t", js: "  ", ts: "  ", bash: "  ", r: "  ", f90: "  " };
+
 function modeFor(lang) {
   const m = modes[lang];
-  return m ? m() : [];
+  return [m ? m() : [], indentUnit.of(indents[lang] || "    ")];
 }
 
 function create(parent, opts) {
   const language = new Compartment();
+  // Highest precedence: basicSetup's own keymap binds Mod-Enter (insert a
+  // blank line) and would otherwise win.
   const run = opts.onRun
-    ? [{ key: "Mod-Enter", run: () => { opts.onRun(); return true; } }]
+    ? Prec.highest(keymap.of([{ key: "Mod-Enter", run: () => { opts.onRun(); return true; } }]))
     : [];
   const view = new EditorView({
     parent,
     state: EditorState.create({
       doc: opts.doc || "",
       extensions: [
+        run,
         basicSetup,
-        keymap.of([...run, indentWithTab]),
+        keymap.of([indentWithTab]),
         language.of(modeFor(opts.lang)),
         EditorView.contentAttributes.of({ "aria-label": "Code" }),
         opts.nonce ? EditorView.cspNonce.of(opts.nonce) : [],

@@ -442,6 +442,21 @@ describe('LibreChat code tools against Kiln', () => {
     assert.equal(host.seen.maxInFlight, 2, 'the two background jobs\' calls came in one round');
   });
 
+  it('j) run_tools_with_code with no identity at all (LibreChat without JWT) reads the files of earlier calls', { timeout: STEP_TIMEOUT_MS }, async () => {
+    assert.ok(first, 'depends on steps a and b (the injected CSV)');
+    // The package's PTC tool sends no user_id, and the refs it injects say kind "user" with the
+    // file's id as resource_id: no header added here, exactly what LibreChat sends.
+    const code = [
+      'rows = open("/mnt/data/out/data.csv").read().strip().splitlines()',
+      'paris = await get_weather(city="Paris")',
+      'print("rows", len(rows) - 1, "paris", paris["temp_c"])',
+    ].join('\n');
+    const host = makeHostTools();
+    const ptc = createProgrammaticToolCallingTool(agent.factoryParams);
+    const msg = await invokePtc(agent, ptc, 'run_tools_with_code', code, host);
+    assert.match(msg.content, /^stdout:\nrows 4 paris 15(\n|$)/, msg.content);
+  });
+
   // tool_search in its default code_interpreter mode posts a generated JS search to /exec with no
   // credentials at all, even on LibreChat versions that send a key: it works when auth is none.
   it('f) tool_search (code_interpreter mode) runs its regex search on Kiln', {

@@ -187,21 +187,71 @@ function setupPlayground(st) {
 $("run").addEventListener("click", () => run());
 $("cancel").addEventListener("click", () => cancel().catch(fail));
 
+// The chosen input files are uploaded once, on the first run after they
+// were chosen; later runs pass the same stored files again. Clear forgets them.
+let inputs = null; // the references of the chosen files, once uploaded
+
 async function uploadInputs() {
   const files = $("files").files;
   if (!files || files.length === 0) return [];
+  if (inputs) return inputs;
   const form = new FormData();
   for (const f of files) form.append("file", f, f.name);
   const r = await json("/v1/upload", { method: "POST", body: form });
   const sid = r.storage_session_id || r.session_id;
-  return r.files.map((f) => ({ id: f.fileId, session_id: sid, name: f.filename }));
+  inputs = r.files.map((f) => ({ id: f.fileId, session_id: sid, name: f.filename }));
+  showInputs();
+  return inputs;
 }
 
+function showInputs() {
+  const files = $("files").files;
+  const n = files ? files.length : 0;
+  $("files-clear").hidden = n === 0;
+  $("files-state").textContent = n === 0 ? "" : inputs ? `${n} uploaded, passed to every run` : `${n} chosen, uploaded on the next run`;
+}
+
+$("files").addEventListener("change", () => {
+  inputs = null;
+  if (session) session.files = false;
+  showInputs();
+});
+$("files-clear").addEventListener("click", () => {
+  $("files").value = "";
+  inputs = null;
+  showInputs();
+});
+
+// Output arrives in many small events: they are gathered and added to the
+// page once per animation frame (one text node per stream switch, one
+// scroll), so a chatty program does not cost a layout per event.
+const pending = [];
+let frame = 0;
+
 function appendOutput(kind, text) {
+  const last = pending[pending.length - 1];
+  if (last && last[0] === kind) last[1] += text;
+  else pending.push([kind, text]);
+  if (!frame) frame = requestAnimationFrame(flushOutput);
+}
+
+function flushOutput() {
+  frame = 0;
+  if (!pending.length) return;
   const out = $("output");
-  const span = el("span", { class: kind }, text);
-  out.append(span);
+  for (const [kind, text] of pending.splice(0)) {
+    const last = out.lastElementChild;
+    if (last && last.className === kind) last.append(text);
+    else out.append(el("span", { class: kind }, text));
+  }
   out.scrollTop = out.scrollHeight;
+}
+
+function clearOutput() {
+  pending.length = 0;
+  if (frame) cancelAnimationFrame(frame);
+  frame = 0;
+  $("output").textContent = "";
 }
 
 // Reads a text/event-stream body and calls onEvent(name, data) per event.
@@ -232,10 +282,160 @@ async function readEvents(body, onEvent) {
   }
 }
 
+// ---------- session mode: cells in a live kernel (/v1/sessions) ----------
+
+const SESSION_LANGS = ["py", "js"];
+let session = null; // { id, lang, cells }
+
+function sessionMode() {
+  return $("mode").value === "session";
+}
+
+function showSession() {
+  $("session-close").hidden = !session;
+  $("session-state").textContent = session
+    ? `session ${session.id} (${session.lang}), ${session.cells} cell${session.cells === 1 ? "" : "s"}`
+    : sessionMode() ? "a session starts with the first run" : "";
+}
+
+async function closeSession() {
+  const s = session;
+  session = null;
+  showSession();
+  if (s) await api(`/v1/sessions/${encodeURIComponent(s.id)}`, { method: "DELETE" });
+}
+
+$("mode").addEventListener("change", () => {
+  if (sessionMode() && !SESSION_LANGS.includes($("lang").value)) {
+    $("run-state").textContent = "sessions are for py and js: switched to py";
+    $("lang").value = "py";
+    $("lang").onchange();
+  }
+  if (!sessionMode()) closeSession().catch(fail);
+  clearOutput();
+  showSession();
+});
+$("session-close").addEventListener("click", () => closeSession().catch(fail));
+
+async function runCell() {
+  const lang = $("lang").value;
+  if (!SESSION_LANGS.includes(lang)) {
+    $("run-state").textContent = "sessions are for py and js only";
+    return;
+  }
+  if (session && session.lang !== lang) await closeSession();
+  $("run").disabled = true;
+  const controller = new AbortController();
+  current = { runId: null, controller, session: true };
+  try {
+    if (!session) {
+      $("run-state").textContent = "starting a session…";
+      const r = await api("/v1/sessions", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ lang }),
+      });
+      if (!r.ok) {
+        appendOutput("stderr", `HTTP ${r.status}: ${await r.text()}\n`);
+        $("run-state").textContent = "refused";
+        return;
+      }
+      const created = await r.json();
+      session = { id: created.session_id, lang, cells: 0, files: false };
+      showSession();
+    }
+    await putInputs();
+    session.cells += 1;
+    const n = session.cells;
+    showSession();
+    appendOutput("cell", `In [${n}]:\n`);
+    $("usage").textContent = "";
+    $("outputs").textContent = "";
+    $("cancel").disabled = false;
+    $("run-state").textContent = "running…";
+    const r = await api(`/v1/sessions/${encodeURIComponent(session.id)}/exec`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify({ code: editor.getValue() }),
+      signal: controller.signal,
+    });
+    if (!r.ok || !(r.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
+      appendOutput("stderr", `HTTP ${r.status}: ${await r.text()}\n`);
+      $("run-state").textContent = "refused";
+      if (r.status === 404 || r.status === 410) { session = null; showSession(); }
+      return;
+    }
+    let result = null;
+    await readEvents(r.body, (name, data) => {
+      const d = JSON.parse(data);
+      if (name === "stdout" || name === "stderr") appendOutput(name, d.text);
+      else if (name === "result") result = d;
+      else if (name === "error") {
+        appendOutput("stderr", `${d.error}: ${d.message || ""}\n`);
+        $("run-state").textContent = "failed";
+        if (d.status === 404 || d.status === 410) { session = null; showSession(); }
+      }
+    });
+    if (result) await showCell(result, n);
+  } catch (e) {
+    if (e.name === "AbortError") $("run-state").textContent = "stopped watching";
+    else fail(e);
+  } finally {
+    flushOutput();
+    current = null;
+    $("run").disabled = false;
+    $("cancel").disabled = true;
+  }
+}
+
+// In a session the chosen input files are written into the kernel's
+// /mnt/data once (again when others are chosen).
+async function putInputs() {
+  const files = $("files").files;
+  if (session.files || !files || !files.length) return;
+  for (const f of files) {
+    const path = f.name.split("/").map(encodeURIComponent).join("/");
+    const r = await api(`/v1/sessions/${encodeURIComponent(session.id)}/files/${path}`, { method: "PUT", body: f });
+    if (!r.ok) throw new Error(`${f.name}: HTTP ${r.status} ${await r.text()}`);
+  }
+  session.files = true;
+  $("files-state").textContent = `${files.length} written to the session's /mnt/data`;
+}
+
+async function showCell(res, n) {
+  if (res.error) {
+    const tb = (res.error.traceback || []).join("");
+    appendOutput("stderr", tb || `${res.error.ename}: ${res.error.evalue}\n`);
+  }
+  if (res.result && res.result.text !== undefined && res.result.text !== null) {
+    appendOutput("result", `Out[${n}]: ${res.result.text}\n`);
+  }
+  flushOutput();
+  $("run-state").textContent = `done: ${res.status}`;
+  const u = res.usage || {};
+  defs($("usage"), [
+    ["status", res.status],
+    ["wall", ms(u.wall_time_ms)],
+    ["CPU", ms(u.cpu_time_ms)],
+    ["memory peak", bytes(u.memory_peak_bytes)],
+  ]);
+  const list = $("outputs");
+  if (res.result && res.result.png) {
+    const png = Uint8Array.from(atob(res.result.png), (c) => c.charCodeAt(0));
+    const url = URL.createObjectURL(new Blob([png], { type: "image/png" }));
+    list.append(el("img", { src: url, alt: `Out[${n}]`, class: "result-png" }));
+  }
+  if (res.files && res.files.length) list.append(el("h3", {}, "Files"));
+  for (const f of res.files || []) {
+    list.append(await downloadView(f.path, `/v1/sessions/${encodeURIComponent(session.id)}/files/${f.path.split("/").map(encodeURIComponent).join("/")}`));
+  }
+}
+
 async function run() {
   if (current) return;
+  if (sessionMode()) return runCell();
   const lang = $("lang").value;
-  $("output").textContent = "";
+  clearOutput();
   $("outputs").textContent = "";
   $("usage").textContent = "";
   $("run").disabled = true;
@@ -272,6 +472,7 @@ async function run() {
         $("run-state").textContent = "failed";
       }
     });
+    flushOutput();
     if (result) await showResult(result);
   } catch (e) {
     if (e.name === "AbortError") $("run-state").textContent = "stopped watching";
@@ -284,6 +485,11 @@ async function run() {
 }
 
 async function cancel() {
+  if (current && current.session && session) {
+    $("run-state").textContent = "interrupting…";
+    await api(`/v1/sessions/${encodeURIComponent(session.id)}/interrupt`, { method: "POST" });
+    return;
+  }
   if (!current || !current.runId) return;
   $("run-state").textContent = "cancelling…";
   await api(`/v1/runs/${encodeURIComponent(current.runId)}/cancel`, { method: "POST" });
@@ -311,7 +517,6 @@ function defs(target, pairs) {
 async function showResult(res) {
   const how = res.status ? `${res.status}${res.message ? " — " + res.message : ""}` : "ok";
   const code = res.code === null || res.code === undefined ? res.signal || "killed" : `exit ${res.code}`;
-  $("run-state").textContent = `done: ${code}, ${how}`;
   const pairs = [["status", how], ["exit", code], ["wall", ms(res.wall_time)]];
   if (current && current.runId) {
     const view = await json(`/v1/runs/${encodeURIComponent(current.runId)}`);
@@ -325,6 +530,8 @@ async function showResult(res) {
     }
   }
   defs($("usage"), pairs);
+  // "done" once the usage is shown (the files follow)
+  $("run-state").textContent = `done: ${code}, ${how}`;
   const list = $("outputs");
   const files = (res.files || []).filter((f) => !f.inherited);
   if (files.length) list.append(el("h3", {}, "Files"));
@@ -333,19 +540,25 @@ async function showResult(res) {
 
 async function fileView(f, sessionId) {
   const sid = f.storage_session_id || sessionId;
+  return downloadView(f.name, `/v1/download/${encodeURIComponent(sid)}/${encodeURIComponent(f.id)}`);
+}
+
+// A file fetched with the key into a blob: a download link, images inline,
+// CSV as a table.
+async function downloadView(name, path) {
   const box = el("div", { class: "file" });
-  const r = await api(`/v1/download/${encodeURIComponent(sid)}/${encodeURIComponent(f.id)}`);
+  const r = await api(path);
   if (!r.ok) {
-    box.append(el("span", {}, f.name), " ", el("span", { class: "error" }, `download failed: HTTP ${r.status}`));
+    box.append(el("span", {}, name), " ", el("span", { class: "error" }, `download failed: HTTP ${r.status}`));
     return box;
   }
   const blob = await r.blob();
   const url = URL.createObjectURL(blob);
-  const a = el("a", { href: url, download: f.name.split("/").pop(), class: "download" }, f.name);
+  const a = el("a", { href: url, download: name.split("/").pop(), class: "download" }, name);
   box.append(a, " ", el("span", { class: "muted" }, bytes(blob.size)));
-  const lower = f.name.toLowerCase();
+  const lower = name.toLowerCase();
   if (/\.(png|jpe?g|gif|webp|svg)$/.test(lower)) {
-    box.append(el("img", { src: url, alt: f.name }));
+    box.append(el("img", { src: url, alt: name }));
   } else if (lower.endsWith(".csv")) {
     box.append(csvTable(await blob.text(), 50));
   }
@@ -438,16 +651,34 @@ async function refreshOps() {
   $("languages").textContent = "";
   $("languages").append(table(["language", "version", "available"],
     st.languages.map((l) => [l.name, l.version || "", l.available ? "yes" : `no: ${l.reason || ""}`])));
+  await refreshKernels();
   await refreshRuns();
   await refreshEgress();
   $("ops-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   if (!$("operations").hidden) opsTimer = setTimeout(() => refreshOps().catch(fail), 5000);
 }
 
+// LibreChat's status codes, in words (the runs table's "stopped" column)
+const STOPS = {
+  RE: "runtime error",
+  SG: "signal",
+  TO: "timeout",
+  OL: "stdout over its cap",
+  EL: "stderr over its cap",
+  XX: "internal",
+};
+
+function exitText(r) {
+  if (r.exit_code !== null && r.exit_code !== undefined) return String(r.exit_code);
+  if (r.signal !== null && r.signal !== undefined) return `signal ${r.signal}`;
+  return "";
+}
+
 async function refreshRuns() {
   const q = new URLSearchParams();
   if ($("runs-lang").value) q.set("lang", $("runs-lang").value);
   if ($("runs-status").value) q.set("status", $("runs-status").value);
+  if ($("runs-stop").value) q.set("run_status", $("runs-stop").value);
   const runs = await json(`/v1/admin/runs?${q}`);
   const box = $("runs");
   box.textContent = "";
@@ -455,19 +686,116 @@ async function refreshRuns() {
     box.append(el("p", { class: "muted" }, "no runs kept"));
     return;
   }
-  box.append(table(["started", "run", "status", "language", "principal", "exit", "wall", "CPU", "memory"],
+  const t = table(["started", "run", "status", "stopped", "language", "principal", "exit", "wall", "CPU", "memory"],
     runs.map((r) => [
       new Date(r.created_at_ms).toLocaleTimeString(),
-      r.run_id,
+      runLink(r.run_id),
       r.status,
+      r.run_status ? el("abbr", { title: STOPS[r.run_status] || "", class: "stop" }, r.run_status) : "",
       r.lang,
       r.principal,
-      r.exit_code === null || r.exit_code === undefined ? "" : r.exit_code,
+      exitText(r),
       r.usage ? ms(r.usage.wall_time_ms) : "",
       r.usage ? ms(r.usage.cpu_time_ms) : "",
       r.usage ? bytes(r.usage.memory_peak_bytes) : "",
-    ]), "runs-table"));
+    ]), "runs-table");
+  box.append(t);
 }
+
+function runLink(id) {
+  const b = el("button", { type: "button", class: "link run-open", "data-run": id }, id);
+  b.addEventListener("click", () => openRun(id).catch(fail));
+  return b;
+}
+
+// One run whole, any owner's: its code, output, files and usage.
+async function openRun(id) {
+  const r = await json(`/v1/admin/runs/${encodeURIComponent(id)}`);
+  const box = $("run-detail");
+  $("run-detail-title").textContent = `Run ${r.run_id}`;
+  const u = r.usage && (r.usage.run || r.usage.compile);
+  const pairs = [
+    ["status", r.status],
+    ["stopped", r.run_status ? `${r.run_status} (${STOPS[r.run_status] || ""})` : "no"],
+    ["exit", exitText(r) || "none"],
+    ["language", r.lang],
+    ["principal", r.principal],
+    ["started", new Date(r.created_at_ms).toLocaleString()],
+  ];
+  if (r.message) pairs.push(["message", r.message]);
+  if (u) pairs.push(["wall", ms(u.wall_time_ms)], ["CPU", ms(u.cpu_time_ms)], ["memory peak", bytes(u.memory_peak_bytes)]);
+  if (r.usage && r.usage.compile && r.usage.run) pairs.push(["compile wall", ms(r.usage.compile.wall_time_ms)]);
+  if (r.error) pairs.push(["error", `HTTP ${r.error.status}: ${JSON.stringify(r.error.body)}`]);
+  defs($("run-detail-facts"), pairs);
+  $("run-detail-code").textContent = r.code_truncated
+    ? `${r.code}\n… (the first ${bytes(r.code.length)} of ${bytes(r.code_bytes)})`
+    : r.code;
+  const out = $("run-detail-output");
+  out.textContent = "";
+  if (r.stdout) out.append(el("span", { class: "stdout" }, r.stdout));
+  if (r.stderr) out.append(el("span", { class: "stderr" }, r.stderr));
+  const files = $("run-detail-files");
+  files.textContent = "";
+  if (r.inputs.length) {
+    files.append(el("h4", {}, "Input files"),
+      table(["name", "bytes"], r.inputs.map((f) => [f.name, bytes(f.bytes)]), "run-detail-inputs"));
+  }
+  const made = r.files.filter((f) => !f.inherited);
+  if (made.length) files.append(el("h4", {}, "Files"));
+  for (const f of made) {
+    const path = `/v1/admin/runs/${encodeURIComponent(r.run_id)}/files/${encodeURIComponent(f.id)}`;
+    files.append(await downloadView(f.name, path));
+  }
+  box.hidden = false;
+  box.scrollIntoView({ block: "start" });
+}
+$("run-detail-close").addEventListener("click", () => { $("run-detail").hidden = true; });
+
+async function refreshKernels() {
+  const box = $("kernels");
+  const r = await api("/v1/admin/kernels");
+  if (r.status === 503) {
+    box.textContent = "";
+    box.append(el("p", { class: "muted" }, "sessions are off"));
+    return;
+  }
+  if (!r.ok) throw new Error(`/v1/admin/kernels: HTTP ${r.status} ${await r.text()}`);
+  const kernels = await r.json();
+  box.textContent = "";
+  if (!kernels.length) {
+    box.append(el("p", { class: "muted" }, "no live kernels"));
+    return;
+  }
+  box.append(table(["session", "owner", "language", "age", "idle", "evaluations", "state", "memory", ""],
+    kernels.map((k) => {
+      const close = el("button", { type: "button", class: "kernel-close", "data-session": k.session_id }, "Close");
+      close.addEventListener("click", async () => {
+        close.disabled = true;
+        const r = await api(`/v1/admin/kernels/${encodeURIComponent(k.session_id)}`, { method: "DELETE" });
+        if (!r.ok && r.status !== 404) fail(new Error(`close ${k.session_id}: HTTP ${r.status}`));
+        if (session && session.id === k.session_id) { session = null; showSession(); }
+        await refreshKernels();
+      });
+      return [
+        k.session_id,
+        k.owner,
+        k.lang,
+        duration(k.age_secs),
+        duration(Math.max(0, Math.round((Date.now() - k.last_used_at_ms) / 1000))),
+        k.evaluations,
+        k.lost ? el("span", { class: "bad" }, `lost: ${k.lost}`) : k.busy ? "busy" : "idle",
+        bytes(k.memory_bytes),
+        close,
+      ];
+    }), "kernels-table"));
+}
+
+function duration(secs) {
+  if (secs < 60) return `${secs} s`;
+  if (secs < 3600) return `${Math.floor(secs / 60)} min ${secs % 60} s`;
+  return `${Math.floor(secs / 3600)} h ${Math.floor((secs % 3600) / 60)} min`;
+}
+
 async function refreshEgress() {
   const calls = await json("/v1/admin/egress?limit=50");
   const box = $("egress");
@@ -492,6 +820,7 @@ async function refreshEgress() {
 }
 $("runs-lang").addEventListener("change", () => refreshRuns().catch(fail));
 $("runs-status").addEventListener("change", () => refreshRuns().catch(fail));
+$("runs-stop").addEventListener("change", () => refreshRuns().catch(fail));
 $("refresh").addEventListener("click", () => refreshOps().catch(fail));
 
 function table(head, rows, id) {

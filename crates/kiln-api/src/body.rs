@@ -43,6 +43,26 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 const DRAIN_MAX: u64 = 64 * 1024 * 1024;
 const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Reads away what is left of a multipart body the handler stopped reading
+/// (a part over the upload limit, a batch past its file count, any early
+/// refusal), at most [`DRAIN_MAX`] bytes and [`DRAIN_TIME`]: a client that
+/// writes its whole body before reading the answer (Node's `fetch` with a
+/// `FormData`) would otherwise get a reset connection instead of the 413.
+pub async fn drain_multipart(multipart: &mut axum::extract::Multipart) {
+    let drain = async {
+        let mut read = 0u64;
+        while let Ok(Some(mut field)) = multipart.next_field().await {
+            while let Ok(Some(chunk)) = field.chunk().await {
+                read += chunk.len() as u64;
+                if read > DRAIN_MAX {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+}
+
 /// Buffer at most `limit` bytes of `body`; 413 beyond (checked against
 /// `Content-Length` first, then while reading).
 pub async fn read_limited(

@@ -116,7 +116,7 @@ impl Cluster {
     }
 
     /// Whether the request was forwarded by a node holding the secret.
-    fn authentic(&self, headers: &HeaderMap) -> bool {
+    pub(crate) fn authentic(&self, headers: &HeaderMap) -> bool {
         headers
             .get(NODE_SECRET)
             .is_some_and(|v| bool::from(v.as_bytes().ct_eq(self.secret.as_bytes())))
@@ -261,6 +261,12 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         let resp = next.run(req).await;
         return claim_started(state, cluster, starting, resp).await;
     }
+    if !admitted(state, &req, &path) {
+        // a caller the route will refuse: nothing is read, looked up,
+        // forwarded or recorded for it; the route's own authentication
+        // answers (in its face's envelope) before any body is read
+        return next.run(req).await;
+    }
 
     if is_exec(&method, &path)
         && crate::middleware::expects_stateful(req.headers())
@@ -269,19 +275,23 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         // a runtime session is named inside the body
         let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
             Ok(read) => read,
-            Err(resp) => return resp,
+            Err(e) => return e.into_response(),
         };
         if let Some(hint) = runtime_hint(&bytes) {
             return affinity(state, cluster, KIND_RUNTIME, &hint, parts, bytes, next).await;
         }
         req = Request::from_parts(parts, Body::from(bytes));
     }
-    if let Some(user) = seed004_user(&path, req.uri().query()) {
-        // the user's worker lives on one node: the body goes where it is
-        let limit = crate::upload::upload_body_limit(&state.config);
-        let (parts, bytes) = match buffered(req, limit).await {
+    if let Some(user) = seed004_user(&path, req.uri().query()).filter(|_| state.config.seed004_api)
+    {
+        // the user's worker lives on one node: the body goes where it is,
+        // bounded as the face bounds it (every seed-004 body is JSON)
+        let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
             Ok(read) => read,
-            Err(resp) => return resp,
+            Err(e) => {
+                return crate::compat::Fail::<crate::compat::seed004::Detail>::from(e)
+                    .into_response();
+            }
         };
         return affinity(state, cluster, KIND_WORKER, &user, parts, bytes, next).await;
     }
@@ -290,7 +300,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         // handler bounds it) and hand the same bytes on
         let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
             Ok(read) => read,
-            Err(resp) => return resp,
+            Err(e) => return e.into_response(),
         };
         let target = continuation_run(&bytes).map(Target::Run);
         req = Request::from_parts(parts, Body::from(bytes));
@@ -352,18 +362,27 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
     }
 }
 
+/// Whether the route `path` names will admit the caller: the credential
+/// check of the face (a compatibility face's key header, else Kiln's),
+/// made here before anything of the request's body is read.
+fn admitted(state: &AppState, req: &Request, path: &str) -> bool {
+    match crate::compat::key_header(&state.config, path) {
+        Some(header) => crate::compat::authenticate(state, req, &header).is_ok(),
+        None => crate::middleware::authenticate(state, req).is_ok(),
+    }
+}
+
 /// The request's head and its body read whole under `limit` (the bound
 /// its handler applies), so the node can look inside and hand the same
-/// bytes on; the handler's own refusal (413) beyond.
+/// bytes on; the handler's own refusal (413) beyond, from the declared
+/// length before anything is reserved.
 async fn buffered(
     req: Request,
     limit: usize,
-) -> Result<(axum::http::request::Parts, bytes::Bytes), Response> {
+) -> Result<(axum::http::request::Parts, bytes::Bytes), crate::ApiError> {
     let (parts, body) = req.into_parts();
-    match crate::body::read_limited(&parts.headers, body, limit).await {
-        Ok(bytes) => Ok((parts, bytes)),
-        Err(e) => Err(e.into_response()),
-    }
+    let bytes = crate::body::read_limited(&parts.headers, body, limit).await?;
+    Ok((parts, bytes))
 }
 
 /// Whether `owner`'s node sent a heartbeat within `dead_after`.

@@ -89,6 +89,9 @@ pub struct ApiConfig {
     /// What server-side transfers to and from client-named URLs may reach
     /// (seed 004's file import and export).
     pub url_fetch: kiln_exec::FetchPolicy,
+    /// The `Host` and `Origin` values the server takes as its own
+    /// (browsers: cross-site requests, DNS rebinding; [`crate::origin`]).
+    pub hosts: crate::origin::HostPolicy,
 }
 
 /// What `/exec` does with `runtime_session_hint` under the stateful
@@ -139,6 +142,7 @@ impl Default for ApiConfig {
             seed004_api: true,
             runtime_api_prefix: Some("/runtime".to_owned()),
             url_fetch: kiln_exec::FetchPolicy::default(),
+            hosts: crate::origin::HostPolicy::default(),
         }
     }
 }
@@ -165,6 +169,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("seed004_api", &self.seed004_api)
             .field("runtime_api_prefix", &self.runtime_api_prefix)
             .field("url_fetch", &self.url_fetch)
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
@@ -292,9 +297,9 @@ impl AppState {
     /// Live kernels `kernels` for the sessions API and the compatibility
     /// faces, and the URL fetcher of `config.url_fetch`.
     pub fn with_kernels(mut self, kernels: Option<kiln_exec::kernels::Kernels>) -> AppState {
-        use kiln_exec::workers::{CapOwner, Workers};
-        self.workers = kernels.clone().map(|k| Workers::new(k, CapOwner::PerName));
-        self.runtime_kernels = kernels.clone().map(|k| Workers::new(k, CapOwner::Owner));
+        use kiln_exec::workers::Workers;
+        self.workers = kernels.clone().map(Workers::new);
+        self.runtime_kernels = kernels.clone().map(Workers::new);
         self.kernels = kernels;
         self.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
             .inspect_err(|e| tracing::error!(error = %e, "URL transfers are unavailable"))

@@ -37,6 +37,17 @@ pub struct CodedError {
 /// (runtime sessions, spec §13.4), which it serves too.
 pub const PROFILE: &str = "default";
 
+/// Why a request without valid credentials was refused in the key's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyProblem {
+    /// Neither `X-API-Key` nor `Authorization: Bearer` was sent.
+    #[error("no API key was sent (X-API-Key or Authorization: Bearer)")]
+    Missing,
+    /// A key was sent and it is not the configured one.
+    #[error("the API key sent does not match the server's")]
+    Wrong,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// Malformed input; the message is safe to show (400 `{"error":msg}`).
@@ -52,9 +63,10 @@ pub enum ApiError {
     /// (409 `runtime_session_busy`, spec §13.4).
     #[error("runtime session is busy")]
     RuntimeSessionBusy,
-    /// Missing or wrong API key.
-    #[error("missing or invalid credentials")]
-    Unauthenticated,
+    /// Missing or wrong API key (which of the two is said: the first thing
+    /// an operator needs to know).
+    #[error("missing or invalid credentials: {0}")]
+    Unauthenticated(KeyProblem),
     /// Auth `jwt` and no `Authorization: Bearer`.
     #[error("bearer token required")]
     BearerRequired,
@@ -64,6 +76,16 @@ pub enum ApiError {
     /// Auth `jwt` without a usable verifier.
     #[error("JWT auth is misconfigured")]
     JwtMisconfigured,
+    /// The operator's view (`/admin/*`) without the operator's credential:
+    /// a user's token, or no API key configured to present (403).
+    #[error("the admin view needs the operator's API key")]
+    OperatorOnly { key_configured: bool },
+    /// A browser request from another origin (403).
+    #[error("cross-origin request from {0:?} refused")]
+    ForeignOrigin(String),
+    /// A `Host` this server does not answer to (421: DNS rebinding).
+    #[error("host {0:?} is not one this server answers to")]
+    UnknownHost(String),
     /// `require_identity` is on and the request carries no identity.
     #[error("request carries no user identity")]
     IdentityRequired,
@@ -153,6 +175,9 @@ pub enum ApiError {
     /// No run of that id (or it is no longer kept).
     #[error("run {0} not found")]
     RunNotFound(Nanoid),
+    /// The run's result lists no file of that id.
+    #[error("file {0} is not among the run's outputs")]
+    RunFileNotFound(Nanoid),
     /// A rate limit of §4 refused the request.
     #[error("rate limited ({class:?})")]
     RateLimited {
@@ -185,6 +210,9 @@ impl ApiError {
     pub fn status_and_body(&self) -> (StatusCode, Value) {
         use ApiError::*;
         let plain = |status: StatusCode, msg: &str| (status, json!({ "error": msg }));
+        let coded = |status: StatusCode, code: &str, msg: &str| {
+            (status, json!({ "error": code, "message": msg }))
+        };
         match self {
             BadRequest(msg) => plain(StatusCode::BAD_REQUEST, msg),
             MalformedId => plain(StatusCode::BAD_REQUEST, "Bad request"),
@@ -204,7 +232,10 @@ impl ApiError {
                     "message": "Runtime session is busy",
                 }),
             ),
-            Unauthenticated => plain(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Unauthenticated(problem) => plain(
+                StatusCode::UNAUTHORIZED,
+                &format!("Unauthorized: {problem}"),
+            ),
             BearerRequired => plain(StatusCode::UNAUTHORIZED, "Bearer token is required"),
             RateLimited { class, verdict } => (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -214,6 +245,37 @@ impl ApiError {
             JwtMisconfigured => plain(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "CodeAPI JWT auth is misconfigured",
+            ),
+            OperatorOnly { key_configured } => coded(
+                StatusCode::FORBIDDEN,
+                "operator_only",
+                if *key_configured {
+                    "The admin view needs the operator's API key (X-API-Key); a user's token \
+                     does not open it"
+                } else {
+                    "The admin view needs the operator's API key: set api_key (KILN_API_KEY); \
+                     a user's token does not open it"
+                },
+            ),
+            ForeignOrigin(origin) => coded(
+                StatusCode::FORBIDDEN,
+                "cross_origin_refused",
+                &format!(
+                    "Cross-origin browser request refused: Origin {origin} is not this \
+                     server's own. Kiln's clients call it from a server; a browser only from \
+                     its own origin (the console at /console/). To reach it under another \
+                     name, add that name to allowed_hosts (KILN_ALLOWED_HOSTS)"
+                ),
+            ),
+            UnknownHost(host) => coded(
+                StatusCode::MISDIRECTED_REQUEST,
+                "unknown_host",
+                &format!(
+                    "Host {host} is not a name this server answers to (a keyless server \
+                     answers only its listen address, loopback names and IP addresses). If \
+                     Kiln is reached under this name, add it to allowed_hosts \
+                     (KILN_ALLOWED_HOSTS)"
+                ),
             ),
             IdentityRequired => plain(StatusCode::UNAUTHORIZED, "Authentication is required"),
             SessionForbidden { .. } => plain(StatusCode::FORBIDDEN, "Unauthorized"),
@@ -227,6 +289,7 @@ impl ApiError {
             ),
             RouteNotFound(_) => plain(StatusCode::NOT_FOUND, "Not found"),
             RunNotFound(_) => plain(StatusCode::NOT_FOUND, "Run not found"),
+            RunFileNotFound(_) => plain(StatusCode::NOT_FOUND, "File not among the run's outputs"),
             MethodNotAllowed => plain(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
             BodyTooLarge { .. } => plain(StatusCode::PAYLOAD_TOO_LARGE, "Request body too large"),
             UploadTooLarge { .. } => {

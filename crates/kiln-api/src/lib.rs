@@ -9,7 +9,8 @@
 //! | Kiln's runs | `GET /runs/{run_id}`, `GET /runs/{run_id}/events`, `POST /runs/{run_id}/cancel` | [`runs`] |
 //! | Kiln's sessions (live kernels) | `POST /sessions`, `GET|DELETE /sessions/{session_id}`, `POST /sessions/{session_id}/exec`, `POST /sessions/{session_id}/interrupt`, `GET /sessions/{session_id}/files`, `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | [`sessions`] |
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
-//! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs` (behind the key) | [`codeapi::health`], [`openapi`], [`admin`] |
+//! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs[/{run_id}[/files/{file_id}]]`, `GET /admin/egress`, `GET /admin/kernels`, `DELETE /admin/kernels/{session_id}` (behind the operator's API key; a user's token is refused) | [`codeapi::health`], [`openapi`], [`admin`] |
+//! | MCP (streamable HTTP) | `POST|DELETE /mcp` (tools `execute_code`, `create_session`, `close_session`; `resources/read` of their outputs) | [`mcp`] |
 //! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
 //! | Seed 004 (stateful gateway) | `POST /api/v1/execute`, `POST /api/v1/release`, `GET /api/v1/status`, `POST|DELETE /api/v1/files`, `POST /api/v1/files/export` (root only; off with `seed004_api = false`) | [`compat::seed004`] |
 //! | Seed 003 (runtime daemon) | `POST /code`, `POST /sessions`, `DELETE /sessions/{session_id}`, `GET /files`, `POST /files/upload`, `GET /files/download`, `GET /metrics`, `GET /metrics/watch` under `runtime_api_prefix` (default `/runtime`; root only) | [`compat::seed003`] |
@@ -23,10 +24,14 @@
 //! `x-api-key`), request id (`x-request-id`, generated when absent, echoed),
 //! a tracing span per request, HTTP metrics, the profile check (which also
 //! stamps `X-CodeAPI-Execution-Profile` on every response), panic → JSON
-//! 500, forwarding to the owner node of a kernel or run ([`cluster`], with
-//! several nodes); then, per authenticated route, authentication (API key or
-//! LibreChat's JWT; each face answers a failure in its own envelope) and,
-//! on LibreChat's routes, the per-principal rate limits of [`rate`].
+//! 500, the browser guard (a foreign `Origin`, and on a keyless server a
+//! foreign `Host`, refused: [`origin`]), forwarding to the owner node of a
+//! kernel or run ([`cluster`], with several nodes; it reads a body only
+//! once the route's credential check admits the caller); then, per
+//! authenticated route, authentication (API key or LibreChat's JWT; each
+//! face answers a failure in its own envelope; the admin routes take only
+//! the operator's key) and, on LibreChat's routes, the per-principal rate
+//! limits of [`rate`].
 
 pub mod admin;
 pub mod body;
@@ -38,14 +43,17 @@ pub mod console;
 pub mod error;
 pub mod identity;
 pub mod jwt;
+pub mod mcp;
 pub mod middleware;
 pub mod openapi;
+pub mod origin;
 pub mod proxy;
 pub mod rate;
 pub mod runs;
 pub mod server;
 pub mod sessions;
 pub mod sse;
+pub mod telemetry;
 
 pub use codeapi::{exec, files, health, programmatic, upload};
 
@@ -89,9 +97,6 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run))
         .routes(routes!(runs::run_events))
         .routes(routes!(runs::cancel_run))
-        .routes(routes!(admin::status))
-        .routes(routes!(admin::runs))
-        .routes(routes!(admin::egress))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             rate::limit,
@@ -128,10 +133,36 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
             state.clone(),
             middleware::auth,
         ));
+    // the operator's view: the operator's credential, never a user's token
+    let admin = OpenApiRouter::new()
+        .routes(routes!(admin::status))
+        .routes(routes!(admin::runs))
+        .routes(routes!(admin::run))
+        .routes(routes!(admin::run_file))
+        .routes(routes!(admin::kernels))
+        .routes(routes!(admin::close_kernel))
+        .routes(routes!(admin::egress))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::operator_auth,
+        ));
+    // one registry of the handshake generation's sessions, shared by `/mcp`
+    // and `/v1/mcp` (the router clones this one)
+    let mcp = OpenApiRouter::new()
+        .routes(routes!(mcp::post, mcp::delete))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ))
+        .layer(axum::Extension(std::sync::Arc::new(
+            mcp::McpSessions::default(),
+        )));
     OpenApiRouter::new()
         .merge(librechat)
+        .merge(admin)
         .merge(seed)
         .merge(sessions)
+        .merge(mcp)
         .routes(routes!(health::health))
         .routes(routes!(proxy::health))
 }
@@ -159,6 +190,10 @@ pub fn router(state: AppState) -> Router {
     let (api, api_doc) = api_routes(&state).split_for_parts();
     let (root, root_doc) = root_routes(&state).split_for_parts();
     let doc = openapi::document(api_doc, root_doc);
+    let mut public = openapi::PUBLIC_OPERATIONS.to_vec();
+    if !state.config.metrics_require_key {
+        public.push("metrics");
+    }
     let api = api.method_not_allowed_fallback(middleware::method_not_allowed);
 
     let layers = ServiceBuilder::new()
@@ -181,6 +216,10 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            origin::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             cluster::forward,
         ));
 
@@ -196,7 +235,7 @@ pub fn router(state: AppState) -> Router {
         .merge(root)
         .merge(compat::routes(&state))
         .route("/v1/openapi.json", get(openapi::openapi_json))
-        .layer(axum::Extension(openapi::Document::new(doc)))
+        .layer(axum::Extension(openapi::Document::new(doc, &public)))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .layer(layers)
@@ -216,15 +255,33 @@ impl<B> MakeSpan<B> for RequestSpan {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         let route = middleware::route_label(req.extensions().get::<MatchedPath>());
-        tracing::info_span!(
-            "request",
-            request_id = %request_id,
-            method = %req.method(),
-            route = %route,
-            status = tracing::field::Empty,
-            latency_ms = tracing::field::Empty,
-        )
+        // a span's level is a constant of its call site: one site per level
+        macro_rules! request_span {
+            ($level:expr) => {
+                tracing::span!(
+                    $level,
+                    "request",
+                    request_id = %request_id,
+                    method = %req.method(),
+                    route = %route,
+                    status = tracing::field::Empty,
+                    latency_ms = tracing::field::Empty,
+                )
+            };
+        }
+        // the console polls `/admin/*` every few seconds: its requests are
+        // logged at debug, so that an open tab does not fill the log
+        if is_polled(&route) {
+            request_span!(tracing::Level::DEBUG)
+        } else {
+            request_span!(tracing::Level::INFO)
+        }
     }
+}
+
+/// Routes a client polls (the console's `/admin/*`), logged at debug.
+fn is_polled(route: &str) -> bool {
+    route.starts_with("/admin/")
 }
 
 #[derive(Clone, Copy)]
@@ -232,9 +289,34 @@ struct LogResponse;
 
 impl<B> OnResponse<B> for LogResponse {
     fn on_response(self, resp: &Response<B>, latency: Duration, span: &Span) {
+        let status = resp.status().as_u16();
+        span.record("status", status);
+        // an info span is one of the requests logged at info; a debug one
+        // (polling) or a disabled one is logged at debug
+        let loud = span
+            .metadata()
+            .is_some_and(|m| *m.level() == tracing::Level::INFO);
+        let streamed = resp
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if streamed {
+            // the head of a stream is ready at once: the time to it is not
+            // the request's latency, so none is recorded (the run's audit
+            // record has its duration)
+            if loud {
+                tracing::info!(status, "response streams");
+            } else {
+                tracing::debug!(status, "response streams");
+            }
+            return;
+        }
         let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
-        span.record("status", resp.status().as_u16());
         span.record("latency_ms", latency_ms);
-        tracing::info!(status = resp.status().as_u16(), latency_ms, "response");
+        if loud {
+            tracing::info!(status, latency_ms, "response");
+        } else {
+            tracing::debug!(status, latency_ms, "response");
+        }
     }
 }

@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq;
 use tower_http::request_id::{MakeRequestId, RequestId};
 
 use crate::config::{AppState, AuthMode};
-use crate::error::{ApiError, PROFILE};
+use crate::error::{ApiError, KeyProblem, PROFILE};
 use crate::identity::{Caller, Identity};
 
 /// Request header naming the profile the client expects.
@@ -101,7 +101,12 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
         return Ok(Identity::default());
     }
     if !mode.accepts_jwt() {
-        return Err(ApiError::Unauthenticated);
+        let problem = if presented_keys(req).next().is_some() {
+            KeyProblem::Wrong
+        } else {
+            KeyProblem::Missing
+        };
+        return Err(refused(problem));
     }
     let Some(verifier) = state.config.jwt.as_deref() else {
         return Err(ApiError::JwtMisconfigured);
@@ -109,8 +114,9 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
     let Some(token) = bearer(req) else {
         return Err(
             if mode.accepts_key() && req.headers().contains_key("x-api-key") {
-                ApiError::Unauthenticated
+                refused(KeyProblem::Wrong)
             } else {
+                tracing::info!("request refused: no bearer token was sent");
                 ApiError::BearerRequired
             },
         );
@@ -127,6 +133,12 @@ pub fn authenticate(state: &AppState, req: &Request) -> Result<Identity, ApiErro
             Err(reason.into())
         }
     }
+}
+
+/// The 401 for `problem`, logged (never the key itself).
+fn refused(problem: KeyProblem) -> ApiError {
+    tracing::info!(reason = %problem, "request refused: 401");
+    ApiError::Unauthenticated(problem)
 }
 
 /// The identity of a request whose `header` carries the shared key (a
@@ -152,16 +164,61 @@ pub fn key_in_header(state: &AppState, req: &Request, header: &HeaderName) -> Op
 /// extensions for the handlers' [`Identity`] extractor.
 pub async fn auth(
     State(state): State<AppState>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> axum::response::Response {
-    match authenticate(&state, &req) {
+    let who = authenticate(&state, &req);
+    admit(req, next, who).await
+}
+
+/// The request goes on with the caller's identity, or the refusal is
+/// the answer.
+async fn admit(
+    mut req: Request,
+    next: Next,
+    who: Result<Identity, ApiError>,
+) -> axum::response::Response {
+    match who {
         Ok(identity) => {
             req.extensions_mut().insert(identity);
             next.run(req).await
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// The operator's view (`/admin/*`: every tenant's principals, runs,
+/// stored bytes and the egress ledger) needs the operator's credential:
+/// the API key (in any auth mode it is configured in, `jwt` included), or
+/// no authentication at all (`auth = none`). A LibreChat token, which
+/// every chat user holds, never opens it: 403.
+pub fn authenticate_operator(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    if state.config.auth == AuthMode::None {
+        return Ok(());
+    }
+    let key = state.config.api_key.as_deref().filter(|k| !k.is_empty());
+    if let Some(expected) = key
+        && presented_keys(req).any(|k| key_matches(k, expected))
+    {
+        return Ok(());
+    }
+    // refused: 403 to a caller who proved who they are, 401 otherwise
+    match authenticate(state, req) {
+        Ok(_) => Err(ApiError::OperatorOnly {
+            key_configured: key.is_some(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`authenticate_operator`] as the layer of the admin routes.
+pub async fn operator_auth(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> axum::response::Response {
+    let who = authenticate_operator(&state, &req).map(|()| Identity::default());
+    admit(req, next, who).await
 }
 
 /// The same check for seed 000's routes, answered in that face's envelope.

@@ -11,6 +11,7 @@ use axum::Extension;
 use axum::http::HeaderValue;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
 use utoipa::openapi::tag::Tag;
 use utoipa::openapi::{Info, OpenApi};
 
@@ -19,8 +20,70 @@ use utoipa::openapi::{Info, OpenApi};
 pub struct Document(Arc<String>);
 
 impl Document {
-    pub fn new(doc: OpenApi) -> Document {
-        Document(Arc::new(doc.to_pretty_json().unwrap_or_default()))
+    /// The document with its security: `public` names the operations
+    /// (`operationId`) served without credentials.
+    pub fn new(doc: OpenApi, public: &[&str]) -> Document {
+        let mut value = serde_json::to_value(&doc).unwrap_or_default();
+        secure(&mut value, public);
+        Document(Arc::new(
+            serde_json::to_string_pretty(&value).unwrap_or_default(),
+        ))
+    }
+}
+
+/// The operations every deployment serves without credentials.
+pub const PUBLIC_OPERATIONS: [&str; 3] = ["health", "seedHealth", "openapi"];
+
+/// The security schemes: the shared key in `X-API-Key`, or a bearer value
+/// (the shared key, or LibreChat's CodeAPI JWT).
+fn schemes() -> Value {
+    json!({
+        "apiKey": {
+            "type": "apiKey",
+            "in": "header",
+            "name": "X-API-Key",
+            "description": "The shared key (`api_key`, KILN_API_KEY), in auth mode `api-key` or `api-key,jwt`.",
+        },
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "`Authorization: Bearer` with the shared key, or LibreChat's CodeAPI JWT in auth mode `jwt` or `api-key,jwt` (docs/librechat.md).",
+        },
+    })
+}
+
+const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
+
+/// Declares the schemes, gives every operation its `security` (`[]` for
+/// the public ones), and a 401 to every protected operation that does not
+/// describe one yet.
+fn secure(doc: &mut Value, public: &[&str]) {
+    doc["components"]["securitySchemes"] = schemes();
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for item in paths.values_mut() {
+        for m in METHODS {
+            let Some(op) = item.get_mut(m).and_then(Value::as_object_mut) else {
+                continue;
+            };
+            let id = op.get("operationId").and_then(Value::as_str).unwrap_or("");
+            if public.contains(&id) {
+                op.insert("security".into(), json!([]));
+                continue;
+            }
+            op.insert(
+                "security".into(),
+                json!([{ "apiKey": [] }, { "bearer": [] }]),
+            );
+            let responses = op.entry("responses").or_insert_with(|| json!({}));
+            if responses.get("401").is_none() {
+                responses["401"] = json!({
+                    "description": "Missing or invalid credentials: no key or token was sent, or a wrong one (the `error` says which)",
+                    "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } },
+                });
+            }
+        }
     }
 }
 
@@ -29,7 +92,8 @@ const DESCRIPTION: &str = "Kiln is a self-hosted Code Interpreter API: LibreChat
 API (`Seed 000`), all over one run registry and one store.\n\n\
 Every route under `/v1` except seed 000's and the runs API is also served at the root (older \
 LibreChat builds call it there). With an API key configured, every route except the health \
-checks, `/metrics` (unless `metrics_require_key` is set) and this document needs it (`X-API-Key`, or `Authorization: Bearer`).\n\n\
+checks, `/metrics` (unless `metrics_require_key` is set) and this document needs it (`X-API-Key`, or `Authorization: Bearer`); \
+the operations say so in `security`. With LibreChat's CodeAPI JWT on, `Authorization: Bearer` carries the token.\n\n\
 Streaming: `POST /v1/exec` and `POST /v1/librechat/runs` with `Accept: text/event-stream` answer \
 with Server-Sent Events; see docs/api.md.";
 
@@ -61,6 +125,10 @@ pub fn document(api: OpenApi, root: OpenApi) -> OpenApi {
         tag(
             "Sessions",
             "Live kernels: state that persists between calls, interrupts, the workspace's files",
+        ),
+        tag(
+            "MCP",
+            "The Model Context Protocol endpoint (streamable HTTP, JSON-RPC): tools over runs and live kernels; see docs/mcp.md",
         ),
         tag(
             "Seed 000",

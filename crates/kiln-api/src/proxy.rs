@@ -205,8 +205,8 @@ impl From<OpenError> for ProxyError {
 /// The 401 of this face (authentication failed with `e`).
 pub fn unauthorized(e: ApiError, key_sent: bool) -> Response {
     let (status, detail) = match e {
-        ApiError::Unauthenticated if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),
-        ApiError::Unauthenticated => (
+        ApiError::Unauthenticated(_) if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),
+        ApiError::Unauthenticated(_) => (
             StatusCode::UNAUTHORIZED,
             "Missing API key (send it in the x-api-key header)",
         ),
@@ -674,80 +674,89 @@ pub async fn upload(
             ProxyError::bad("invalid multipart body")
         }
     };
-    while let Some(field) = multipart.next_field().await.map_err(bad_form)? {
-        match field.name() {
-            Some("session_id") if field.file_name().is_none() => {
-                let text = field.text().await.map_err(bad_form)?;
-                session_name = Some(text.trim().to_owned());
-            }
-            Some("file") => {
-                let Some(name) = session_name.clone() else {
-                    return Err(ProxyError::bad(
-                        "session_id is required (a form field before file, or in the query)",
-                    ));
-                };
-                let raw = field.file_name().unwrap_or_default().to_owned();
-                let file_name = RelPath::parse(&raw)
-                    .map_err(|e| ProxyError::bad(format!("file: invalid filename: {e}")))?;
-                let sid = state.sessions.open(&caller, &name).await?;
-                let declared = field.content_type().map(str::to_owned);
-                let obj = NewObject {
-                    session_id: sid.clone(),
-                    file_id: Nanoid::random(),
-                    content_type: crate::codeapi::upload::content_type(
-                        declared.as_deref(),
-                        &file_name,
-                    ),
-                    name: file_name,
-                    read_only: false,
-                };
-                let body = field.map_err(std::io::Error::other);
-                let meta = match state
-                    .store
-                    .put_stream(obj, body, state.config.max_upload_bytes)
-                    .await
-                {
-                    Ok(m) => m,
-                    Err(StoreError::TooLarge { limit }) => {
-                        return Err(ProxyError::new(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            "payload_too_large",
-                            format!("file: larger than the limit of {limit} bytes"),
+    // one file per request: what follows it (or anything after a refusal)
+    // is read away before answering, or a client still writing gets a reset
+    let answer: Result<Response, ProxyError> = async {
+        while let Some(field) = multipart.next_field().await.map_err(bad_form)? {
+            match field.name() {
+                Some("session_id") if field.file_name().is_none() => {
+                    let text = field.text().await.map_err(bad_form)?;
+                    session_name = Some(text.trim().to_owned());
+                }
+                Some("file") => {
+                    let Some(name) = session_name.clone() else {
+                        return Err(ProxyError::bad(
+                            "session_id is required (a form field before file, or in the query)",
                         ));
-                    }
-                    Err(StoreError::BodyRead(_)) => {
-                        return Err(ProxyError::bad("invalid multipart body"));
-                    }
-                    Err(e @ (StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. })) => {
-                        return Err(ProxyError::new(
-                            StatusCode::INSUFFICIENT_STORAGE,
-                            "insufficient_storage",
-                            crate::error::storage_refusal(&e),
-                        ));
-                    }
-                    Err(e) => return Err(ProxyError::internal(e)),
-                };
-                // one file per request: what follows is not read
-                let info = FileInfo::of(&meta);
-                tracing::info!(session = %sid, file = %meta.file_id, "seed-000 upload");
-                return Ok(Json(UploadResponse {
-                    file: UploadedFile {
-                        id: info.id,
-                        session_id: name,
-                        name: info.name,
-                        size_bytes: info.size_bytes,
-                        mime_type: info.mime_type,
-                        created_at: info.created_at,
-                    },
-                })
-                .into_response());
+                    };
+                    let raw = field.file_name().unwrap_or_default().to_owned();
+                    let file_name = RelPath::parse(&raw)
+                        .map_err(|e| ProxyError::bad(format!("file: invalid filename: {e}")))?;
+                    let sid = state.sessions.open(&caller, &name).await?;
+                    let declared = field.content_type().map(str::to_owned);
+                    let obj = NewObject {
+                        session_id: sid.clone(),
+                        file_id: Nanoid::random(),
+                        content_type: crate::codeapi::upload::content_type(
+                            declared.as_deref(),
+                            &file_name,
+                        ),
+                        name: file_name,
+                        read_only: false,
+                    };
+                    let body = field.map_err(std::io::Error::other);
+                    let meta = match state
+                        .store
+                        .put_stream(obj, body, state.config.max_upload_bytes)
+                        .await
+                    {
+                        Ok(m) => m,
+                        Err(StoreError::TooLarge { limit }) => {
+                            return Err(ProxyError::new(
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                "payload_too_large",
+                                format!("file: larger than the limit of {limit} bytes"),
+                            ));
+                        }
+                        Err(StoreError::BodyRead(_)) => {
+                            return Err(ProxyError::bad("invalid multipart body"));
+                        }
+                        Err(
+                            e @ (StoreError::QuotaExceeded { .. } | StoreError::DiskFull { .. }),
+                        ) => {
+                            return Err(ProxyError::new(
+                                StatusCode::INSUFFICIENT_STORAGE,
+                                "insufficient_storage",
+                                crate::error::storage_refusal(&e),
+                            ));
+                        }
+                        Err(e) => return Err(ProxyError::internal(e)),
+                    };
+                    // one file per request: what follows is not read
+                    let info = FileInfo::of(&meta);
+                    tracing::info!(session = %sid, file = %meta.file_id, "seed-000 upload");
+                    return Ok(Json(UploadResponse {
+                        file: UploadedFile {
+                            id: info.id,
+                            session_id: name,
+                            name: info.name,
+                            size_bytes: info.size_bytes,
+                            mime_type: info.mime_type,
+                            created_at: info.created_at,
+                        },
+                    })
+                    .into_response());
+                }
+                _ => {}
             }
-            _ => {}
         }
+        Err(ProxyError::bad(
+            "file is required (a multipart part named file)",
+        ))
     }
-    Err(ProxyError::bad(
-        "file is required (a multipart part named file)",
-    ))
+    .await;
+    crate::body::drain_multipart(&mut multipart).await;
+    answer
 }
 
 /// A session's files.

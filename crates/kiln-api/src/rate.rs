@@ -27,7 +27,10 @@ use crate::identity::{Identity, ScopeQuery, header_user_id};
 /// The route classes, each with its own limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
-    /// `POST /exec`.
+    /// Everything that starts code, on every face: `POST /exec`,
+    /// `/exec/programmatic`, a live kernel's evaluation
+    /// (`/sessions/{id}/exec`, seed 003's `/code`, seed 004's `/execute`).
+    /// See [`starts_code`] and [`evaluates_code`].
     Exec,
     /// `POST /upload`, `POST /upload/batch`.
     Upload,
@@ -302,6 +305,44 @@ impl RateLimits {
             Err(ApiError::RateLimited { class, verdict })
         }
     }
+}
+
+/// The key code started by `caller` is counted under: the principal when
+/// the request named one, else the client's address.
+pub fn code_key(caller: &kiln_core::access::Caller, peer: Option<SocketAddr>) -> String {
+    if caller.identified {
+        caller.principal.user_key().as_str().to_owned()
+    } else {
+        address_key(peer)
+    }
+}
+
+/// Counts one start of code by `caller` in the one class every face that
+/// runs code shares ([`Class::Exec`]): the headers to stamp, or the 429.
+/// Faces whose runs go through `Runs::start` (which also counts the
+/// registry's per-caller limit) ask this.
+pub async fn starts_code(
+    state: &AppState,
+    caller: &kiln_core::access::Caller,
+    peer: Option<SocketAddr>,
+) -> Result<Option<Verdict>, ApiError> {
+    state
+        .rates
+        .check(Class::Exec, &code_key(caller, peer))
+        .await
+}
+
+/// [`starts_code`] for code that runs outside the run registry (a live
+/// kernel's evaluation): also counted against the registry's per-caller
+/// limit, as a run would be.
+pub async fn evaluates_code(
+    state: &AppState,
+    caller: &kiln_core::access::Caller,
+    peer: Option<SocketAddr>,
+) -> Result<Option<Verdict>, ApiError> {
+    let verdict = starts_code(state, caller, peer).await?;
+    state.runs.admit(caller).map_err(ApiError::Exec)?;
+    Ok(verdict)
 }
 
 /// Whole seconds for a header or body, at least one.

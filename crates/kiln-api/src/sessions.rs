@@ -220,7 +220,7 @@ fn view(info: &SessionInfo) -> SessionView {
     }
 }
 
-fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
+pub(crate) fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
     state
         .kernels
         .as_ref()
@@ -244,7 +244,7 @@ pub(crate) fn owner_of(
 /// The session `id`, if the caller may use it (the one access rule, as for
 /// runs: its creator, and identity-less callers unless identity is
 /// required).
-fn find(
+pub(crate) fn find(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
@@ -390,11 +390,13 @@ pub async fn delete_session(
         (status = 404, description = "No such session", body = crate::error::CodedError),
         (status = 409, description = "Another evaluation runs", body = crate::error::CodedError),
         (status = 410, description = "The session is lost (`message` says why)", body = crate::error::CodedError),
+        (status = 429, description = "Too many starts of code by this caller (the limit every face that runs code shares)", body = crate::error::CodedError),
     )
 )]
 pub async fn exec(
     State(state): State<AppState>,
     identity: Identity,
+    peer: crate::rate::Peer,
     headers: HeaderMap,
     path: SessionPath,
     body: Body,
@@ -405,10 +407,16 @@ pub async fn exec(
         Some(0) => return Err(ApiError::BadRequest("timeout must be positive".into())),
         t => t.map(Duration::from_millis),
     };
+    let (caller, _) = owner_of(&state, &identity, &headers)?;
+    let verdict = crate::rate::evaluates_code(&state, &caller, peer.0).await?;
     let kernels = kernels(&state)?.clone();
     if !crate::sse::wants_events(&headers) {
         let result = kernels.exec(session, body.code, timeout, None).await?;
-        return Ok(Json(ExecView::from(&result)).into_response());
+        let mut resp = Json(ExecView::from(&result)).into_response();
+        if let Some(v) = verdict {
+            crate::rate::stamp(resp.headers_mut(), &v);
+        }
+        return Ok(resp);
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let out = tx.clone();
@@ -528,12 +536,20 @@ pub async fn get_file(
     let (id, rel) = file_path(path)?;
     let session = find(&state, &identity, &headers, &id)?;
     let content_type = kiln_exec::content_type(rel.as_str());
+    let name = rel.as_str().to_owned();
     let (file, size) = kernels(&state)?.read_file(session, rel).await?;
-    Ok(file_response(file, size, &content_type))
+    Ok(file_response(file, size, &content_type, &name))
 }
 
-/// A workspace file's bytes, streamed, with its type and length.
-pub(crate) fn file_response(file: std::fs::File, size: u64, content_type: &str) -> Response {
+/// A workspace file's bytes, streamed, with its type and length, served
+/// as LibreChat's `/download` serves a stored file (an attachment,
+/// `nosniff`, a sandboxing CSP: [`crate::files::download_headers`]).
+pub(crate) fn file_response(
+    file: std::fs::File,
+    size: u64,
+    content_type: &str,
+    name: &str,
+) -> Response {
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();
@@ -541,6 +557,7 @@ pub(crate) fn file_response(file: std::fs::File, size: u64, content_type: &str) 
         h.insert(CONTENT_TYPE, v);
     }
     h.insert(CONTENT_LENGTH, HeaderValue::from(size));
+    crate::files::download_headers(h, name);
     resp
 }
 

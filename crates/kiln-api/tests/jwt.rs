@@ -404,7 +404,10 @@ async fn api_key_or_jwt_accepts_either_and_only_the_token_is_an_identity() {
     let r = exec_with(&s, None, &[("X-API-Key", "wrong")]).await;
     assert_eq!(
         (r.status().as_u16(), json(r).await),
-        (401, json!({"error": "Unauthorized"}))
+        (
+            401,
+            json!({"error": "Unauthorized: the API key sent does not match the server's"})
+        )
     );
     let r = exec_with(&s, Some("wrong"), &[]).await;
     assert_eq!(
@@ -522,3 +525,65 @@ trait Pipe: Sized {
     }
 }
 impl Pipe for Value {}
+
+async fn admin_get(s: &TestServer, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut req = s.client.get(s.url(path));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), json(r).await)
+}
+
+#[tokio::test]
+async fn a_users_token_never_opens_the_operators_view() {
+    let paths = ["/v1/admin/status", "/v1/admin/runs", "/v1/admin/egress"];
+    for (mode, name) in [
+        (AuthMode::Jwt, "jwt"),
+        (AuthMode::ApiKeyOrJwt, "api-key,jwt"),
+    ] {
+        let s = server(mode, verifier(false)).await;
+        let bearer = format!("Bearer {}", token("alice"));
+        for path in paths {
+            let (st, body) = admin_get(&s, path, &[("authorization", &bearer)]).await;
+            assert_eq!(st, 403, "{name} {path}: {body}");
+            assert_eq!(body["error"], "operator_only", "{body}");
+            assert!(
+                body["message"].as_str().unwrap().contains("API key"),
+                "{body}"
+            );
+            // nothing at all: 401 as before
+            let (st, _) = admin_get(&s, path, &[]).await;
+            assert_eq!(st, 401, "{name} {path}");
+            // the operator's key opens it, in either mode
+            let (st, body) = admin_get(&s, path, &[("x-api-key", "the-shared-key")]).await;
+            assert_eq!(st, 200, "{name} {path}: {body}");
+        }
+        // and the status names the mode it runs in
+        let (_, status) = admin_get(&s, paths[0], &[("x-api-key", "the-shared-key")]).await;
+        assert_eq!(status["auth"], name, "{status}");
+        // a user's token still works where it belongs
+        assert_eq!(
+            exec_with(&s, Some(&token("alice")), &[]).await.status(),
+            200
+        );
+    }
+}
+
+#[tokio::test]
+async fn jwt_without_a_configured_key_keeps_the_operators_view_closed() {
+    let s = start(ApiConfig {
+        auth: AuthMode::Jwt,
+        api_key: None,
+        jwt: Some(Arc::new(verifier(false))),
+        ..ApiConfig::default()
+    })
+    .await;
+    let bearer = format!("Bearer {}", token("alice"));
+    let (st, body) = admin_get(&s, "/v1/admin/status", &[("authorization", &bearer)]).await;
+    assert_eq!(st, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("set api_key"),
+        "{body}"
+    );
+}

@@ -39,6 +39,15 @@ async fn store() -> (Store, tempfile::TempDir) {
 
 /// A node named `id` on `store`, recorded alive, with `rates`.
 async fn node(store: &Store, id: &str, rates: Option<RateRules>) -> Node {
+    let config = ApiConfig {
+        rate_limits: RateRules::off(),
+        ..ApiConfig::default()
+    };
+    node_with(store, id, rates, config).await
+}
+
+/// [`node`] with its HTTP configuration.
+async fn node_with(store: &Store, id: &str, rates: Option<RateRules>, config: ApiConfig) -> Node {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let exec = Arc::new(RecordingExec::new());
@@ -51,15 +60,7 @@ async fn node(store: &Store, id: &str, rates: Option<RateRules>) -> Node {
     .unwrap();
     let mut state = AppState {
         cluster: Some(Arc::new(cluster)),
-        ..AppState::new(
-            store.clone(),
-            exec.clone(),
-            ApiConfig {
-                rate_limits: RateRules::off(),
-                ..ApiConfig::default()
-            },
-            health_info(),
-        )
+        ..AppState::new(store.clone(), exec.clone(), config, health_info())
     };
     if let Some(rules) = rates {
         state.rates = Arc::new(RateLimits::shared(rules, store.clone()));
@@ -279,4 +280,139 @@ async fn two_nodes_counting_in_the_store_share_one_budget() {
         .await
         .unwrap();
     assert_ne!(r.status(), 429);
+}
+
+/// The status line a request head (no body follows) is answered with
+/// within `limit`, read from a raw connection; `None` when nothing came.
+async fn answer_to_head(base: &str, head: &str, limit: Duration) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        while !got.windows(2).any(|w| w == b"\r\n") {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    (read.is_ok() && !got.is_empty()).then(|| {
+        String::from_utf8_lossy(&got)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    })
+}
+
+const STATEFUL: (&str, &str) = ("x-codeapi-expected-profile", "stateful");
+
+/// `POST url` with `headers` and a JSON `body`.
+async fn post(url: &str, headers: &[(&str, &str)], body: Value) -> reqwest::Response {
+    let mut req = client().post(url).json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+fn keyed() -> ApiConfig {
+    ApiConfig {
+        auth: kiln_api::AuthMode::ApiKey,
+        api_key: Some("the-key".into()),
+        rate_limits: RateRules::off(),
+        ..ApiConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn an_unauthenticated_body_is_refused_before_a_byte_of_it_is_read_or_reserved() {
+    let (store, _dir) = store().await;
+    let a = node_with(&store, "node-a", None, keyed()).await;
+    // 200 MiB announced, nothing sent: a node that waited to buffer the
+    // body before the credential check would never answer
+    for path in [
+        "/api/v1/execute?user_uuid=u-1",
+        "/v1/exec/programmatic",
+        "/v1/exec",
+    ] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             X-CodeAPI-Expected-Profile: stateful\r\nContent-Length: 209715200\r\n\r\n"
+        );
+        let status = answer_to_head(&a.base, &head, Duration::from_secs(5)).await;
+        assert_eq!(
+            status.as_deref(),
+            Some("HTTP/1.1 401 Unauthorized"),
+            "{path}"
+        );
+    }
+    // the node still serves
+    let r = client()
+        .get(format!("{}/v1/health", a.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn unauthenticated_requests_leave_no_owner_rows() {
+    let (store, _dir) = store().await;
+    let a = node_with(&store, "node-a", None, keyed()).await;
+    for i in 0..5 {
+        let user = format!("u-{i}");
+        let url = format!("{}/api/v1/execute?user_uuid={user}", a.base);
+        let r = post(&url, &[], json!({"code": "1"})).await;
+        assert_eq!(r.status(), 401);
+        assert!(
+            store.owner("worker", &user).await.unwrap().is_none(),
+            "{user}"
+        );
+
+        let hint = format!("v2:user:{i}");
+        let body = json!({"lang": "py", "code": "1", "runtime_session_hint": hint});
+        let r = post(&format!("{}/v1/exec", a.base), &[STATEFUL], body).await;
+        assert_eq!(r.status(), 401);
+        assert!(
+            store.owner("runtime", &hint).await.unwrap().is_none(),
+            "{hint}"
+        );
+    }
+    // the caller with the key is served, and its session gets its owner
+    let body = json!({"lang": "py", "code": "1", "runtime_session_hint": "v2:user:ok"});
+    let key = ("x-api-key", "the-key");
+    let r = post(&format!("{}/v1/exec", a.base), &[key, STATEFUL], body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        store
+            .owner("runtime", "v2:user:ok")
+            .await
+            .unwrap()
+            .map(|o| o.node_id),
+        Some("node-a".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_seed004_body_is_bounded_by_the_json_limit_not_the_upload_limit() {
+    let (store, _dir) = store().await;
+    let a = node_with(&store, "node-a", None, keyed()).await;
+    // authenticated, 200 MiB announced (above max_json_bytes, below the
+    // upload bound), nothing sent: 413 from the length alone
+    let head = "POST /api/v1/execute?user_uuid=u-1 HTTP/1.1\r\nHost: x\r\n\
+                X-Auth-Token: the-key\r\nContent-Type: application/json\r\n\
+                Content-Length: 209715200\r\n\r\n";
+    let status = answer_to_head(&a.base, head, Duration::from_secs(5)).await;
+    assert_eq!(status.as_deref(), Some("HTTP/1.1 413 Payload Too Large"));
+    let url = format!("{}/api/v1/execute?user_uuid=u-2", a.base);
+    let big = json!({"code": "x".repeat(11 * 1024 * 1024)});
+    let r = post(&url, &[("x-auth-token", "the-key")], big).await;
+    assert_eq!(r.status(), 413);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["detail"].is_string(), "seed 004's envelope: {body}");
 }

@@ -201,7 +201,7 @@ async fn api_key_is_accepted_from_x_api_key_and_bearer() {
 }
 
 #[tokio::test]
-async fn wrong_or_missing_api_key_is_401_and_nothing_runs() {
+async fn wrong_or_missing_api_key_is_401_that_says_which_and_nothing_runs() {
     let s = start(keyed()).await;
     let wrong = s
         .client
@@ -212,7 +212,8 @@ async fn wrong_or_missing_api_key_is_401_and_nothing_runs() {
         .await
         .unwrap();
     assert_eq!(wrong.status(), 401);
-    assert_eq!(json(wrong).await, json!({"error": "Unauthorized"}));
+    let wrong_key = json!({"error": "Unauthorized: the API key sent does not match the server's"});
+    assert_eq!(json(wrong).await, wrong_key);
     let bearer = s
         .client
         .get(s.url("/v1/files/V1StGXR8_Z5jdHi6B-myT"))
@@ -221,9 +222,14 @@ async fn wrong_or_missing_api_key_is_401_and_nothing_runs() {
         .await
         .unwrap();
     assert_eq!(bearer.status(), 401);
+    assert_eq!(json(bearer).await, wrong_key);
     let missing = s.client.post(s.url("/v1/upload")).send().await.unwrap();
     assert_eq!(missing.status(), 401);
     assert_eq!(missing.headers()[PROFILE_HDR], "default");
+    assert_eq!(
+        json(missing).await,
+        json!({"error": "Unauthorized: no API key was sent (X-API-Key or Authorization: Bearer)"})
+    );
     assert_eq!(s.exec.call_count(), 0);
 }
 

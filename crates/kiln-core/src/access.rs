@@ -11,6 +11,8 @@
 //!   stands for the caller's own user key when it names the caller, else for
 //!   the agent of that id, and — for identity-less callers, whose G1 builds
 //!   sent user ids as `entity_id` — for that user too.
+//!   An identity-less caller's `user`-kind claim is no claim: it names the
+//!   caller's own files, and such a caller has none (see below).
 //! - Without a claim: an identified caller may read its own user key and
 //!   every agent or skill key of its tenant; an identity-less caller may read
 //!   anything (ids are 126-bit capabilities; this is how G1 clients download)
@@ -105,7 +107,7 @@ pub fn may_read(
     claim: &Claim,
     stored: &SessionKey,
 ) -> Result<(), Denied> {
-    if !claim.is_none() {
+    if !claim.is_none() && !claims_nothing(caller, claim) {
         let mut keys = Vec::new();
         if let Some((kind, id, version)) = &claim.scope {
             keys.push(SessionKey::derive(
@@ -139,6 +141,19 @@ pub fn may_read(
     } else {
         Ok(())
     }
+}
+
+/// A `user`-kind claim names the caller's own files; an identity-less
+/// caller has none, so such a claim (with no `entity_id` beside it) says
+/// nothing and the caller reads as one without a claim: ids are
+/// capabilities, unless the deployment requires identity. This is how
+/// LibreChat's programmatic tools pass on files of earlier calls: they send
+/// no user, and their refs say `kind: "user"` with the file's id as
+/// `resource_id`. A verified or hinted identity is never affected.
+fn claims_nothing(caller: &Caller, claim: &Claim) -> bool {
+    !caller.identified
+        && claim.entity_id.is_none()
+        && matches!(claim.scope, Some((Kind::User, _, _)))
 }
 
 /// The keys a G1 `entity_id` may stand for (see the module docs).
@@ -256,6 +271,42 @@ mod tests {
         assert_eq!(
             may_read(strict, &anonymous(), &none, &key("local:user:bob")),
             Err(Denied::IdentityRequired)
+        );
+    }
+
+    #[test]
+    fn an_identity_less_callers_user_claim_reads_as_no_claim() {
+        // LibreChat's programmatic tools send no user; their refs say
+        // kind user with the file id as resource_id
+        let anon = anonymous();
+        let user_claim = scope(Kind::User, Some("V1StGXR8_Z5jdHi6B-myT"));
+        let stored = key("local:user:e2e-user-1");
+        assert!(may_read(OPEN, &anon, &user_claim, &stored).is_ok());
+        let strict = Policy {
+            require_identity: true,
+        };
+        assert_eq!(
+            may_read(strict, &anon, &user_claim, &stored),
+            Err(Denied::IdentityRequired)
+        );
+        // an identity (hinted or verified) keeps its own files only
+        assert_eq!(
+            may_read(OPEN, &caller("bob"), &user_claim, &stored),
+            Err(Denied::Forbidden)
+        );
+        // other kinds still name what they claim
+        assert_eq!(
+            may_read(OPEN, &anon, &scope(Kind::Agent, Some("agent_x")), &stored),
+            Err(Denied::Forbidden)
+        );
+        // and an entity_id beside it is still the whole claim
+        let with_entity = Claim {
+            scope: Some((Kind::User, None, None)),
+            entity_id: Some("bob".into()),
+        };
+        assert_eq!(
+            may_read(OPEN, &anon, &with_entity, &stored),
+            Err(Denied::Forbidden)
         );
     }
 }

@@ -6,7 +6,9 @@
 //! - Owner: a kernel belongs to the principal that created it (its user
 //!   key); the faces check reads with the one access rule.
 //! - Caps: at most `max_total` live kernels on the node (503 past it) and
-//!   `max_per_owner` per owner (429). The binary gives kernels slots of
+//!   `max_per_owner` per owner (429), counted by [`crate::caps::Caps`] per
+//!   principal (the owner's user key), whatever face started the kernel and
+//!   whatever it is named. The binary gives kernels slots of
 //!   their own (`max_total` of them beyond the run concurrency and the warm
 //!   pool), so kernels never starve one-shot runs of jails.
 //! - Expiry: a kernel idle longer than its TTL (default 30 min) or older
@@ -38,6 +40,7 @@ use kiln_sandbox::{
     python_kernel_park,
 };
 
+use crate::caps::{CapError, CapGuard, Caps};
 use crate::runs::{AuditFile, AuditRecord, AuditSink, AuditUsage};
 use crate::workspace::{EntryKind, Workspace};
 use kiln_core::ExitStatus;
@@ -150,6 +153,9 @@ pub struct Session {
     kernel: Kernel,
     /// Its uid slot, released as soon as the kernel is gone.
     slot: Mutex<Option<Slot>>,
+    /// Its place under the owner's and the node's caps, given back as soon
+    /// as the kernel is gone (lost, closed or expired).
+    cap: Mutex<Option<CapGuard>>,
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
     turn: Arc<tokio::sync::Mutex<()>>,
@@ -187,6 +193,19 @@ impl Session {
             .map(|s| (s.host_uid(), s.host_gid()))
     }
 
+    pub fn id(&self) -> &Nanoid {
+        &self.id
+    }
+
+    pub fn lang(&self) -> &'static str {
+        self.lang
+    }
+
+    /// Memory the kernel holds now, bytes (see [`Kernel::memory_now`]).
+    pub fn memory_now(&self) -> Option<u64> {
+        self.kernel.memory_now()
+    }
+
     pub fn info(&self, max_age: Duration) -> SessionInfo {
         let clock = lock(&self.clock);
         let idle_end = clock.last_used_at + self.ttl;
@@ -218,9 +237,11 @@ impl Session {
     /// Releases the slot (and with it the workspace) once the kernel is
     /// gone.
     fn release_if_lost(&self) {
-        if self.kernel.lost().is_some() && self.seats.load(std::sync::atomic::Ordering::SeqCst) == 0
-        {
-            lock(&self.slot).take();
+        if self.kernel.lost().is_some() {
+            lock(&self.cap).take();
+            if self.seats.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                lock(&self.slot).take();
+            }
         }
     }
 }
@@ -228,23 +249,17 @@ impl Session {
 #[derive(Default)]
 struct State {
     sessions: HashMap<Nanoid, Arc<Session>>,
-    /// Kernels being started, by owner (they count against the caps).
-    starting: HashMap<String, usize>,
 }
 
 impl State {
-    fn live(&self, owner: Option<&str>) -> usize {
-        let sessions = self
-            .sessions
-            .values()
-            .filter(|s| owner.is_none_or(|o| s.owner == o))
-            .filter(|s| s.kernel.lost().is_none())
-            .count();
-        let starting = match owner {
-            Some(o) => self.starting.get(o).copied().unwrap_or(0),
-            None => self.starting.values().sum(),
-        };
-        sessions + starting
+    /// Gives back the cap places of kernels that died since (a lost
+    /// kernel counts against no cap).
+    fn forget_lost(&self) {
+        for s in self.sessions.values() {
+            if s.kernel.lost().is_some() {
+                lock(&s.cap).take();
+            }
+        }
     }
 }
 
@@ -258,6 +273,8 @@ struct Inner {
     sandbox: Sandbox,
     cfg: KernelsConfig,
     state: Mutex<State>,
+    /// Live kernels (and kernels being started) per owner and on the node.
+    caps: Caps,
     /// Where each evaluation's audit record goes (the runs' sink).
     audit: Option<Arc<dyn AuditSink>>,
 }
@@ -267,24 +284,6 @@ impl std::fmt::Debug for Kernels {
         f.debug_struct("Kernels")
             .field("sessions", &lock(&self.inner.state).sessions.len())
             .finish()
-    }
-}
-
-/// Undoes a reservation made for a kernel being started.
-struct Reservation<'a> {
-    state: &'a Mutex<State>,
-    owner: String,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        let mut state = lock(self.state);
-        if let Some(n) = state.starting.get_mut(&self.owner) {
-            *n -= 1;
-            if *n == 0 {
-                state.starting.remove(&self.owner);
-            }
-        }
     }
 }
 
@@ -304,6 +303,7 @@ impl Kernels {
         Kernels {
             inner: Arc::new(Inner {
                 sandbox,
+                caps: Caps::new(cfg.max_per_owner, cfg.max_total),
                 cfg,
                 state: Mutex::new(State::default()),
                 audit,
@@ -351,22 +351,11 @@ impl Kernels {
             .filter(|l| matches!(l.name(), "py" | "js"))
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
         let (park, argv, template) = self.kernel_program(language)?;
-        let _reservation = {
-            let mut state = lock(&self.inner.state);
-            let mine = state.live(Some(owner));
-            if mine >= cfg.max_per_owner {
-                return Err(KernelsError::OwnerCap(mine));
-            }
-            let all = state.live(None);
-            if all >= cfg.max_total {
-                return Err(KernelsError::NodeFull(all));
-            }
-            *state.starting.entry(owner.to_owned()).or_default() += 1;
-            Reservation {
-                state: &self.inner.state,
-                owner: owner.to_owned(),
-            }
-        };
+        lock(&self.inner.state).forget_lost();
+        let cap = self.inner.caps.acquire(owner).map_err(|e| match e {
+            CapError::Principal(n) => KernelsError::OwnerCap(n),
+            CapError::Total(n) => KernelsError::NodeFull(n),
+        })?;
         let mut limits = cfg.limits.clone();
         // the evaluation timeouts are the registry's; the jail's own wall and
         // CPU clocks only bound the kernel's life
@@ -395,6 +384,7 @@ impl Kernels {
             ttl: ttl.map_or(cfg.idle_ttl, |t| t.min(cfg.idle_ttl)),
             kernel,
             slot: Mutex::new(Some(slot)),
+            cap: Mutex::new(Some(cap)),
             clock: Mutex::new(Clock {
                 last_used: Instant::now(),
                 last_used_at: now,
@@ -486,9 +476,10 @@ impl Kernels {
         session.info(self.inner.cfg.max_age)
     }
 
-    /// Live kernels on this node.
+    /// Live kernels on this node (and kernels being started).
     pub fn live(&self) -> usize {
-        lock(&self.inner.state).live(None)
+        lock(&self.inner.state).forget_lost();
+        self.inner.caps.held()
     }
 
     /// Live kernels on this node running an evaluation now.
@@ -681,6 +672,15 @@ impl Kernels {
         .await
     }
 
+    /// Every session this node holds (live or lost, not yet forgotten),
+    /// oldest first: the operator's view, whoever owns them.
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        let mut all: Vec<Arc<Session>> =
+            lock(&self.inner.state).sessions.values().cloned().collect();
+        all.sort_by_key(|s| s.created);
+        all
+    }
+
     /// Closes and forgets `id`.
     pub async fn delete(&self, id: &Nanoid) -> Result<(), KernelsError> {
         let session = lock(&self.inner.state)
@@ -845,7 +845,7 @@ impl Jail for SeatJail {
                 r = exec => r,
                 () = cancel.cancelled() => {
                     let _ = self.kernels.interrupt(&self.session).await;
-                    return Err(SandboxError::Cancelled);
+                    return Err(SandboxError::Cancelled(None));
                 }
             };
             as_run_result(result, stderr_cap)
@@ -1007,5 +1007,6 @@ async fn blocking<T: Send + 'static>(
 
 async fn close(session: &Session) {
     session.kernel.close().await;
+    lock(&session.cap).take();
     lock(&session.slot).take();
 }

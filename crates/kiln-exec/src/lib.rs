@@ -9,6 +9,8 @@
 //!   `kiln_sandbox::Jails`, the output session, staging) → run (compile,
 //!   run) → harvest (walk, store outputs) → outcome (status, message,
 //!   usage).
+//! - [`caps`]: caps per principal (and per node), one mechanism for every
+//!   face: live kernels, programmatic runs alive.
 //! - [`workspace`]: the one place the host touches files a jail controls.
 //! - [`ptc`]: programmatic tool calling — a run whose program calls the
 //!   host's tools and stays alive, paused, while the host runs them.
@@ -19,6 +21,7 @@
 //! - [`workers`]: kernels by name, started on first use (seed 004's
 //!   per-user workers, seed 003's default runtime session).
 
+pub mod caps;
 mod egress;
 pub mod kernels;
 pub mod pipeline;
@@ -35,9 +38,9 @@ pub use egress::{SERVICES_PORT, SERVICES_URL};
 pub use kiln_egress::{FetchError, FetchPolicy, Fetcher, install_crypto_provider};
 pub use pipeline::{CANCELLED, ExecConfig, Executor, classify, content_type};
 pub use runs::{
-    AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, CancelReason, Phase, RunContext,
-    RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions, Step, Stream, Subscriber,
-    TracingAudit, Watch,
+    AUDIT_TARGET, AuditFile, AuditRecord, AuditSink, AuditUsage, CancelReason, KEPT_CODE_BYTES,
+    KeptCode, Phase, RunContext, RunEvent, RunHandle, RunInfo, Runs, RunsConfig, StartOptions,
+    Step, Stream, Subscriber, TracingAudit, Watch,
 };
 pub use types::*;
 pub use walker::WalkLimits;

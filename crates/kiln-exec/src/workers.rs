@@ -7,13 +7,11 @@
 //! - A name is a [`WorkerName`]: the face it belongs to is part of the key,
 //!   not a prefix of a string, so no string a client sends in one face
 //!   (a `user_uuid`, a runtime session hint) can name another face's kernel.
-//! - Who a named kernel counts against ([`CapOwner`]): the compatibility
-//!   faces give it the kernel owner [`kernel_owner`] (the owner, then the
-//!   face and the name), so the registry's per-owner cap counts it per
-//!   name; LibreChat's runtime sessions count
-//!   against the user's own cap, next to the kernels the user opened
-//!   through the sessions API. The node cap counts it like any kernel, and
-//!   no other principal's name reaches it either way.
+//! - A named kernel belongs to its owner (the principal's user key) and
+//!   counts against the owner's cap like any of the owner's kernels,
+//!   whatever face started it and however many names the owner uses: a
+//!   name is the caller's choice, so caps never count per name. No other
+//!   principal's name reaches it.
 //! - Starting is serialised per name: two first calls at once start one
 //!   kernel.
 //! - A kernel that was lost, closed or expired is replaced by a fresh one
@@ -40,32 +38,10 @@ pub enum WorkerName {
     Runtime(String),
 }
 
-impl std::fmt::Display for WorkerName {
-    /// The face, then the name: distinct for distinct names (a face's tag
-    /// is never a prefix of another's).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WorkerName::Seed003Default => f.write_str("seed003:default"),
-            WorkerName::Seed004(n) => write!(f, "seed004:{n}"),
-            WorkerName::Runtime(n) => write!(f, "runtime:{n}"),
-        }
-    }
-}
-
-/// Whose per-owner kernel cap a named kernel counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapOwner {
-    /// Its own kernel owner, `"{owner}|{name}"`: each name has the cap.
-    PerName,
-    /// The owner's: named kernels share the cap with the owner's others.
-    Owner,
-}
-
 /// Named kernels over a [`Kernels`] registry. Cheap to clone.
 #[derive(Clone)]
 pub struct Workers {
     kernels: Kernels,
-    cap: CapOwner,
     names: Arc<Mutex<HashMap<(String, WorkerName), Entry>>>,
 }
 
@@ -79,17 +55,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The kernel owner of `owner`'s kernel named `name` (a user key has no
-/// `|`, so it never equals a user's own key).
-pub fn kernel_owner(owner: &str, name: &WorkerName) -> String {
-    format!("{owner}|{name}")
-}
-
 impl Workers {
-    pub fn new(kernels: Kernels, cap: CapOwner) -> Workers {
+    pub fn new(kernels: Kernels) -> Workers {
         Workers {
             kernels,
-            cap,
             names: Arc::default(),
         }
     }
@@ -132,11 +101,7 @@ impl Workers {
             }
             *id = None;
         }
-        let cap_owner = match self.cap {
-            CapOwner::PerName => kernel_owner(owner, name),
-            CapOwner::Owner => owner.to_owned(),
-        };
-        let info = self.kernels.create(&cap_owner, lang, None).await?;
+        let info = self.kernels.create(owner, lang, None).await?;
         let session = self.kernels.get(&info.id)?;
         *id = Some(info.id);
         Ok((session, true))
@@ -185,9 +150,7 @@ mod tests {
         for (i, a) in names.iter().enumerate() {
             for b in &names[i + 1..] {
                 assert_ne!(a, b);
-                assert_ne!(kernel_owner("t:user:u", a), kernel_owner("t:user:u", b));
             }
-            assert_ne!(kernel_owner("t:user:u", a), "t:user:u");
         }
     }
 }

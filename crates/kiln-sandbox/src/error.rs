@@ -53,9 +53,11 @@ pub enum SandboxError {
     /// The slot passed to `run` belongs to another `Sandbox`.
     #[error("slot {0} does not belong to this sandbox")]
     ForeignSlot(u32),
-    /// The caller's cancellation token fired; the jail was killed.
+    /// The caller's cancellation token fired; the jail was killed. Carries
+    /// what the run had used by then where the sandbox measured it (a run
+    /// it supervised; `None` from a kernel's seat or before the program ran).
     #[error("run cancelled")]
-    Cancelled,
+    Cancelled(Option<KilledUsage>),
     /// [`crate::Sandbox::shutdown`] was called: no more runs.
     #[error("sandbox is shut down")]
     ShutDown,
@@ -72,4 +74,13 @@ impl SandboxError {
             source,
         }
     }
+}
+
+/// What a run killed on its cancel token had used, measured as for any run:
+/// its wall time, the CPU time and peak memory of its cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KilledUsage {
+    pub wall_time: std::time::Duration,
+    pub cpu_time: Option<std::time::Duration>,
+    pub memory_peak: Option<u64>,
 }

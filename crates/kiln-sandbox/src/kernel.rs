@@ -386,6 +386,13 @@ impl Kernel {
         (self.park_time, self.ready_time)
     }
 
+    /// Memory its cgroup holds now, bytes (the kernel's variables, its
+    /// imported modules, its `/tmp`); `None` once it is gone or where the
+    /// host cannot say.
+    pub fn memory_now(&self) -> Option<u64> {
+        lock(&self.cgroups).as_ref().and_then(|c| c.memory_now())
+    }
+
     /// Why the kernel is gone, once it is.
     pub fn lost(&self) -> Option<KernelLost> {
         lock(&self.lost).clone()

@@ -59,7 +59,7 @@ mod zygote;
 
 pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
-pub use error::SandboxError;
+pub use error::{KilledUsage, SandboxError};
 pub use jail::helper_main;
 pub use jails::{BoxFuture, COLD_PROFILE, Jail, JailSource, Jails, ZygoteStart};
 pub use kernel::{
@@ -70,7 +70,7 @@ pub use launcher::launcher_main;
 pub use mountns::{enter_own_mount_namespace, own_mount_namespace, visible_mounts};
 pub use netns::JailNetwork;
 pub use pause::PauseClock;
-pub use probe::{HostReport, probe_host};
+pub use probe::{HostReport, cpu_budget_warning, probe_host};
 pub use quota::{QuotaMode, WorkspaceQuota};
 pub use reaper::init_if_pid1;
 pub use run::{OutputSink, OutputStream, RunRequest, RunResult};

@@ -2,9 +2,11 @@
 //! for it (programmatic tool calling: the program waits for tool results)
 //! must not spend its wall time waiting. The server's deadline is the
 //! run's start plus its wall time plus every paused interval; while paused
-//! there is none. CPU limits are untouched: a paused program burns no CPU,
-//! and one that keeps computing while "paused" still meets RLIMIT_CPU and
-//! its cgroup's quota.
+//! there is none. The CPU budget does not stop: a paused program should
+//! burn no CPU, and one that keeps computing while "paused" (a process it
+//! left running) still meets RLIMIT_CPU, its cgroup's quota and the whole
+//! jail's CPU budget, which the server reads from the jail's cgroup
+//! (`run.rs`, `CpuBudget`).
 //!
 //! The helper's own backstop (it kills the jail a grace after the wall
 //! time, in case the server is gone) cannot see the clock, so a pausable

@@ -60,6 +60,24 @@ impl HostReport {
     }
 }
 
+/// What the host cannot do for a run's CPU budget (`cpu_secs` over the
+/// whole jail, read from the run's cgroup CPU counter): without per-group
+/// CPU accounting only RLIMIT_CPU applies, per process.
+pub fn cpu_budget_warning(cgroup: &CgroupSupport, cgroup_limits: bool) -> Option<String> {
+    let what = match cgroup {
+        CgroupSupport::V2 { .. } if cgroup_limits => return None,
+        CgroupSupport::V1 {
+            cpuacct: Some(_), ..
+        } if cgroup_limits => return None,
+        CgroupSupport::V1 { .. } if cgroup_limits => "cgroup v1 without cpuacct",
+        _ => "no usable cgroups",
+    };
+    Some(format!(
+        "no per-run CPU accounting ({what}): cpu_secs holds per process (RLIMIT_CPU) only, \
+         not for a run's whole jail (a chain of forks, or a paused programmatic run, may use more)"
+    ))
+}
+
 /// What a Landlock ABI version restricts in our jails.
 fn landlock_scope(abi: u32) -> &'static str {
     match abi {
@@ -209,6 +227,9 @@ pub fn probe_host() -> HostReport {
     }
     if cgroup_limits && !cpu_controller {
         warnings.push("no cgroup cpu controller: a run's processes may take every core".to_owned());
+    }
+    if let Some(w) = cpu_budget_warning(&cgroup, cgroup_limits) {
+        warnings.push(w);
     }
     let workspace_quota = quota::probe();
     match &workspace_quota {

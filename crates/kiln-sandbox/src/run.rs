@@ -178,6 +178,9 @@ impl Default for RunResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KillReason {
     Timeout,
+    /// The jail as a whole (every process, paused or not) used its CPU
+    /// budget ([`CpuBudget`]).
+    CpuTime,
     StdoutOverflow,
     StderrOverflow,
     Cancelled,
@@ -582,7 +585,8 @@ impl Started {
     /// helper (the jail follows through PDEATHSIG) is the fallback when that
     /// takes longer than [`HARD_KILL_AFTER`].
     ///
-    /// With a `pause` clock the wall time stops while it is paused.
+    /// With a `pause` clock the wall time stops while it is paused (the
+    /// CPU budget does not: CPU used while paused counts).
     pub(crate) async fn drive(
         mut self,
         go: Option<&[u8]>,
@@ -590,6 +594,7 @@ impl Started {
         cancel: &CancellationToken,
         sink: Option<&OutputSink>,
         pause: Option<&PauseClock>,
+        budget: Option<&CpuBudget>,
     ) -> Result<Supervised, SandboxError> {
         let started = Instant::now();
         if let Some(go) = go {
@@ -611,6 +616,8 @@ impl Started {
         let mut pause_rx = pause.map(PauseClock::subscribe);
         let wall = tokio::time::sleep_until(deadline());
         tokio::pin!(wall);
+        let mut cpu_poll = tokio::time::interval(CPU_POLL);
+        cpu_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
         let mut out = Capture::new(limits.stdout_bytes);
         let mut err = Capture::new(limits.stderr_bytes);
@@ -671,6 +678,11 @@ impl Started {
                 () = &mut wall, if killed.is_none() && exited.is_none() => {
                     stop!(KillReason::Timeout);
                 }
+                _ = cpu_poll.tick(), if budget.is_some() && killed.is_none() && exited.is_none() => {
+                    if budget.is_some_and(CpuBudget::spent) {
+                        stop!(KillReason::CpuTime);
+                    }
+                }
                 () = crate::pause::changed(&mut pause_rx), if killed.is_none() && exited.is_none() => {
                     wall.as_mut().reset(deadline());
                 }
@@ -707,6 +719,7 @@ impl Started {
 }
 
 /// Runs the helper for `spec` to the end (a jail built for this run only).
+#[allow(clippy::too_many_arguments)] // what `drive` takes, plus the helper and its spec
 pub(crate) async fn supervise(
     helper: &Path,
     launcher: Option<&Launcher>,
@@ -715,13 +728,42 @@ pub(crate) async fn supervise(
     cancel: &CancellationToken,
     sink: Option<&OutputSink>,
     pause: Option<&PauseClock>,
+    budget: Option<&CpuBudget>,
 ) -> Result<Supervised, SandboxError> {
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
     let mut started = start_helper(helper, launcher, None).await?;
     started.send_line(&spec_line).await;
-    started.drive(None, limits, cancel, sink, pause).await
+    started
+        .drive(None, limits, cancel, sink, pause, budget)
+        .await
+}
+
+/// How often a run's CPU counter is read against its budget.
+const CPU_POLL: Duration = Duration::from_millis(100);
+
+/// A run's CPU budget for the whole jail: `limits.cpu_time` of CPU over
+/// every process in its cgroup, read from the group's counter. RLIMIT_CPU
+/// bounds each process alone, so a chain of forks (each under its own
+/// limit) or a program computing while its wall clock is paused could
+/// otherwise use far more; past the budget the jail is killed and the run
+/// reports SIGXCPU, as RLIMIT_CPU's would.
+#[derive(Debug, Clone)]
+pub(crate) struct CpuBudget {
+    meter: crate::cgroup::CpuMeter,
+    limit: Duration,
+}
+
+impl CpuBudget {
+    pub(crate) fn new(meter: crate::cgroup::CpuMeter, limit: Duration) -> CpuBudget {
+        CpuBudget { meter, limit }
+    }
+
+    /// Whether the jail used more than its budget.
+    fn spent(&self) -> bool {
+        self.meter.used().is_some_and(|used| used > self.limit)
+    }
 }
 
 #[cfg(test)]

@@ -253,6 +253,7 @@ impl Sandbox {
         };
         tracing::info!(
             cgroup = ?cgroups.as_ref().map(CgroupDriver::parents),
+            whole_jail_cpu_budget = cgroups.as_ref().is_some_and(CgroupDriver::accounts_cpu),
             cpu_per_run = f64::from(cpu.per_run_millis) / 1000.0,
             cpu_all_runs = f64::from(cpu.all_runs_millis) / 1000.0,
             slots = cfg.slots,
@@ -355,6 +356,7 @@ impl Sandbox {
             None => (None, Some(slot.lease())),
         };
         let spec = self.jail_spec(slot, &req, cgroups.as_ref(), None, Vec::new());
+        let budget = cpu_budget(cgroups.as_ref(), &req.limits);
         let supervised = supervise(
             &self.inner.cfg.helper,
             self.inner.launcher.as_ref(),
@@ -363,6 +365,7 @@ impl Sandbox {
             &cancel,
             req.output.as_ref(),
             req.pause.as_ref(),
+            budget.as_ref(),
         )
         .await;
         conclude(&name, supervised, cgroups, lease).await
@@ -590,6 +593,7 @@ impl Sandbox {
         if let Some(c) = cgroups.as_mut() {
             c.mark_start();
         }
+        let budget = cpu_budget(cgroups.as_ref(), &req.limits);
         let supervised = started
             .drive(
                 Some(&go_line),
@@ -597,6 +601,7 @@ impl Sandbox {
                 &cancel,
                 req.output.as_ref(),
                 None,
+                budget.as_ref(),
             )
             .await;
         conclude(&name, supervised, cgroups, lease).await
@@ -617,7 +622,7 @@ impl Sandbox {
         let limits = Limits::default();
         // Cancelled at once: the same path as a cancelled run, so the
         // helper gets its grace to reap before it is killed.
-        let _ = started.drive(None, &limits, &never, None, None).await;
+        let _ = started.drive(None, &limits, &never, None, None, None).await;
         if let Some(c) = cgroups {
             let _ = c.finish().await;
         }
@@ -753,6 +758,13 @@ impl ParkedJail {
 /// Ends a run, whatever happened: removes its cgroups (waiting until they
 /// are empty, for the statistics), releases the slot lease, and maps what
 /// the helper reported to the run's result.
+/// The whole jail's CPU budget of a run in `cgroups` (none where the host
+/// does not account CPU per group: then RLIMIT_CPU per process is all).
+fn cpu_budget(cgroups: Option<&RunCgroups>, limits: &Limits) -> Option<crate::run::CpuBudget> {
+    let meter = cgroups?.cpu_meter()?;
+    Some(crate::run::CpuBudget::new(meter, limits.cpu_time))
+}
+
 async fn conclude(
     name: &str,
     supervised: Result<Supervised, SandboxError>,
@@ -778,7 +790,13 @@ async fn conclude(
 /// Maps what the helper reported to a run's result.
 fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxError> {
     let (exit, cpu_time) = match (s.status, s.killed) {
-        (_, Some(KillReason::Cancelled)) => return Err(SandboxError::Cancelled),
+        (_, Some(KillReason::Cancelled)) => {
+            return Err(SandboxError::Cancelled(Some(crate::KilledUsage {
+                wall_time: s.wall_time,
+                cpu_time: stats.cpu,
+                memory_peak: stats.memory_peak,
+            })));
+        }
         (
             Some(StatusMsg::Finished {
                 code,
@@ -816,6 +834,11 @@ fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxEr
                 tail.trim()
             )));
         }
+    };
+    // the jail used its CPU budget: reported as RLIMIT_CPU's would be
+    let exit = match s.killed {
+        Some(KillReason::CpuTime) => ExitStatus::Signal(libc::SIGXCPU),
+        _ => exit,
     };
     // the run's cgroup sees every process (also those killed with the jail,
     // and a warm `py` program, which is not the init's child); the init's

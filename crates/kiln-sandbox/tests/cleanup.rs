@@ -65,7 +65,7 @@ async fn no_cgroup_or_process_survives_any_kind_of_run() {
         }
     )
     .0;
-    assert!(matches!(cancelled, Err(SandboxError::Cancelled)));
+    assert!(matches!(cancelled, Err(SandboxError::Cancelled(_))));
     assert!(own_run_cgroups(sb).is_empty(), "{:?}", own_run_cgroups(sb));
     assert!(host_pids_of_slot(&slot).is_empty());
 

@@ -260,7 +260,7 @@ async fn stderr_overflow_is_reported_separately() {
 }
 
 #[tokio::test]
-async fn cancel_kills_the_jail() {
+async fn cancel_kills_the_jail_and_reports_what_it_had_used() {
     let Some(sb) = sandbox(UID_BASE) else { return };
     let slot = sb.acquire_slot().await;
     let ws = workspace(&slot);
@@ -282,7 +282,12 @@ async fn cancel_kills_the_jail() {
             cancel,
         )
         .await;
-    assert!(matches!(r, Err(SandboxError::Cancelled)), "{r:?}");
+    let Err(SandboxError::Cancelled(Some(used))) = r else {
+        panic!("cancelled, with usage: {r:?}");
+    };
     assert!(started.elapsed() < Duration::from_secs(5));
+    // measured as for any run: wall time up to the kill, the cgroup's peak
+    assert!(used.wall_time >= Duration::from_millis(300), "{used:?}");
+    assert!(used.memory_peak.is_some_and(|m| m > 0), "{used:?}");
     assert_no_leftovers(&slot);
 }

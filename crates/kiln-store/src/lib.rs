@@ -287,7 +287,11 @@ impl Store {
         let dir = &self.inner.dir;
         let st = nix::sys::statvfs::statvfs(dir.as_path())
             .map_err(|e| StoreError::io("statvfs", dir, std::io::Error::from(e)))?;
-        Ok(u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size())))
+        // The field types are `u64` on 64-bit Linux but narrower on some
+        // 32-bit targets; the conversions keep this portable.
+        #[allow(clippy::useless_conversion)]
+        let free = u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()));
+        Ok(free)
     }
 
     /// The most bytes a put into `owner`'s session may write under the

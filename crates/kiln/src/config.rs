@@ -259,6 +259,10 @@ pub struct Config {
     /// Most programmatic runs alive (running or paused for tool results) at
     /// once; a paused run holds its jail. 0: half of `max_concurrency`.
     pub ptc_max_active: usize,
+    /// Most programmatic runs one user may have alive at once (429 beyond),
+    /// so one user leaving tool calls unanswered cannot hold every place.
+    /// 0: half of `ptc_max_active` (at least 1).
+    pub ptc_max_per_user: usize,
     /// Seconds a paused run waits for its tool results before it is ended.
     pub ptc_state_ttl_secs: u64,
     /// Seconds a client has to send a request head (also the idle limit of
@@ -291,6 +295,13 @@ pub struct Config {
     /// Where rate limits are counted: `local` (each node on its own) or
     /// `postgres` (in the shared database, one budget for every node).
     pub rate_limit_backend: String,
+    /// Names Kiln is reached under (comma-separated: `kiln,kiln.example`,
+    /// each with or without `:port`): a keyless server answers a `Host`
+    /// that is not an IP address, nor `localhost` when listening on
+    /// loopback or every address, nor one of these (nor `advertise_url`'s
+    /// host) with 421 (DNS rebinding); a browser `Origin` naming one of
+    /// these is taken as the server's own.
+    pub allowed_hosts: String,
 }
 
 impl Default for Config {
@@ -357,7 +368,7 @@ impl Default for Config {
             warm_min: 1,
             python_zygote: true,
             python_template: "auto".into(),
-            run_retention_secs: 600,
+            run_retention_secs: 3600,
             run_retention_mb: 64,
             rate_limit_runs: 0,
             rate_limit_window_secs: 60,
@@ -392,6 +403,7 @@ impl Default for Config {
             egress_ledger_days: 90,
             ptc_secret: None,
             ptc_max_active: 0,
+            ptc_max_per_user: 0,
             ptc_state_ttl_secs: 600,
             http_header_timeout_secs: 10,
             http_body_idle_timeout_secs: 30,
@@ -403,6 +415,7 @@ impl Default for Config {
             node_secret: None,
             node_dead_after_secs: 15,
             rate_limit_backend: "local".to_owned(),
+            allowed_hosts: String::new(),
         }
     }
 }
@@ -619,10 +632,43 @@ impl Config {
         }
     }
 
+    /// `listen` as an address: `ip:port`, or `name:port` with the name
+    /// resolved (its first address; `localhost` is `127.0.0.1`).
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
-        self.listen
-            .parse()
-            .with_context(|| format!("listen address {:?} is not host:port", self.listen))
+        let listen = self.listen.trim();
+        if let Ok(addr) = listen.parse() {
+            return Ok(addr);
+        }
+        let Some((host, port)) = listen.rsplit_once(':') else {
+            bail!(
+                "listen address {:?} has no port: use host:port, e.g. 127.0.0.1:8000 or 0.0.0.0:8000",
+                self.listen
+            );
+        };
+        let Ok(port) = port.parse::<u16>() else {
+            bail!(
+                "listen address {:?}: {port:?} is not a port number (use host:port, e.g. 127.0.0.1:8000)",
+                self.listen
+            );
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .map(Iterator::collect)
+            .unwrap_or_default();
+        // IPv4 first: `localhost` resolves to ::1 and 127.0.0.1, and clients
+        // configured with 127.0.0.1 are the common case
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .with_context(|| {
+                format!(
+                    "listen address {:?}: the host name {host:?} does not resolve; use an IP address, \
+                     e.g. 127.0.0.1:{port} (this host only) or 0.0.0.0:{port} (every interface)",
+                    self.listen
+                )
+            })
     }
 
     /// Programmatic tool calling's settings (`ptc_*`).
@@ -638,14 +684,19 @@ impl Config {
 
     pub fn ptc_settings(&self) -> kiln_api::programmatic::PtcSettings {
         let ttl = std::time::Duration::from_secs(self.ptc_state_ttl_secs.max(1));
+        let max_active = match self.ptc_max_active {
+            0 => (self.max_concurrency as usize / 2).max(1),
+            n => n,
+        };
         kiln_api::programmatic::PtcSettings {
             secret: self
                 .ptc_secret
                 .as_deref()
                 .filter(|s| !s.is_empty())
                 .map(|s| s.as_bytes().to_vec()),
-            max_active: match self.ptc_max_active {
-                0 => (self.max_concurrency as usize / 2).max(1),
+            max_active,
+            max_per_user: match self.ptc_max_per_user {
+                0 => (max_active / 2).max(1),
                 n => n,
             },
             limits: kiln_exec::ptc::PtcLimits {

@@ -263,12 +263,18 @@ pub fn judge_listen(addr: SocketAddr, bind: &BindOutcome) -> Finding {
 pub fn try_bind(addr: SocketAddr) -> BindOutcome {
     match TcpListener::bind(addr) {
         Ok(_) => BindOutcome::Free,
-        Err(e) => match e.kind() {
-            io::ErrorKind::AddrInUse => BindOutcome::InUse(listener_owner(addr.port())),
-            io::ErrorKind::PermissionDenied => BindOutcome::Denied,
-            io::ErrorKind::AddrNotAvailable => BindOutcome::NotLocal,
-            _ => BindOutcome::Other(e.to_string()),
-        },
+        Err(e) => bind_failure(addr, &e),
+    }
+}
+
+/// Why binding `addr` failed with `e`, with the process that holds the
+/// port when that is the reason and it can be found.
+pub fn bind_failure(addr: SocketAddr, e: &io::Error) -> BindOutcome {
+    match e.kind() {
+        io::ErrorKind::AddrInUse => BindOutcome::InUse(listener_owner(addr.port())),
+        io::ErrorKind::PermissionDenied => BindOutcome::Denied,
+        io::ErrorKind::AddrNotAvailable => BindOutcome::NotLocal,
+        _ => BindOutcome::Other(e.to_string()),
     }
 }
 

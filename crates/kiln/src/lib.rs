@@ -253,12 +253,42 @@ impl kiln_egress::Ledger for StoreLedger {
     }
 }
 
-/// The process-wide Prometheus recorder (installed once).
+/// The process-wide Prometheus recorder (installed once): latencies as
+/// histograms, every series described ([`kiln_api::telemetry`]).
 pub fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".to_owned()),
+                    &kiln_api::telemetry::BUCKETS,
+                )
+                .ok()?
+                .install_recorder()
+                .ok()?;
+            kiln_api::telemetry::describe(env!("CARGO_PKG_VERSION"));
+            Some(handle)
+        })
         .clone()
+}
+
+/// The names a browser may reach the server under: `allowed_hosts` and
+/// the host of `advertise_url` (other nodes forward to it by that name).
+fn host_policy(
+    config: &config::Config,
+    listen: Option<std::net::SocketAddr>,
+) -> kiln_api::origin::HostPolicy {
+    let mut hosts = kiln_api::origin::HostPolicy::new(listen, &config.allowed_hosts);
+    if let Some(host) = config
+        .advertise_url
+        .as_deref()
+        .and_then(|u| reqwest::Url::parse(u.trim()).ok())
+        .and_then(|u| u.host_str().map(str::to_owned))
+    {
+        hosts.allow(&host);
+    }
+    hosts
 }
 
 /// Serve until `shutdown` is cancelled. Then stop accepting, let running
@@ -294,6 +324,7 @@ pub async fn serve(
         seed004_api: kiln.config.seed004_api,
         runtime_api_prefix: kiln.config.runtime_api_prefix(),
         url_fetch: kiln.config.url_fetch(),
+        hosts: host_policy(&kiln.config, listener.local_addr().ok()),
         ..kiln_api::ApiConfig::default()
     };
     let conn_limits = kiln_api::server::ConnLimits {
@@ -565,6 +596,19 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             "mount namespace: the host's (a killed server leaves its slot filesystems mounted until the next start)"),
         None => {}
     }
+    // the port first: a busy one is reported before the sandbox and the
+    // languages start, naming who holds it
+    let listener = match TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            let finding = doctor::judge_listen(addr, &doctor::bind_failure(addr, &e));
+            anyhow::bail!(
+                "cannot listen: {}{}",
+                finding.message,
+                finding.fix.map(|f| format!("; {f}")).unwrap_or_default()
+            );
+        }
+    };
     let slots = config.max_concurrency + config.warm_jails + config.max_sessions;
     let kiln = build(config).await?;
     for l in &kiln.languages {
@@ -575,7 +619,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             }
         }
     }
-    info!(report = %kiln.jails.sandbox().report(), "sandbox ready");
+    info!(report = %one_line(&kiln.jails.sandbox().report().to_string()), "sandbox ready");
     // Every jail copies, then tears down, each mount the server sees (its
     // slot filesystems among them): the same judgement as `kiln doctor`'s.
     let mounts = doctor::judge_mounts(
@@ -589,10 +633,11 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             "mount table: {}", mounts.message
         ),
     }
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("bind {addr}"))?;
-    info!(addr = %listener.local_addr()?, "kiln listening (LibreChat: LIBRECHAT_CODE_BASEURL=http://<host>:<port>/v1)");
+    let local = listener.local_addr()?;
+    info!(addr = %local, "kiln listening (LibreChat: LIBRECHAT_CODE_BASEURL=http://<host>:<port>/v1)");
+    if kiln.config.console {
+        info!(url = %format!("http://{local}{}", kiln_api::console::PATH), "web console");
+    }
 
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();
@@ -624,7 +669,10 @@ fn log_startup(config: &Config) -> anyhow::Result<()> {
         Auth::None if !addr.ip().is_loopback() => warn!(
             listen = %addr,
             "AUTH IS OFF and Kiln listens beyond loopback: anyone who can reach this port can run code. \
-             Set KILN_API_KEY (LibreChat: LIBRECHAT_CODE_API_KEY) or restrict the network."
+             Keep the port on a network only LibreChat reaches (a compose network with no published port, \
+             or listen on 127.0.0.1), or turn on LibreChat's CodeAPI JWT and KILN_AUTH=jwt. \
+             A shared key (KILN_API_KEY) only works with LibreChat builds that send one: current LibreChat \
+             sends none, and every call would get 401 (docs/librechat.md)."
         ),
         Auth::None => info!("auth: none (loopback only)"),
         Auth::ApiKey => info!("auth: api-key (X-API-Key or Authorization: Bearer)"),
@@ -648,17 +696,32 @@ pub fn init_logging(format: &str) {
 }
 
 pub(crate) fn init_logging_with(format: &str, default_level: &str, test: bool) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // colours only for a person at a terminal: a file, a pipe or a
+    // container's log collector gets plain text
+    let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_target(false);
     let _ = match (format, test) {
         ("json", _) => builder.json().try_init(),
         (_, true) => builder.with_test_writer().try_init(),
         _ => builder.try_init(),
     };
+}
+
+/// A multi-line report as one line (`a; b; c`), so that one log record
+/// stays on one line of the log.
+pub fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Detect each language's version on the host (the jail sees the same `/usr`).
@@ -786,7 +849,9 @@ pub fn health_check(config: &Config, timeout: Duration) -> ExitCode {
         let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
-        s.write_all(b"GET /health HTTP/1.0\r\nHost: kiln\r\n\r\n")?;
+        // the address as Host: a keyless server answers addresses, not
+        // names it was not told (origin.rs)
+        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
         let mut head = Vec::new();
         s.take(4096).read_to_end(&mut head)?;
         Ok(String::from_utf8_lossy(&head)
@@ -805,39 +870,138 @@ pub fn health_check(config: &Config, timeout: Duration) -> ExitCode {
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("kiln health: {addr}: {e}");
+            eprintln!(
+                "kiln health: {addr}: {e} (is `kiln serve` running there? health asks the address \
+                 `serve` was given: pass the same --listen or --config, or set KILN_LISTEN)"
+            );
             ExitCode::FAILURE
         }
     }
 }
 
+/// What `kiln exec` runs: the language, the source file, input files to
+/// place in `/mnt/data`, and where to save the outputs (`--out`).
+#[derive(Clone, Copy)]
+pub struct ExecFiles<'a> {
+    pub lang: &'a str,
+    pub file: &'a Path,
+    pub inputs: &'a [PathBuf],
+    pub out: Option<&'a Path>,
+}
+
+impl ExecFiles<'_> {
+    /// The language, or an error that lists the names there are.
+    pub fn language(&self) -> anyhow::Result<Language> {
+        Language::resolve(self.lang).ok_or_else(|| {
+            let names: Vec<&str> = Language::all().map(|l| l.name()).collect();
+            anyhow::anyhow!(
+                "unsupported language {:?}; use one of {} (or an alias such as python, node, golang)",
+                self.lang,
+                names.join(", ")
+            )
+        })
+    }
+
+    /// The source code.
+    pub fn code(&self) -> anyhow::Result<String> {
+        std::fs::read_to_string(self.file).with_context(|| format!("read {}", self.file.display()))
+    }
+
+    /// Each input file: its name in `/mnt/data` (the file's own name) and
+    /// its bytes.
+    pub fn input_files(&self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+        for p in self.inputs {
+            let name = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .with_context(|| format!("--file {}: no usable file name", p.display()))?
+                .to_owned();
+            if out.iter().any(|(n, _)| *n == name) {
+                anyhow::bail!("--file: two input files are named {name:?}");
+            }
+            let bytes = std::fs::read(p).with_context(|| format!("read {}", p.display()))?;
+            out.push((name, bytes));
+        }
+        Ok(out)
+    }
+
+    /// Where the output `name` (relative to `/mnt/data`) is saved, if
+    /// `--out` was given; a name that would leave the directory is refused.
+    pub fn output_path(&self, name: &str) -> anyhow::Result<Option<PathBuf>> {
+        let Some(dir) = self.out else {
+            return Ok(None);
+        };
+        let rel = Path::new(name);
+        if rel.as_os_str().is_empty()
+            || !rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            anyhow::bail!("output file {name:?} is not a relative path below the output directory");
+        }
+        let dest = dir.join(rel);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("create {}", parent.display()))?;
+        }
+        Ok(Some(dest))
+    }
+}
+
+/// Reports one output file: where it was saved, or only its name.
+pub(crate) fn report_output(name: &str, saved: Option<&Path>) {
+    match saved {
+        Some(p) => eprintln!("[kiln] output file: {name} (saved to {})", p.display()),
+        None => eprintln!("[kiln] output file: {name} (not saved; use --out DIR)"),
+    }
+}
+
 /// `kiln exec`: run one file through the same sandbox, print its output as
-/// it is written, exit with its exit code.
+/// it is written, save the outputs in `--out`, exit with its exit code.
 pub async fn exec_file(
     mut config: Config,
-    lang: &str,
-    file: &Path,
+    job: ExecFiles<'_>,
     args: Vec<String>,
 ) -> anyhow::Result<ExitCode> {
     init_logging_with("text", "warn", false);
-    let lang = Language::resolve(lang).with_context(|| format!("unsupported language {lang:?}"))?;
-    let code = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    let lang = job.language()?;
+    let code = job.code()?;
+    let mut files = Vec::new();
+    for (name, content) in job.input_files()? {
+        let name = kiln_core::RelPath::parse(&name)
+            .map_err(|e| anyhow::anyhow!("--file {name:?}: {e}"))?;
+        files.push(kiln_exec::InputFile::Inline { name, content });
+    }
     let tmp = std::env::temp_dir().join(format!("kiln-exec-{}", std::process::id()));
     config.data_dir = tmp.clone();
     // one run: a warm pool or fork-server would only add start-up work
     config.warm_jails = 0;
     let kiln = build(config).await?;
+    let result = run_local(
+        &kiln,
+        ExecRequest {
+            lang,
+            code,
+            args,
+            files,
+            timeout_ms: None,
+            outputs: Outputs::NewSession,
+            tools: None,
+            jail: None,
+        },
+        job,
+    )
+    .await;
+    drop(kiln);
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+/// Runs `req` on `kiln`'s registry, printing its output as it comes and
+/// saving its outputs (before the caller removes the temporary store).
+async fn run_local(kiln: &Kiln, req: ExecRequest, job: ExecFiles<'_>) -> anyhow::Result<ExitCode> {
     let caller = Caller::identified("local", "cli");
-    let req = ExecRequest {
-        lang,
-        code,
-        args,
-        files: Vec::new(),
-        timeout_ms: None,
-        outputs: Outputs::NewSession,
-        tools: None,
-        jail: None,
-    };
     // the program's output is printed as it writes it (the run's events),
     // then whatever the result holds beyond that (a compile step's output)
     let mut streamed = [String::new(), String::new()];
@@ -863,8 +1027,6 @@ pub async fn exec_file(
         }
         Err(e) => Err(e),
     };
-    drop(kiln);
-    let _ = std::fs::remove_dir_all(&tmp);
     let r = result.map_err(|e| anyhow::anyhow!("execution failed: {e}"))?;
     for (stream, full) in [(Stream::Stdout, &r.stdout), (Stream::Stderr, &r.stderr)] {
         if let Some(rest) = full.strip_prefix(streamed[stream as usize].as_str()) {
@@ -872,7 +1034,20 @@ pub async fn exec_file(
         }
     }
     for f in &r.files {
-        eprintln!("[kiln] output file: {}", f.name);
+        let dest = job.output_path(&f.name)?;
+        if let Some(dest) = &dest {
+            let meta = kiln
+                .store
+                .object(&f.storage_session_id, &f.id)
+                .await
+                .context("look up an output file")?
+                .with_context(|| format!("output file {} is not in the store", f.name))?;
+            kiln.store
+                .copy_to(&meta, dest)
+                .await
+                .with_context(|| format!("save {}", dest.display()))?;
+        }
+        report_output(&f.name, dest.as_deref());
     }
     Ok(match r.exit {
         kiln_core::ExitStatus::Code(c) => ExitCode::from(c.clamp(0, 255) as u8),

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -19,16 +19,36 @@ struct Cli {
     command: Command,
 }
 
+/// The flags `serve` takes that say where a server is; `doctor` and
+/// `health` take them too, so that they look where `serve` was told to.
+#[derive(Args, Clone, Default)]
+struct Where {
+    /// Address to listen on (default 127.0.0.1:8000; `listen`, `KILN_LISTEN`).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory (default ./kiln-data; `data_dir`, `KILN_DATA_DIR`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+impl Where {
+    /// The flags over the configuration.
+    fn apply(self, cfg: &mut kiln::config::Config) {
+        if let Some(l) = self.listen {
+            cfg.listen = l;
+        }
+        if let Some(d) = self.data_dir {
+            cfg.data_dir = d;
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Start the HTTP service.
     Serve {
-        /// Address to listen on (default 127.0.0.1:8000).
-        #[arg(long)]
-        listen: Option<String>,
-        /// Data directory (default ./kiln-data).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        place: Where,
     },
     /// Run one file through the sandbox and print its output.
     Exec {
@@ -41,19 +61,31 @@ enum Command {
         /// output streams as it is written. The key comes from `KILN_API_KEY` (or the config).
         #[arg(long, env = "KILN_SERVER")]
         server: Option<String>,
+        /// An input file, placed at `/mnt/data/<its name>` (repeat for several).
+        #[arg(long = "file", value_name = "PATH")]
+        inputs: Vec<PathBuf>,
+        /// Save the run's output files in this directory (created if missing); without it
+        /// they are only named.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
         /// Arguments passed to the program.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
     /// Report what the host supports and what the configuration gets wrong; exits non-zero
     /// if the sandbox cannot be enforced or a check fails.
-    Doctor,
+    Doctor {
+        #[command(flatten)]
+        place: Where,
+    },
     /// Ask the local server's `GET /health` (at the configured listen address); exits 0 when it
     /// answers 200. For container health checks.
     Health {
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 5)]
         timeout: u64,
+        #[command(flatten)]
+        place: Where,
     },
 }
 
@@ -101,38 +133,45 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match cli.command {
-        Command::Serve { listen, data_dir } => {
-            if let Some(l) = listen {
-                cfg.listen = l;
-            }
-            if let Some(d) = data_dir {
-                cfg.data_dir = d;
-            }
-            if let Err(e) = cfg.validate() {
-                eprintln!("kiln: {e:#}");
-                return ExitCode::from(2);
-            }
-            rt.block_on(kiln::serve_until_signal(cfg))
-                .map(|()| ExitCode::SUCCESS)
+    if let Command::Serve { place } | Command::Doctor { place } | Command::Health { place, .. } =
+        &cli.command
+    {
+        place.clone().apply(&mut cfg);
+        if let Err(e) = cfg.validate() {
+            eprintln!("kiln: {e:#}");
+            return ExitCode::from(2);
         }
+    }
+    let result = match cli.command {
+        Command::Serve { .. } => rt
+            .block_on(kiln::serve_until_signal(cfg))
+            .map(|()| ExitCode::SUCCESS),
         Command::Exec {
             lang,
             file,
-            server: Some(server),
+            server,
+            inputs,
+            out,
             args,
-        } => rt.block_on(kiln::remote::exec_remote(
-            &server,
-            cfg.api_key.as_deref(),
-            &lang,
-            &file,
-            args,
-        )),
-        Command::Exec {
-            lang, file, args, ..
-        } => rt.block_on(kiln::exec_file(cfg, &lang, &file, args)),
-        Command::Doctor => Ok(kiln::doctor(&cfg)),
-        Command::Health { timeout } => Ok(kiln::health_check(
+        } => {
+            let job = kiln::ExecFiles {
+                lang: &lang,
+                file: &file,
+                inputs: &inputs,
+                out: out.as_deref(),
+            };
+            match server {
+                Some(server) => rt.block_on(kiln::remote::exec_remote(
+                    &server,
+                    cfg.api_key.as_deref(),
+                    job,
+                    args,
+                )),
+                None => rt.block_on(kiln::exec_file(cfg, job, args)),
+            }
+        }
+        Command::Doctor { .. } => Ok(kiln::doctor(&cfg)),
+        Command::Health { timeout, .. } => Ok(kiln::health_check(
             &cfg,
             std::time::Duration::from_secs(timeout.max(1)),
         )),

@@ -3,8 +3,9 @@
 //! `Accept: text/event-stream` (the key, when there is one, in
 //! `X-API-Key`); the `stdout`/`stderr` events are written through, the
 //! `result` event gives the exit code, an `error` event the reason.
+//! Input files (`--file`) go inline in the body (hex); with `--out` the
+//! result's files are downloaded from `GET /v1/download/...`.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
@@ -64,27 +65,40 @@ fn exit_code(result: &Value) -> u8 {
     128 + signal
 }
 
-/// Runs `file` on the server at `base` (`http://host:port`, with or
+/// Runs `job` on the server at `base` (`http://host:port`, with or
 /// without `/v1`).
 pub async fn exec_remote(
     base: &str,
     api_key: Option<&str>,
-    lang: &str,
-    file: &Path,
+    job: crate::ExecFiles<'_>,
     args: Vec<String>,
 ) -> anyhow::Result<ExitCode> {
-    let code = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    let code = job.code()?;
+    let files: Vec<Value> = job
+        .input_files()?
+        .into_iter()
+        .map(|(name, bytes)| {
+            json!({
+                "name": name,
+                "content": hex::encode(bytes),
+                "encoding": "hex",
+            })
+        })
+        .collect();
     let base = base.trim_end_matches('/');
     let base = base.strip_suffix("/v1").unwrap_or(base);
     kiln_egress::install_crypto_provider();
     let http = reqwest::Client::new();
-    let mut req = http
-        .post(format!("{base}/v1/exec"))
-        .header("Accept", "text/event-stream")
-        .json(&json!({ "lang": lang, "code": code, "args": args }));
-    if let Some(k) = api_key.filter(|k| !k.is_empty()) {
-        req = req.header("X-API-Key", k);
-    }
+    let key = api_key.filter(|k| !k.is_empty());
+    let with_key = |req: reqwest::RequestBuilder| match key {
+        Some(k) => req.header("X-API-Key", k),
+        None => req,
+    };
+    let req = with_key(
+        http.post(format!("{base}/v1/exec"))
+            .header("Accept", "text/event-stream")
+            .json(&json!({ "lang": job.lang, "code": code, "args": args, "files": files })),
+    );
     let resp = req
         .send()
         .await
@@ -117,10 +131,28 @@ pub async fn exec_remote(
                 "stdout" => crate::write_through(Stream::Stdout, v["text"].as_str().unwrap_or("")),
                 "stderr" => crate::write_through(Stream::Stderr, v["text"].as_str().unwrap_or("")),
                 "result" => {
-                    if let Some(files) = v["files"].as_array() {
-                        for f in files {
-                            eprintln!("[kiln] output file: {}", f["name"].as_str().unwrap_or("?"));
+                    for f in v["files"].as_array().into_iter().flatten() {
+                        let name = f["name"].as_str().unwrap_or("?");
+                        let dest = job.output_path(name)?;
+                        if let Some(dest) = &dest {
+                            let url = format!(
+                                "{base}/v1/download/{}/{}",
+                                f["storage_session_id"].as_str().unwrap_or_default(),
+                                f["id"].as_str().unwrap_or_default()
+                            );
+                            let got = with_key(http.get(&url))
+                                .send()
+                                .await
+                                .and_then(reqwest::Response::error_for_status)
+                                .with_context(|| format!("download {name}"))?;
+                            let bytes = got
+                                .bytes()
+                                .await
+                                .with_context(|| format!("download {name}"))?;
+                            std::fs::write(dest, &bytes)
+                                .with_context(|| format!("save {}", dest.display()))?;
                         }
+                        crate::report_output(name, dest.as_deref());
                     }
                     return Ok(ExitCode::from(exit_code(&v)));
                 }

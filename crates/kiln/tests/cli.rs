@@ -1,5 +1,7 @@
-//! The `kiln` binary itself: `doctor`, `exec`, and `serve` stopping cleanly
-//! on SIGTERM.
+//! The `kiln` binary itself: `doctor`, `exec` (input files, saved outputs),
+//! `health` and `doctor` taking `serve`'s flags, `serve` reporting a busy
+//! port before it starts anything and stopping cleanly on SIGTERM, and its
+//! log on a pipe.
 
 mod common;
 
@@ -151,6 +153,11 @@ fn health_fails_when_nothing_answers() {
     let err = String::from_utf8_lossy(&out.stderr);
     // a wildcard listen address is asked on loopback
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    // and how to ask another one
+    assert!(
+        err.contains("--listen") && err.contains("KILN_LISTEN"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -229,6 +236,8 @@ struct Served {
     addr: String,
     log: std::sync::mpsc::Receiver<String>,
     reader: std::thread::JoinHandle<()>,
+    /// The log lines up to `kiln listening`.
+    early: Vec<String>,
     _data: tempfile::TempDir,
 }
 
@@ -253,6 +262,7 @@ fn serve() -> Served {
             }
         }
     });
+    let mut early = Vec::new();
     let addr = loop {
         let line = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(l) => l,
@@ -268,12 +278,14 @@ fn serve() -> Served {
         {
             break v["fields"]["addr"].as_str().unwrap().to_owned();
         }
+        early.push(line);
     };
     Served {
         child,
         addr,
         log: rx,
         reader,
+        early,
         _data: data,
     }
 }
@@ -300,6 +312,7 @@ fn serve_stops_cleanly_on_sigterm() {
         log: rx,
         reader,
         _data,
+        ..
     } = serve();
     // it serves
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -474,4 +487,311 @@ fn a_server_killed_with_sigkill_leaves_no_mount_or_loop_device_on_the_host() {
             "{point} left mounted"
         );
     }
+}
+
+#[tokio::test]
+async fn health_takes_serves_listen_flag_and_resolves_host_names() {
+    let s = common::server_with(|c| c.warm_jails = 0).await;
+    let port = s.base_url.rsplit(':').next().unwrap().to_owned();
+    let health = |listen: String| {
+        let mut cmd = tokio::process::Command::new(KILN);
+        cmd.args(["health", "--timeout", "5", "--listen", &listen])
+            // the flag wins over the environment, as with `serve`
+            .env("KILN_LISTEN", "127.0.0.1:1");
+        cmd
+    };
+    let out = health(format!("127.0.0.1:{port}")).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // a host name is resolved, not refused as "not host:port"
+    let out = health(format!("localhost:{port}")).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = health("no-such-host.invalid:8000".into())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not resolve") && err.contains("IP address"),
+        "{err}"
+    );
+    s.stop().await.unwrap();
+}
+
+/// `kiln serve` on a port this test holds, with a text log on a pipe:
+/// (how long it took to give up, exit code, stdout, stderr).
+fn serve_on_a_busy_port() -> (Duration, Option<i32>, String, String, u32) {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let data = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = Command::new(KILN)
+        .args(["serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("KILN_LOG_FORMAT", "text")
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    drop(holder);
+    (
+        started.elapsed(),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        port.into(),
+    )
+}
+
+#[test]
+fn serve_reports_a_busy_port_before_starting_anything_and_names_its_holder() {
+    common::require_root();
+    let (took, code, log, err, port) = serve_on_a_busy_port();
+    assert_eq!(code, Some(1), "{log}{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{port} is already in use")),
+        "{err}"
+    );
+    // the holder is this test process
+    assert!(
+        err.contains(&format!("(pid {})", std::process::id())),
+        "{err}"
+    );
+    assert!(err.contains("--listen"), "{err}");
+    // nothing of the sandbox or the languages started
+    assert!(!log.contains("sandbox ready"), "{log}");
+    assert!(!log.contains("language"), "{log}");
+    assert!(
+        !log.contains("fork-server") && !err.contains("fork-server"),
+        "{log}{err}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn a_log_on_a_pipe_carries_no_colour_codes() {
+    common::require_root();
+    let (_, _, log, _, _) = serve_on_a_busy_port();
+    assert!(log.contains("auth: none"), "{log}");
+    assert!(!log.contains('\x1b'), "{log:?}");
+}
+
+#[test]
+fn exec_refuses_an_unknown_language_and_lists_the_valid_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("prog.cob");
+    std::fs::write(&f, "DISPLAY 'HI'.").unwrap();
+    let out = Command::new(KILN)
+        .args(["exec", "--lang", "cobol"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unsupported language \"cobol\""), "{err}");
+    for name in ["py", "js", "bash", "rs", "go"] {
+        assert!(err.contains(name), "{name} not listed: {err}");
+    }
+}
+
+/// A program that reads `data.csv` and writes `result.csv` and `sub/n.txt`.
+const WRITES_OUTPUTS: &str = "import os\n\
+rows = open('data.csv').read().split()\n\
+open('result.csv', 'w').write('total\\n%d\\n' % sum(int(r) for r in rows))\n\
+os.makedirs('sub', exist_ok=True)\n\
+open('sub/n.txt', 'w').write(str(len(rows)))\n\
+print('done')\n";
+
+/// The input file and an output dir, for [`WRITES_OUTPUTS`].
+fn outputs_job() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("sum.py");
+    std::fs::write(&prog, WRITES_OUTPUTS).unwrap();
+    let data = dir.path().join("data.csv");
+    std::fs::write(&data, "1\n2\n39\n").unwrap();
+    let out = dir.path().join("out");
+    (dir, prog, data, out)
+}
+
+/// The outputs [`WRITES_OUTPUTS`] leaves in `out`, and the report.
+fn assert_outputs_saved(out: &std::path::Path, stdout: &[u8], stderr: &[u8]) {
+    let err = String::from_utf8_lossy(stderr);
+    assert_eq!(String::from_utf8_lossy(stdout), "done\n", "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("result.csv")).unwrap(),
+        "total\n42\n"
+    );
+    assert_eq!(std::fs::read_to_string(out.join("sub/n.txt")).unwrap(), "3");
+    assert!(err.contains("output file: result.csv (saved to "), "{err}");
+}
+
+#[test]
+fn exec_places_input_files_and_saves_outputs_in_the_out_dir() {
+    common::require_root();
+    let (_dir, prog, data, out) = outputs_job();
+    let run = Command::new(KILN)
+        .args(["exec", "--lang", "py", "--file"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .arg(&prog)
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    assert_outputs_saved(&out, &run.stdout, &run.stderr);
+    // without --out the outputs are only named, and it says so
+    let run = Command::new(KILN)
+        .args(["exec", "--lang", "py", "--file"])
+        .arg(&data)
+        .arg(&prog)
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("output file: result.csv (not saved; use --out DIR)"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn exec_on_a_server_uploads_input_files_and_downloads_outputs_to_the_out_dir() {
+    let s = common::server_with(|c| {
+        c.warm_jails = 0;
+        c.api_key = Some("cli-files-key".into());
+    })
+    .await;
+    let (_dir, prog, data, out) = outputs_job();
+    let run = tokio::process::Command::new(KILN)
+        .args(["exec", "--lang", "py", "--server", &s.base_url, "--file"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .arg(&prog)
+        .env("KILN_API_KEY", "cli-files-key")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_outputs_saved(&out, &run.stdout, &run.stderr);
+    s.stop().await.unwrap();
+}
+
+/// Stops a served child with SIGTERM and returns every log line left.
+fn stop_and_drain(served: Served) -> Vec<String> {
+    let Served {
+        mut child,
+        log,
+        reader,
+        ..
+    } = served;
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+    log.try_iter().collect()
+}
+
+#[test]
+fn the_log_keeps_records_on_one_line_polling_at_debug_and_streams_without_latency() {
+    use serde_json::Value;
+    common::require_root();
+    let served = serve();
+    let ready = served
+        .early
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "sandbox ready" && v["fields"]["report"].is_string())
+        .expect("the sandbox ready line with the host's report");
+    let report = ready["fields"]["report"].as_str().unwrap();
+    assert!(
+        report.contains("kernel: ") && report.contains("; "),
+        "{report}"
+    );
+    assert!(!report.contains('\n'), "{report:?}");
+
+    let addr = served.addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    kiln_egress::install_crypto_provider();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        // what an open console tab polls
+        for _ in 0..3 {
+            let r = http.get(format!("http://{addr}/v1/admin/status")).send().await.unwrap();
+            assert_ne!(r.status(), 404);
+        }
+        // a streamed run that takes a while
+        let body = http
+            .post(format!("http://{addr}/v1/exec"))
+            .header("Accept", "text/event-stream")
+            .json(&serde_json::json!({"lang": "py", "code": "import time\ntime.sleep(1)\nprint('x')"}))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(body.contains("event: result"), "{body}");
+        let r = http.get(format!("http://{addr}/v1/health")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    });
+    let lines: Vec<Value> = stop_and_drain(served)
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let route = |v: &Value| v["span"]["route"].as_str().unwrap_or_default().to_owned();
+    let responses: Vec<&Value> = lines
+        .iter()
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("response"))
+        })
+        .collect();
+    // polling is not at info
+    assert!(
+        !responses.iter().any(|v| route(v) == "/admin/status"),
+        "{responses:?}"
+    );
+    // a plain request has its latency
+    let health = responses
+        .iter()
+        .find(|v| route(v) == "/health")
+        .expect("the health request's line");
+    assert!(health["span"]["latency_ms"].is_u64(), "{health}");
+    // a stream says so, and neither it nor its run's audit line carries a latency
+    let stream = responses
+        .iter()
+        .find(|v| route(v) == "/exec")
+        .expect("the stream's line");
+    assert_eq!(stream["fields"]["message"], "response streams", "{stream}");
+    assert!(stream["span"].get("latency_ms").is_none(), "{stream}");
+    let audit = lines
+        .iter()
+        .find(|v| v["fields"]["message"] == "run audited")
+        .expect("an audit line");
+    assert!(!audit.to_string().contains("latency_ms"), "{audit}");
 }

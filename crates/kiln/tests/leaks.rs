@@ -693,8 +693,8 @@ async fn run_mixed(
             )
         }
         Mixed::Normal => (
-            json!({"lang": if i % 2 == 0 { "py" } else { "bash" },
-                   "code": if i % 2 == 0 { format!("print('ok', {i})") } else { format!("echo ok {i}") }}),
+            json!({"lang": if i.is_multiple_of(2) { "py" } else { "bash" },
+                   "code": if i.is_multiple_of(2) { format!("print('ok', {i})") } else { format!("echo ok {i}") }}),
             json!(format!("user-{}", i % 7)),
         ),
     };

@@ -1,9 +1,12 @@
-//! The OpenAPI document against the running server: it is OpenAPI 3.1,
-//! every operation it lists is a route the server has (and with the method
-//! it says), every route LibreChat and the seed call is in it, and every
-//! schema it references exists. Under CI the document also passes an
+//! What a running server tells the tools in front of it. The OpenAPI
+//! document: it is OpenAPI 3.1, every operation it lists is a route the
+//! server has (and with the method it says), every route LibreChat and the
+//! seed call is in it, every schema it references exists, and its security
+//! says which operations need the key. Under CI the document also passes an
 //! independent validator (`openapi-spec-validator`, installed by
-//! scripts/test.sh).
+//! scripts/test.sh). The Prometheus exposition at `/metrics` (help texts,
+//! histograms, series that exist before their first event) and the Grafana
+//! dashboard in `deploy/grafana/` that reads it.
 
 mod common;
 
@@ -121,6 +124,8 @@ async fn the_document_matches_the_routes_the_server_has() {
         ("get", "/v1/librechat/files/{file_id}"),
         ("delete", "/v1/librechat/files/{file_id}"),
         ("get", "/v1/librechat/health"),
+        ("post", "/v1/mcp"),
+        ("delete", "/v1/mcp"),
         ("get", "/metrics"),
         ("get", "/openapi.json"),
     ] {
@@ -191,5 +196,225 @@ fn validate_externally(doc: &Value) {
         "openapi-spec-validator: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `GET url`, sent.
+async fn get(url: &str) -> reqwest::Response {
+    client().get(url).send().await.unwrap()
+}
+
+/// The operation object of `method path`.
+fn operation<'a>(doc: &'a Value, method: &str, path: &str) -> &'a Value {
+    let op = &doc["paths"][path][method];
+    assert!(op.is_object(), "{method} {path} is not documented");
+    op
+}
+
+#[tokio::test]
+async fn every_protected_operation_lists_401_and_the_key_schemes_and_public_ones_need_none() {
+    let s = server_with(|c| {
+        c.warm_jails = 0;
+        c.api_key = Some("openapi-key".into());
+    })
+    .await;
+    let doc: Value = get(&format!("{}/openapi.json", s.base_url))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["apiKey"]["type"], "apiKey");
+    assert_eq!(schemes["apiKey"]["in"], "header");
+    assert_eq!(schemes["apiKey"]["name"], "X-API-Key");
+    assert_eq!(schemes["bearer"]["type"], "http");
+    assert_eq!(schemes["bearer"]["scheme"], "bearer");
+
+    let public = [
+        ("get", "/v1/health"),
+        ("get", "/health"),
+        ("get", "/v1/librechat/health"),
+        ("get", "/metrics"),
+        ("get", "/openapi.json"),
+    ];
+    let mut protected = 0;
+    for (method, path) in operations(&doc) {
+        let op = operation(&doc, &method, &path);
+        if public.contains(&(method.as_str(), path.as_str())) {
+            assert_eq!(op["security"], serde_json::json!([]), "{method} {path}");
+            // and the server agrees: no key needed
+            let r = get(&format!("{}{path}", s.base_url)).await;
+            assert_ne!(r.status(), 401, "{method} {path} is public");
+            continue;
+        }
+        protected += 1;
+        let names: Vec<&str> = op["security"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {path} has no security"))
+            .iter()
+            .flat_map(|req| req.as_object().unwrap().keys().map(String::as_str))
+            .collect();
+        assert_eq!(names, ["apiKey", "bearer"], "{method} {path}");
+        assert!(
+            op["responses"]["401"].is_object(),
+            "{method} {path} does not list 401"
+        );
+        // and the server agrees: without the key, 401
+        let r = client()
+            .request(
+                method.to_uppercase().parse().unwrap(),
+                format!("{}{}", s.base_url, concrete(&path)),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{method} {path} is protected");
+    }
+    assert!(protected > 20, "{protected} protected operations");
+
+    // `detail=simple` lists strings; the schema says so
+    let list = operation(&doc, "get", "/v1/files/{session_id}");
+    let item = &list["responses"]["200"]["content"]["application/json"]["schema"]["items"];
+    let name = item["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
+    let shapes = doc["components"]["schemas"][name]["oneOf"]
+        .as_array()
+        .unwrap();
+    assert!(shapes.iter().any(|s| s["type"] == "string"), "{shapes:?}");
+    assert!(shapes.iter().any(|s| s.get("$ref").is_some()), "{shapes:?}");
+
+    // the event stream and the 413 of /v1/exec
+    let exec = operation(&doc, "post", "/v1/exec");
+    assert!(exec["responses"]["200"]["content"]["text/event-stream"].is_object());
+    assert!(exec["responses"]["200"]["content"]["application/json"].is_object());
+    assert!(exec["responses"]["413"].is_object());
+
+    validate_externally(&doc);
+    s.stop().await.unwrap();
+}
+
+/// Metric names a PromQL expression reads (`kiln_*` and `process_*`).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let word_start = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        let rest = &expr[i..];
+        if word_start && (rest.starts_with("kiln_") || rest.starts_with("process_")) {
+            let len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            out.push(rest[..len].to_owned());
+            i += len;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn metrics_have_help_histogram_buckets_process_figures_and_zeroed_counters() {
+    let s = server_with(|c| c.warm_jails = 0).await;
+    // one request, so that the HTTP series exist
+    assert_eq!(get(&format!("{}/health", s.v1())).await.status(), 200);
+    let text = get(&format!("{}/metrics", s.base_url))
+        .await
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "# HELP kiln_http_requests_total ",
+        "# TYPE kiln_http_requests_total counter",
+        "# HELP kiln_http_request_duration_seconds ",
+        "# TYPE kiln_http_request_duration_seconds histogram",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_cpu_seconds_total counter",
+        // counters alerts watch exist before their first increment
+        "kiln_sessions_lost_total 0",
+        "kiln_http_connections_shed_total 0",
+        "kiln_runs_refused_total{reason=\"queue_full\"} 0",
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
+    assert!(
+        text.contains(&format!(
+            "kiln_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    // buckets, cumulative up to +Inf, with their sum and count
+    let health = |suffix: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("kiln_http_request_duration_seconds_{suffix}")))
+            .filter(|l| l.contains("route=\"/health\""))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let buckets = health("bucket");
+    assert!(buckets.len() > 10, "{buckets:?}");
+    assert!(
+        buckets.iter().any(|l| l.contains("le=\"0.005\"")),
+        "{buckets:?}"
+    );
+    assert!(
+        buckets.iter().any(|l| l.contains("le=\"+Inf\"")),
+        "{buckets:?}"
+    );
+    assert_eq!(health("count").len(), 1);
+    assert_eq!(health("sum").len(), 1);
+    assert!(!text.contains("quantile=\""), "no summaries:\n{text}");
+    let rss: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .expect("process_resident_memory_bytes")
+        .parse()
+        .unwrap();
+    assert!(rss > 1_000_000.0, "{rss}");
+    s.stop().await.unwrap();
+}
+
+#[test]
+fn the_grafana_dashboard_reads_only_metrics_kiln_exports() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/kiln.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let dash: Value = serde_json::from_str(&text).expect("well-formed JSON");
+    assert!(dash["title"].is_string() && dash["uid"].is_string());
+    let panels = dash["panels"].as_array().expect("panels");
+    let exported: Vec<&str> = kiln_api::telemetry::SERIES.iter().map(|s| s.name).collect();
+    let mut read = BTreeSet::new();
+    for p in panels {
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{} reads nothing", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            for name in metric_names(expr) {
+                // a histogram's series
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|b| exported.contains(b))
+                    .unwrap_or(&name);
+                assert!(
+                    exported.contains(&base),
+                    "panel {} reads {name}, which Kiln does not export",
+                    p["title"]
+                );
+                read.insert(base.to_owned());
+            }
+        }
+    }
+    // the dashboard's variable too
+    for v in dash["templating"]["list"].as_array().unwrap() {
+        for name in metric_names(v["query"].as_str().unwrap_or_default()) {
+            assert!(exported.contains(&name.as_str()), "{name}");
+        }
+    }
+    assert!(read.len() >= 15, "{read:?}");
+    assert_eq!(
+        metric_names("rate(kiln_exec_total[5m]) / max(process_open_fds)"),
+        ["kiln_exec_total", "process_open_fds"]
     );
 }

@@ -562,3 +562,79 @@ async fn a_paused_runs_watchers_see_its_tool_calls() {
     assert!(at("stdout") < at("tool_calls"), "{names:?}");
     assert!(at("tool_calls") < at("result"), "{names:?}");
 }
+
+/// Finding 4 of issue 24: one user leaving tool calls unanswered took every
+/// programmatic place. A user at their cap gets 429; others still get in.
+#[tokio::test]
+async fn a_user_at_their_paused_run_cap_gets_429_and_others_still_get_in() {
+    let s = server_with(|c| {
+        c.max_concurrency = 4;
+        c.ptc_max_active = 3;
+        c.ptc_max_per_user = 1;
+    })
+    .await;
+    let body = json!({"code": "await t(a=1)", "tools": [tool("t")]});
+    let (st, paused) = ptc(&s, "alice", body.clone()).await;
+    assert_eq!(st, 200, "{paused}");
+    calls(&paused);
+    let (st, e) = ptc(&s, "alice", body.clone()).await;
+    assert_eq!(st, 429, "{e}");
+    assert_eq!(
+        e["error"],
+        "Too many programmatic executions of this user in progress (at most 1); \
+         answer or cancel one first"
+    );
+    for user in ["bob", "carol"] {
+        let (st, v) = ptc(&s, user, body.clone()).await;
+        assert_eq!(st, 200, "{user}: {v}");
+        calls(&v);
+    }
+    // the node's cap still holds for everyone
+    let (st, e) = ptc(&s, "dave", body.clone()).await;
+    assert_eq!(st, 503, "{e}");
+    // alice's answered run gives her place back
+    let (st, done) = reply(&s, &paused, json!([{"call_id": "call_001", "result": 1}])).await;
+    assert_eq!((st, &done["status"]), (200, &json!("completed")), "{done}");
+    let (st, v) = ptc(&s, "alice", body).await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// Finding 5 of issue 24: finished programmatic runs kept their event log
+/// and answer for the whole state TTL, outside `run_retention_mb`. A
+/// finished one is kept like any run: once the registry's retention budget
+/// lets it go, nothing of it is left (a retried continuation is 404, not a
+/// replay from a copy the face kept).
+#[tokio::test]
+async fn finished_programmatic_runs_count_against_the_run_retention_budget() {
+    let s = server_with(|c| {
+        c.run_retention_mb = 1;
+        c.stdout_bytes = 1024 * 1024;
+        c.ptc_state_ttl_secs = 600;
+    })
+    .await;
+    let body = json!({
+        "code": "r = await t(a=1)\nprint('x' * 300_000)",
+        "tools": [tool("t")],
+    });
+    let result = json!([{"call_id": "call_001", "result": 1}]);
+    let mut first = None;
+    for i in 0..6 {
+        let (st, paused) = ptc(&s, "alice", body.clone()).await;
+        assert_eq!(st, 200, "run {i}: {paused}");
+        calls(&paused);
+        let (st, done) = reply(&s, &paused, result.clone()).await;
+        assert_eq!((st, &done["status"]), (200, &json!("completed")), "run {i}");
+        assert_eq!(done["stdout"].as_str().map(str::len), Some(300_001));
+        if i == 0 {
+            // a retry while the run is kept: the same answer
+            let (st, again) = reply(&s, &paused, result.clone()).await;
+            assert_eq!((st, &again), (200, &done));
+            first = Some(paused);
+        }
+    }
+    // six runs of 300 KB (twice: log and result) are past 1 MiB: the first
+    // is gone from the registry, and from the face with it
+    let (st, e) = reply(&s, &first.expect("first run"), result).await;
+    assert_eq!(st, 404, "answered {}", e["status"]);
+    assert_eq!(e, json!({"error": "Execution not found or expired"}));
+}

@@ -180,31 +180,83 @@ async fn a_timeout_answers_504_and_a_dead_kernel_503_and_each_destroys_the_envir
     assert_eq!(status(&s).await["total_workers"], 1);
 }
 
+/// `POST /execute?user_uuid=` as the principal `user` (the `User-Id` hint).
+async fn execute_as(s: &TestServer, user: &str, uuid: &str) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}/api/v1/execute?user_uuid={uuid}", s.base_url))
+        .header("X-Auth-Token", KEY)
+        .header("User-Id", user)
+        .json(&json!({ "code": "1 + 1" }))
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json::<Value>().await.unwrap_or(Value::Null))
+}
+
+/// Finding 3 of issue 24: the per-user cap counted per `user_uuid`, so one
+/// caller naming three workers held every kernel of the node.
+#[tokio::test]
+async fn one_callers_user_uuids_share_its_kernel_cap_and_leave_others_room() {
+    let s = gateway(|c| {
+        c.max_sessions = 3;
+        c.max_sessions_per_user = 2;
+    })
+    .await;
+    for uuid in ["hog-1", "hog-2"] {
+        let (code, v) = execute_as(&s, "hog", uuid).await;
+        assert_eq!(code, 200, "{uuid}: {v}");
+    }
+    let (code, v) = execute_as(&s, "hog", "hog-3").await;
+    assert_eq!(code, 429, "a third name is still the same caller: {v}");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("live sessions"), "{v}");
+    // the node keeps room for everyone else
+    let (code, v) = execute_as(&s, "someone-else", "mine").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(status(&s).await["total_workers"], 3);
+    // a released worker gives its place back to its caller
+    let r = client()
+        .post(format!("{}/api/v1/release?user_uuid=hog-1", s.base_url))
+        .header("X-Auth-Token", KEY)
+        .header("User-Id", "hog")
+        .send()
+        .await
+        .expect("release");
+    assert!(r.status().is_success(), "{}", r.status());
+    let (code, v) = execute_as(&s, "hog", "hog-3").await;
+    assert_eq!(code, 200, "{v}");
+}
+
 /// A loopback file server: `GET /data.csv`, `GET /moved` (302 to it),
 /// `GET /big` (2 MiB), `PUT /put/{name}` (kept in the map).
-async fn file_server() -> (String, Arc<Mutex<HashMap<String, Vec<u8>>>>) {
+/// What the file server received, by name.
+type Uploads = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+async fn file_server() -> (String, Uploads) {
     use axum::extract::{Path, State};
     use axum::routing::{get, put};
-    let received: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
-    let app = axum::Router::new()
-        .route("/data.csv", get(|| async { "a,b\n1,2\n" }))
-        .route(
-            "/moved",
-            get(|| async { axum::response::Redirect::to("/data.csv") }),
-        )
-        .route("/big", get(|| async { vec![b'x'; 2 * 1024 * 1024] }))
-        .route(
-            "/put/{name}",
-            put(
-                |State(m): State<Arc<Mutex<HashMap<String, Vec<u8>>>>>,
-                 Path(name): Path<String>,
-                 body: axum::body::Bytes| async move {
-                    m.lock().unwrap().insert(name, body.to_vec());
-                    axum::http::StatusCode::OK
-                },
-            ),
-        )
-        .with_state(Arc::clone(&received));
+    let received: Uploads = Arc::default();
+    let app =
+        axum::Router::new()
+            .route("/data.csv", get(|| async { "a,b\n1,2\n" }))
+            .route(
+                "/moved",
+                get(|| async { axum::response::Redirect::to("/data.csv") }),
+            )
+            .route("/big", get(|| async { vec![b'x'; 2 * 1024 * 1024] }))
+            .route(
+                "/put/{name}",
+                put(
+                    |State(m): State<Uploads>,
+                     Path(name): Path<String>,
+                     body: axum::body::Bytes| async move {
+                        m.lock().unwrap().insert(name, body.to_vec());
+                        axum::http::StatusCode::OK
+                    },
+                ),
+            )
+            .with_state(Arc::clone(&received));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -742,3 +742,54 @@ async fn a_js_kernel_out_of_memory_or_deaf_to_its_interrupt_ends_the_session() {
     let msg = v["message"].as_str().unwrap_or_default();
     assert!(msg.contains("interrupt"), "{msg}");
 }
+
+/// Finding 7 of issue 24: after a caller's `/v1/exec` was answered 429,
+/// its kernel evaluations still ran. Every face that runs code counts in
+/// the one "starts code" budget of the caller: §4's exec limit and the run
+/// registry's per-caller limit alike.
+#[tokio::test]
+async fn kernel_evaluations_on_every_face_count_against_the_callers_exec_limits() {
+    let s = sessions_server(|c| {
+        c.rate_exec = "3/min".into();
+        c.rate_limit_runs = 1;
+        c.rate_limit_window_secs = 60;
+    })
+    .await;
+    let mine = create(&s, Some("greedy")).await;
+    let theirs = create(&s, Some("patient")).await;
+    let exec = |body: Value| client().post(format!("{}/exec", s.v1())).json(&body).send();
+    let r = exec(json!({"lang": "py", "code": "print(1)", "user_id": "greedy"}))
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let r = exec(json!({"lang": "py", "code": "print(1)", "user_id": "greedy"}))
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 429, "the run registry's per-caller limit");
+    // the sessions API: the run registry's limit (the exec class counts it)
+    let (status, v) = exec_as(&s, &mine, Some("greedy"), json!({"code": "1"})).await;
+    assert_eq!(status, 429, "/v1/sessions/{{id}}/exec: {v}");
+    assert_eq!(v["error"], "rate_limited", "{v}");
+    // seed 003's /runtime/code, then seed 004's /api/v1/execute: past §4's
+    // exec limit as well by now
+    for route in ["/runtime/code", "/api/v1/execute?user_uuid=w1"] {
+        let r = client()
+            .post(format!("{}{route}", s.base_url))
+            .header("User-Id", "greedy")
+            .json(&json!({"code": "1"}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 429, "{route}");
+    }
+    let r = exec(json!({"lang": "py", "code": "print(1)", "user_id": "greedy"}))
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 429, "§4's exec limit");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"], "rate_limited", "{v}");
+    // another caller is unaffected, and the kernel still works
+    let (status, v) = exec_as(&s, &theirs, Some("patient"), json!({"code": "6 * 7"})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["text"], "42", "{v}");
+}

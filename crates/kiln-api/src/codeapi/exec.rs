@@ -53,7 +53,7 @@ use crate::body::{parse_object, read_limited, require_json};
 use crate::config::{ApiConfig, AppState, RuntimeSessionMode};
 use crate::error::ApiError;
 use crate::identity::{Caller, Identity, header_user_id, resolve_caller};
-use crate::rate::{Class, Peer, address_key, stamp};
+use crate::rate::{Peer, stamp, starts_code};
 use crate::sse::{self, Early, Face};
 
 /// What a client may send to `/exec` (documentation of the hand-written
@@ -115,13 +115,19 @@ pub struct FileRefBody {
     description = "Runs `code` in a fresh jail and answers when it is done. With `Accept: text/event-stream` the run streams as Server-Sent Events (`queued`, `started`, `stdout`, `stderr`, `file`, then `result` with exactly the JSON of the non-streaming answer, or `error`). With `\"detach\": true` the run outlives a client that disconnects; add `Prefer: respond-async` to get a 202 at once.",
     request_body = ExecBody,
     responses(
-        (status = 200, description = "The run completed (whatever its exit)", body = ExecResponse,
+        (status = 200, description = "The run completed (whatever its exit). With `Accept: text/event-stream`: the run as Server-Sent Events, each `event: <name>` with a JSON `data:` line — `queued` (`position`), `started` (`step`), `stdout`/`stderr` (`text`), `file` (one output), then `result` (exactly the JSON answer above) or `error` (`status`, `error`); comment lines keep the connection alive (docs/api.md)",
+            content(
+                (ExecResponse = "application/json"),
+                (String = "text/event-stream", example = json!("event: stdout\ndata: {\"text\":\"hello\\n\"}\n\nevent: result\ndata: {\"session_id\":\"...\",\"stdout\":\"hello\\n\",\"stderr\":\"\",\"files\":[],\"code\":0}\n\n"))
+            ),
             headers(("x-kiln-run-id" = String, description = "The run's id (see /runs/{run_id})"))),
         (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::runs::RunStarted),
         (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
         (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
         (status = 409, description = "The runtime session is busy with another call past the wait (`runtime_session_busy`)", body = crate::error::CodedError),
         (status = 401, description = "Missing or invalid credentials (API key or LibreChat's JWT)", body = crate::error::ErrorBody),
+        (status = 413, description = "The body is larger than `max_json_mb` (10 MiB by default)", body = crate::error::ErrorBody),
+        (status = 415, description = "The body is not `application/json`", body = crate::error::ErrorBody),
         (status = 429, description = "Rate limited (`Retry-After`, `RateLimit-*`; `retry_after_seconds`)", body = crate::error::CodedError),
         (status = 503, description = "Sandbox unavailable, too many runs waiting (`Retry-After`), or shutting down", body = crate::error::CodedError),
     )
@@ -153,12 +159,7 @@ pub async fn exec(
         "exec"
     );
     // counted per principal once the body named it (§4)
-    let key = if parsed.caller.identified {
-        parsed.caller.principal.user_key().as_str().to_owned()
-    } else {
-        address_key(peer.0)
-    };
-    let verdict = state.rates.check(Class::Exec, &key).await?;
+    let verdict = starts_code(&state, &parsed.caller, peer.0).await?;
     let mut resp = run(state, &headers, parsed).await?;
     if let Some(v) = verdict {
         stamp(resp.headers_mut(), &v);

@@ -93,7 +93,17 @@ pub async fn download(
     let (sid, fid) = ids(path)?;
     let q = query(q)?;
     authorized(&state, &identity, &headers, &q, &sid, Some(&fid)).await?;
-    let meta = find_object(&state, &sid, &fid).await?;
+    stored_file(&state, sid, fid).await
+}
+
+/// The stored file `fid` of session `sid` as a download, for a caller
+/// already authorized (the download route, the operator's run view).
+pub(crate) async fn stored_file(
+    state: &AppState,
+    sid: Nanoid,
+    fid: Nanoid,
+) -> Result<Response, ApiError> {
+    let meta = find_object(state, &sid, &fid).await?;
     let stream = match state.store.read(&meta).await {
         Ok(s) => s,
         Err(StoreError::NotFound) => {
@@ -137,18 +147,30 @@ pub fn file_response(meta: &ObjectMeta, body: Body) -> Response {
             .unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
     h.insert(CONTENT_LENGTH, HeaderValue::from(meta.size));
-    // the type is what the program's file name suggests: a browser must not
-    // guess another (an .txt holding HTML stays text)
+    download_headers(h, &meta.name);
+    resp
+}
+
+/// What every file a program wrote is served with, whatever its type
+/// (`text/html`, `image/svg+xml`): an attachment named `name`, never
+/// rendered inline on the server's origin (the console's); the type is
+/// what the file's name suggests and a browser must not guess another (a
+/// `.txt` holding HTML stays text); and, should it be opened anyway, a
+/// sandbox with no script and no fetch.
+pub fn download_headers(h: &mut axum::http::HeaderMap, name: &str) {
     h.insert(
         HeaderName::from_static("x-content-type-options"),
         HeaderValue::from_static("nosniff"),
     );
     h.insert(
         CONTENT_DISPOSITION,
-        HeaderValue::from_str(&content_disposition(&meta.name))
+        HeaderValue::from_str(&content_disposition(name))
             .unwrap_or(HeaderValue::from_static("attachment")),
     );
-    resp
+    h.insert(
+        axum::http::header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; sandbox"),
+    );
 }
 
 /// The object, or 404 at once: Kiln stores a run's outputs before its
@@ -205,7 +227,7 @@ impl Detail {
         ScopeQuery,
     ),
     responses(
-        (status = 200, description = "One item per object; its shape follows `detail`", body = Vec<Object>),
+        (status = 200, description = "One item per object; its shape follows `detail`: a string with `simple` (the default), an object with the others", body = Vec<ListItem>),
         (status = 400, description = "Bad request", body = crate::error::ErrorBody),
         (status = 403, description = "Not readable by the caller", body = crate::error::ErrorBody),
         (status = 404, description = "Not found", body = crate::error::ErrorBody),
@@ -235,6 +257,71 @@ pub async fn list(
         })?;
     let items: Vec<Value> = objects.iter().map(|m| list_item(m, detail)).collect();
     Ok(Json(Value::Array(items)).into_response())
+}
+
+/// One item of `GET /files/{session_id}` (documentation of the JSON
+/// [`list_item`] writes).
+#[derive(utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ListItem {
+    /// `detail=simple` (the default): the object's key,
+    /// `<session_id>/<file_id><extension>`.
+    Simple(String),
+    /// `detail=normalized`.
+    Normalized(NormalizedItem),
+    /// `detail=full`.
+    Full(FullItem),
+    /// `detail=summary`.
+    Summary(SummaryItem),
+}
+
+/// `detail=summary`: the key, size, time and SHA-256.
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct SummaryItem {
+    /// `<session_id>/<file_id><extension>`.
+    name: String,
+    size: u64,
+    /// ISO 8601.
+    last_modified: String,
+    /// The bytes' SHA-256, lower-case hex.
+    etag: String,
+}
+
+/// `detail=full`: the summary plus ids, metadata and type.
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct FullItem {
+    id: String,
+    name: String,
+    size: u64,
+    last_modified: String,
+    etag: String,
+    /// `original-filename`, `original-filename-encoded`, `content-type`,
+    /// `read-only` (`"true"`/`"false"`).
+    metadata: std::collections::BTreeMap<String, String>,
+    version_id: String,
+    content_type: String,
+}
+
+/// `detail=normalized`: the shape of an `/exec` input reference.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct NormalizedItem {
+    id: String,
+    /// The path below `/mnt/data`.
+    name: String,
+    storage_session_id: String,
+    size: u64,
+    #[serde(rename = "contentType")]
+    content_type: String,
+    #[serde(rename = "lastModified")]
+    last_modified: String,
+    /// Present (`true`) only for a read-only object.
+    read_only: Option<bool>,
 }
 
 fn list_item(m: &ObjectMeta, detail: Detail) -> Value {

@@ -1,6 +1,7 @@
 //! `GET /health` (no auth, no IO: answers from what the binary probed at
 //! startup) and `GET /metrics` (Prometheus text; open like health — it only
-//! carries route/status counters and latencies, no ids or identities).
+//! carries route/status counters, latency histograms and the process's
+//! figures, no ids or identities; see [`crate::telemetry`]).
 
 use axum::Json;
 use axum::extract::State;
@@ -64,6 +65,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
     let Some(handle) = &state.metrics else {
         return Err(ApiError::RouteNotFound("/metrics".to_owned()));
     };
+    crate::telemetry::sample_process();
     let mut resp = handle.render().into_response();
     resp.headers_mut().insert(
         CONTENT_TYPE,

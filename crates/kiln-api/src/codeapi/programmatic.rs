@@ -9,6 +9,19 @@
 //! goes on from where it waited — and answers the same way. Nothing is
 //! replayed.
 //!
+//! Caps: at most `max_active` programmatic runs alive (running or paused)
+//! on the node (503 past it) and `max_per_user` per principal (429), one
+//! place each under [`kiln_exec::caps::Caps`], taken before the run starts
+//! (check and reservation are one step) and given back when it ends. A
+//! paused run holds its jail and an execution slot, so no caller may hold
+//! more than its share by leaving tool calls unanswered.
+//!
+//! Memory: an execution's run is the run registry's (`kiln_exec::Runs`),
+//! kept after its end within the registry's one retention budget like any
+//! run; an execution whose run the registry forgot is forgotten too, and
+//! a finished execution keeps no answer of its own (a retried
+//! continuation's answer is rendered again from the run).
+//!
 //! Continuation tokens are `base64url(JSON{e: run id, o: owner hash, x:
 //! expiry}) "." base64url(HMAC-SHA256)` under a server secret (configured,
 //! or made at start): a forged or altered token is 400, a token of another
@@ -27,6 +40,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kiln_core::{Language, Principal};
+use kiln_exec::caps::{CapError, CapGuard, Caps};
 use kiln_exec::ptc::{Bridge, BridgeFailure, PtcLimits, ResumeError, Resumed, ToolDef, ToolResult};
 use kiln_exec::{ExecError, ExecRequest, ExecResult, Outputs, RunHandle, StartOptions, Stream};
 use serde_json::{Map, Value, json};
@@ -38,7 +52,7 @@ use crate::body::{parse_object, read_limited, require_json};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, header_user_id, resolve_caller};
-use crate::rate::{Class, Peer, address_key, stamp};
+use crate::rate::{Peer, stamp, starts_code};
 
 /// The header that names a programmatic request (for cancellation).
 pub const REQUEST_ID_HEADER: &str = "x-librechat-code-request-id";
@@ -59,6 +73,9 @@ pub struct PtcSettings {
     /// Most programmatic runs alive (running or paused) at once; more are
     /// refused with 503.
     pub max_active: usize,
+    /// Most programmatic runs alive at once of one principal; more are
+    /// refused with 429.
+    pub max_per_user: usize,
     pub limits: PtcLimits,
 }
 
@@ -67,6 +84,7 @@ impl Default for PtcSettings {
         PtcSettings {
             secret: None,
             max_active: 4,
+            max_per_user: 2,
             limits: PtcLimits::default(),
         }
     }
@@ -78,6 +96,7 @@ impl std::fmt::Debug for PtcSettings {
         f.debug_struct("PtcSettings")
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
             .field("max_active", &self.max_active)
+            .field("max_per_user", &self.max_per_user)
             .field("limits", &self.limits)
             .finish()
     }
@@ -92,6 +111,8 @@ struct Execution {
     session_id: String,
     /// A continuation is being served.
     busy: AtomicBool,
+    /// Its place under the caps, given back when the run ends.
+    place: Mutex<Option<CapGuard>>,
     progress: Mutex<Progress>,
 }
 
@@ -117,6 +138,8 @@ struct InFlight {
 pub struct Programmatic {
     key: ring::hmac::Key,
     settings: PtcSettings,
+    /// Programmatic runs alive, per principal and on the node.
+    caps: Caps,
     executions: Mutex<HashMap<String, Arc<Execution>>>,
     requests: Mutex<HashMap<String, InFlight>>,
 }
@@ -143,6 +166,7 @@ impl Programmatic {
         });
         Programmatic {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
+            caps: Caps::new(settings.max_per_user.max(1), settings.max_active),
             settings,
             executions: Mutex::default(),
             requests: Mutex::default(),
@@ -150,21 +174,16 @@ impl Programmatic {
     }
 
     /// Forgets executions whose run ended and that were not touched for
-    /// the state TTL, and those whose bridge gave up.
-    fn sweep(&self) {
+    /// the state TTL, and those whose run the registry no longer keeps
+    /// (its retention budget is the one every run counts against).
+    fn sweep(&self, runs: &kiln_exec::Runs) {
         let ttl = self.settings.limits.state_ttl;
         lock(&self.executions).retain(|_, e| {
             let over = e.run.info().phase.is_over();
             let idle = lock(&e.progress).touched.is_none_or(|t| t.elapsed() >= ttl);
-            !(over && idle)
+            let kept = runs.get(e.run.id()).is_some();
+            kept && !(over && idle)
         });
-    }
-
-    fn active(&self) -> usize {
-        lock(&self.executions)
-            .values()
-            .filter(|e| !e.run.info().phase.is_over())
-            .count()
     }
 
     fn token(&self, run_id: &str, owner: &str) -> String {
@@ -390,7 +409,7 @@ pub async fn programmatic(
     )?;
     let owner = owner_of(&caller.principal);
     let ptc = Arc::clone(&state.ptc);
-    ptc.sweep();
+    ptc.sweep(&state.runs);
     let guard = match register(&ptc, &headers, &owner) {
         Ok(g) => g,
         Err((status, msg)) => return Ok(plain(status, msg)),
@@ -399,26 +418,35 @@ pub async fn programmatic(
         return Ok(continuation(&ptc, &owner, &obj, &guard.cancel).await);
     }
     let parsed = parse_initial(&mut obj)?;
-    let key = if caller.identified {
-        caller.principal.user_key().as_str().to_owned()
-    } else {
-        address_key(peer.0)
+    let verdict = starts_code(&state, &caller, peer.0).await?;
+    let place = match ptc.caps.acquire(&owner) {
+        Ok(place) => place,
+        Err(e) => {
+            let (status, msg) = match e {
+                CapError::Total(_) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "Too many programmatic executions in progress (at most {}); retry later",
+                        ptc.caps.total()
+                    ),
+                ),
+                CapError::Principal(_) => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "Too many programmatic executions of this user in progress (at most {}); \
+                         answer or cancel one first",
+                        ptc.caps.per_principal()
+                    ),
+                ),
+            };
+            let mut resp = plain(status, &msg);
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                HeaderValue::from_static("5"),
+            );
+            return Ok(resp);
+        }
     };
-    let verdict = state.rates.check(Class::Exec, &key).await?;
-    if ptc.active() >= ptc.settings.max_active {
-        let mut resp = plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!(
-                "Too many programmatic executions in progress (at most {}); retry later",
-                ptc.settings.max_active
-            ),
-        );
-        resp.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            HeaderValue::from_static("5"),
-        );
-        return Ok(resp);
-    }
     let bridge = Bridge::new(parsed.lang, parsed.tools, ptc.settings.limits.clone());
     let req = ExecRequest {
         lang: parsed.lang,
@@ -448,9 +476,16 @@ pub async fn programmatic(
         bridge,
         owner,
         busy: AtomicBool::new(true),
+        place: Mutex::new(Some(place)),
         progress: Mutex::default(),
     });
     lock(&ptc.executions).insert(exec.run.id().as_str().to_owned(), Arc::clone(&exec));
+    // the place is given back when the run ends, whoever is watching
+    let ended = Arc::clone(&exec);
+    tokio::spawn(async move {
+        ended.run.outcome().await;
+        ended.release();
+    });
     let busy = Busy(&exec.busy);
     let (status, body) = advance(&ptc, &exec, &guard.cancel).await;
     drop(busy);
@@ -676,8 +711,12 @@ async fn continuation(
         Err(e) => return plain(StatusCode::BAD_REQUEST, &e.to_string()),
     }
     let (status, body) = advance(ptc, &exec, cancel).await;
-    if status == StatusCode::OK {
+    // a final answer is not kept: a retry renders it again from the run,
+    // which the registry keeps within its retention budget
+    if status == StatusCode::OK && body["status"] == "tool_call_required" {
         lock(&exec.progress).last = Some((results, body.clone()));
+    } else {
+        lock(&exec.progress).last = None;
     }
     (status, Json(body)).into_response()
 }
@@ -703,6 +742,7 @@ async fn advance(
         () = cancel.cancelled() => {
             exec.run.cancel();
             let _ = exec.run.outcome().await;
+            exec.release();
             touch(exec);
             return (StatusCode::OK, error_body(exec, "Programmatic execution request cancelled", None));
         }
@@ -729,6 +769,7 @@ async fn advance(
         );
     }
     let outcome = exec.run.outcome().await;
+    exec.release();
     match exec.bridge.failure() {
         Some(f @ BridgeFailure::TooManyCalls(_)) => {
             return (StatusCode::BAD_REQUEST, json!({"error": f.to_string()}));
@@ -749,6 +790,13 @@ async fn advance(
             error_body(exec, "Programmatic execution request cancelled", None),
         ),
         Err(e) => ApiError::Exec(e.clone()).status_and_body(),
+    }
+}
+
+impl Execution {
+    /// Gives the run's place under the caps back (its run ended).
+    fn release(&self) {
+        lock(&self.place).take();
     }
 }
 

@@ -304,6 +304,8 @@ async fn receive(
         &mut stored,
     )
     .await;
+    // whatever the answer, the client may still be writing the body
+    crate::body::drain_multipart(&mut multipart).await;
     match result {
         Ok((results, limit_reached)) => {
             tracing::info!(session = %session, files = results.len(), stored = stored.len(),

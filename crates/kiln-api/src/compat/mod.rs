@@ -129,6 +129,23 @@ pub fn routes(state: &AppState) -> Router<AppState> {
     router
 }
 
+/// The key header of the compatibility face serving `path` (seed 004's
+/// under `/api/v1/`, seed 003's under `runtime_api_prefix`), when that
+/// face is on; `None` for Kiln's own routes.
+pub(crate) fn key_header(config: &crate::config::ApiConfig, path: &str) -> Option<HeaderName> {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if config.seed004_api && under("/api/v1") {
+        Some(AUTH_TOKEN)
+    } else if config.runtime_api_prefix.as_deref().is_some_and(under) {
+        Some(ACCESS_TOKEN)
+    } else {
+        None
+    }
+}
+
 /// Authenticates with the key in `header`, else as Kiln's own routes do.
 pub(crate) fn authenticate(
     state: &AppState,

@@ -158,6 +158,7 @@ fn event(name: &str, data: serde_json::Value) -> Event {
 pub async fn code(
     State(state): State<AppState>,
     identity: Identity,
+    peer: crate::rate::Peer,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, Fail> {
@@ -171,6 +172,8 @@ pub async fn code(
         Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Some(Duration::from_secs_f64(t)),
         Some(_) => return Err(bad("timeout must be a positive number of seconds")),
     };
+    let (caller, _) = caller(&state, &identity, &headers)?;
+    crate::rate::evaluates_code(&state, &caller, peer.0).await?;
     let (session, id) = session(&state, &identity, &headers, body.session_id.as_deref()).await?;
     let kernels = workers(&state)?.kernels().clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
@@ -384,8 +387,14 @@ pub async fn download(
     let rel = workspace_path(&path)?.ok_or_else(|| bad("path names a directory"))?;
     let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
     let content_type = kiln_exec::content_type(rel.as_str());
+    let name = rel.as_str().to_owned();
     let (file, size) = workers(&state)?.kernels().read_file(session, rel).await?;
-    Ok(crate::sessions::file_response(file, size, &content_type))
+    Ok(crate::sessions::file_response(
+        file,
+        size,
+        &content_type,
+        &name,
+    ))
 }
 
 /// Kernels of this node and the host's load and memory.

@@ -239,6 +239,7 @@ async fn figure(
 pub async fn execute(
     State(state): State<AppState>,
     identity: Identity,
+    peer: crate::rate::Peer,
     Query(q): Query<UserQuery>,
     headers: HeaderMap,
     raw: Body,
@@ -248,8 +249,10 @@ pub async fn execute(
     }
     let user = user_uuid(&q)?;
     let workers = workers(&state)?;
-    let owner = owner(&state, &identity, &headers)?;
+    let (caller, key) = crate::sessions::owner_of(&state, &identity, &headers)?;
+    let owner = key.as_str().to_owned();
     let body: ExecuteBody = body(&state, &headers, raw).await?;
+    crate::rate::evaluates_code(&state, &caller, peer.0).await?;
     let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
     let worker_id = session_id(workers, &session);
     let result = workers

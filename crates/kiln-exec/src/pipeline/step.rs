@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use kiln_core::outcome::ExitStatus;
 use kiln_core::{Language, Limits, StepUsage};
-use kiln_sandbox::{Jail, OutputSink, OutputStream, RunRequest, RunResult, SandboxError};
+use kiln_sandbox::{
+    Jail, KilledUsage, OutputSink, OutputStream, RunRequest, RunResult, SandboxError,
+};
 use tracing::warn;
 
 use crate::egress::RunChannel;
@@ -175,10 +177,12 @@ async fn one_step(
             result,
             cancelled: false,
         }),
-        Err(SandboxError::Cancelled) if run.cancel_reason() == Some(CancelReason::Requested) => {
+        Err(SandboxError::Cancelled(used))
+            if run.cancel_reason() == Some(CancelReason::Requested) =>
+        {
             let mut w = written.lock().unwrap_or_else(|p| p.into_inner());
             Ok(StepRun {
-                result: killed(std::mem::take(&mut *w), t0.elapsed()),
+                result: killed(std::mem::take(&mut *w), t0.elapsed(), used),
                 cancelled: true,
             })
         }
@@ -186,20 +190,23 @@ async fn one_step(
     }
 }
 
-/// The result of a step killed on request.
-fn killed(w: Written, wall: Duration) -> RunResult {
+/// The result of a step killed on request: what it wrote, and what it used
+/// where the sandbox measured it (else the wall time seen here).
+fn killed(w: Written, wall: Duration, used: Option<KilledUsage>) -> RunResult {
     RunResult {
         exit: ExitStatus::Signal(libc::SIGKILL),
         stdout: w.stdout,
         stderr: w.stderr,
-        wall_time: wall,
+        wall_time: used.map_or(wall, |u| u.wall_time),
+        cpu_time: used.and_then(|u| u.cpu_time),
+        memory_peak: used.and_then(|u| u.memory_peak),
         ..RunResult::default()
     }
 }
 
 pub(crate) fn sandbox_error(e: SandboxError) -> ExecError {
     match e {
-        SandboxError::Cancelled => ExecError::Cancelled,
+        SandboxError::Cancelled(_) => ExecError::Cancelled,
         e @ SandboxError::Setup(_) => {
             warn!(error = %e, "sandbox setup failed");
             ExecError::SandboxSetup(e.to_string())

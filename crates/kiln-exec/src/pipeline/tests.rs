@@ -106,7 +106,7 @@ impl Jail for FakeJail {
                 Some(r) => Ok(r),
                 None => {
                     cancel.cancelled().await;
-                    Err(SandboxError::Cancelled)
+                    Err(SandboxError::Cancelled(None))
                 }
             }
         })

@@ -406,3 +406,34 @@ async fn the_audit_record_lists_the_files_the_run_reported() {
     assert_eq!(json["files_out"][0]["bytes"], 1234);
     assert_eq!(json["user_id"], "carol");
 }
+
+#[tokio::test]
+async fn a_run_keeps_its_code_for_the_operator_cut_at_a_character_boundary() {
+    let runs = runs_with(Act::Quick, RunsConfig::default());
+    let w = runs
+        .start(caller("alice"), req(), StartOptions::default())
+        .unwrap();
+    w.outcome().await;
+    let kept = runs.get(w.id()).unwrap().code().clone();
+    assert_eq!(kept.text, "print('hi')");
+    assert!(!kept.truncated());
+
+    // a source past the bound: its start is kept, whole characters only
+    let long = format!("#{}", "é".repeat(KEPT_CODE_BYTES));
+    let w = runs
+        .start(
+            caller("alice"),
+            ExecRequest {
+                code: long.clone(),
+                ..req()
+            },
+            StartOptions::default(),
+        )
+        .unwrap();
+    w.outcome().await;
+    let kept = runs.get(w.id()).unwrap().code().clone();
+    assert!(kept.truncated());
+    assert_eq!(kept.bytes, long.len());
+    assert!(kept.text.len() <= KEPT_CODE_BYTES && kept.text.len() > KEPT_CODE_BYTES - 2);
+    assert!(long.starts_with(&kept.text));
+}

@@ -181,6 +181,16 @@ impl CgroupDriver {
         }
     }
 
+    /// Whether each run's CPU time is accounted per group (v2 always:
+    /// `cpu.stat`; v1 with `cpuacct`), so a run's CPU budget holds for its
+    /// whole jail; without it only RLIMIT_CPU per process applies.
+    pub fn accounts_cpu(&self) -> bool {
+        match self {
+            CgroupDriver::V1(d) => d.accounts_cpu(),
+            CgroupDriver::V2(_) => true,
+        }
+    }
+
     /// Sets the `kiln/` parent's CPU quota (every run together). Done once
     /// stale run groups are gone: a parent's quota may not be below a
     /// child's.
@@ -307,6 +317,27 @@ impl PeakWindow {
     }
 }
 
+/// Reads a run's group CPU counter (v2 `cpu.stat` `usage_usec`, v1
+/// `cpuacct.usage`) relative to a base.
+#[derive(Debug, Clone)]
+pub(crate) struct CpuMeter {
+    v2: bool,
+    dir: PathBuf,
+    base: Duration,
+}
+
+impl CpuMeter {
+    /// CPU time used since the base; `None` once the group is gone.
+    pub(crate) fn used(&self) -> Option<Duration> {
+        let now = if self.v2 {
+            v2::cpu_usage(&self.dir)
+        } else {
+            v1::cpu_usage(&self.dir)
+        }?;
+        Some(now.saturating_sub(self.base))
+    }
+}
+
 /// The groups of one run. [`RunCgroups::finish`] waits for them to empty,
 /// reads the stats and removes them; dropping an unfinished guard hands the
 /// same work to a background thread.
@@ -341,12 +372,23 @@ impl RunCgroups {
 
     /// CPU time charged to the groups so far.
     fn cpu_usage(&self) -> Option<Duration> {
-        let dir = self.cpu_dir.as_ref()?;
-        if self.v2 {
-            v2::cpu_usage(dir)
-        } else {
-            v1::cpu_usage(dir)
-        }
+        self.cpu_meter_from(Duration::ZERO)?.used()
+    }
+
+    fn cpu_meter_from(&self, base: Duration) -> Option<CpuMeter> {
+        Some(CpuMeter {
+            v2: self.v2,
+            dir: self.cpu_dir.clone()?,
+            base,
+        })
+    }
+
+    /// A reader of the CPU time every process of the jail used since the
+    /// program started ([`RunCgroups::mark_start`]; a cold jail's since its
+    /// groups were made): the whole jail's CPU, forks and all. `None` where
+    /// the host does not account CPU per group (v1 without `cpuacct`).
+    pub(crate) fn cpu_meter(&self) -> Option<CpuMeter> {
+        self.cpu_meter_from(self.cpu_base.unwrap_or_default())
     }
 
     /// The program starts now (the go of a parked jail): figures read at
@@ -364,6 +406,22 @@ impl RunCgroups {
     /// evaluations): CPU since `mark_start`, peak memory, OOM kills.
     pub(crate) fn live_stats(&self) -> CgroupStats {
         self.read_stats()
+    }
+
+    /// Memory the groups hold now (v2 `memory.current`, v1
+    /// `memory.usage_in_bytes`); `None` if it cannot be read.
+    pub(crate) fn memory_now(&self) -> Option<u64> {
+        let memory = self.dirs.first()?;
+        let file = if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        };
+        fs::read_to_string(memory.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Starts a new peak-memory window and returns a reader of its peak:

@@ -136,6 +136,12 @@ impl V1 {
         Ok(Some(cpu))
     }
 
+    /// Whether each run's CPU time is accounted (a `cpuacct` hierarchy,
+    /// alone or with `cpu`): what a whole-jail CPU budget needs.
+    pub fn accounts_cpu(&self) -> bool {
+        self.cpuacct.is_some() || (self.cpu.is_some() && self.cpu_accounts)
+    }
+
     /// The group whose CPU time [`cpu_usage`] reads, if any.
     pub fn cpu_dir(&self, name: &str) -> Option<PathBuf> {
         match (&self.cpuacct, &self.cpu) {

@@ -78,6 +78,11 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// Sends `req` and returns the answer's JSON body.
+pub async fn json_of(req: reqwest::RequestBuilder) -> Value {
+    req.send().await.expect("send").json().await.expect("json")
+}
+
 /// POST /v1/exec and return (status, json).
 pub async fn exec_raw(s: &TestServer, body: Value) -> (u16, Value) {
     let r = client()
@@ -298,4 +303,13 @@ pub async fn wait_for_profile(s: &TestServer, profile: &str) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// The content blocks of an MCP tool result of type `kind` (`text`,
+/// `image`, `resource_link`).
+pub fn mcp_blocks<'a>(result: &'a Value, kind: &str) -> Vec<&'a Value> {
+    result["content"]
+        .as_array()
+        .map(|a| a.iter().filter(|b| b["type"] == kind).collect())
+        .unwrap_or_default()
 }

@@ -122,3 +122,105 @@ async fn a_run_spinning_200_processes_leaves_other_users_runs_fast() {
     assert!(p95 < BOUND, "p95 {p95:?} over {BOUND:?}: {times:?}");
     s.stop().await.expect("graceful stop");
 }
+
+/// A chain of processes, each spinning 1.5 s of CPU (under its own 2 s
+/// RLIMIT_CPU) and then handing over to a fresh fork of itself: no process
+/// ever meets its limit, the jail as a whole spins without end (while the
+/// program itself waits, using none).
+const FORK_CHAIN: &str = "import os, time\n\
+def chain():\n    while True:\n        t = time.process_time()\n        \
+while time.process_time() - t < 1.5:\n            pass\n        \
+if os.fork() > 0:\n            os._exit(0)\n";
+
+/// `POST /v1/exec/programmatic` as the attacker: the run's id and the body.
+async fn programmatic(
+    s: &kiln::testing::TestServer,
+    body: serde_json::Value,
+) -> (String, serde_json::Value) {
+    let r = common::client()
+        .post(format!("{}/exec/programmatic", s.v1()))
+        .header("User-Id", "attacker")
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let run = r
+        .headers()
+        .get("x-kiln-run-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (run, r.json().await.expect("json"))
+}
+
+/// The phase of run `id` (`running`, `finished`, ...).
+async fn phase(s: &kiln::testing::TestServer, id: &str) -> String {
+    let req = common::client()
+        .get(format!("{}/runs/{id}", s.v1()))
+        .header("User-Id", "attacker");
+    common::json_of(req).await["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Finding 8 of issue 24: a fork chain evaded the per-process RLIMIT_CPU,
+/// and a programmatic run paused for its tools kept computing with its
+/// clock stopped (21 s of CPU under `cpu_secs = 2`). The CPU budget is the
+/// whole jail's, read from its cgroup, paused or not.
+#[tokio::test]
+async fn a_fork_chain_and_a_paused_run_stay_within_the_jails_cpu_budget() {
+    // a wall time far beyond the CPU budget: however slowly a loaded host
+    // lets the chain compute, the budget ends it first
+    let s = common::server_with(|c| {
+        c.cpu_secs = 2;
+        c.timeout_secs = 60;
+    })
+    .await;
+    let host = kiln_sandbox::probe_host();
+    if let Some(w) = kiln_sandbox::cpu_budget_warning(&host.cgroup, host.cgroup_limits) {
+        // the host cannot enforce it, and says so (kiln doctor, start-up log)
+        assert!(std::env::var_os("CI").is_none(), "CI host: {w}");
+        println!("skipped: {w}");
+        return;
+    }
+    // a one-shot run: stopped at its CPU budget, long before its wall time
+    let code = format!("{FORK_CHAIN}if os.fork() == 0:\n    chain()\ntime.sleep(60)");
+    let r = common::exec(
+        &s,
+        serde_json::json!({"lang": "py", "code": code, "user_id": "attacker"}),
+    )
+    .await;
+    assert_eq!(r["status"], "TO", "{r}");
+    assert_eq!(r["message"], "CPU time limit exceeded", "{r}");
+    assert!(r["wall_time"].as_u64().unwrap_or(u64::MAX) < 50_000, "{r}");
+
+    // a programmatic run: the chain computes while the run waits for its
+    // tool; its CPU still counts, and the run ends
+    let code = format!("{FORK_CHAIN}if os.fork() == 0:\n    chain()\nawait t(a=1)\nprint('done')");
+    let tools = serde_json::json!([{"name": "t", "parameters": {"type": "object"}}]);
+    let (run, paused) = programmatic(&s, serde_json::json!({"code": code, "tools": tools})).await;
+    assert_eq!(paused["status"], "tool_call_required", "{paused}");
+    // the wall clock is stopped: only the CPU budget can end the run now
+    let t = Instant::now();
+    while phase(&s, &run).await == "running" && t.elapsed() < Duration::from_secs(45) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (_, done) = programmatic(
+        &s,
+        serde_json::json!({
+            "continuation_token": paused["continuation_token"],
+            "tool_results": [{"call_id": "call_001", "result": 1}],
+        }),
+    )
+    .await;
+    assert_eq!(
+        done["status"], "error",
+        "the run computed while paused: {done}"
+    );
+    assert_eq!(done["error"], "Time limit exceeded", "{done}");
+    // the service is fine
+    let r = common::run(&s, "py", "print('alive')").await;
+    assert_eq!(r["stdout"], "alive\n", "{r}");
+    s.stop().await.expect("graceful stop");
+}

@@ -43,7 +43,7 @@ async fn half_sent_requests_are_closed_in_bounded_time_while_normal_requests_suc
         .map(|i| {
             let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
             let part = if i % 2 == 0 {
-                "POST /v1/exec HTTP/1.1\r\nHost: kiln\r\n".to_owned()
+                "POST /v1/exec HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_owned()
             } else {
                 "GET /v1/heal".to_owned()
             };
@@ -91,7 +91,7 @@ async fn a_stalled_body_is_answered_408_and_closed() {
     let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     // promises 1000 bytes, sends 20, then nothing
     c.write_all(
-        b"POST /v1/exec HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n\
+        b"POST /v1/exec HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
           Content-Length: 1000\r\n\r\n{\"lang\":\"py\",\"code\"",
     )
     .unwrap();
@@ -202,7 +202,7 @@ async fn connections_past_the_cap_are_shed_with_503_and_the_cap_frees_up() {
     let addr2 = addr.clone();
     let shed = tokio::task::spawn_blocking(move || {
         let mut c = TcpStream::connect(&addr2).unwrap();
-        c.write_all(b"GET /v1/health HTTP/1.1\r\nHost: kiln\r\n\r\n")
+        c.write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             .unwrap();
         read_until_closed(c, Duration::from_secs(5))
     })
@@ -358,4 +358,113 @@ async fn a_full_queue_refuses_new_runs_with_503_instead_of_holding_them() {
         .await
         .unwrap();
     assert_eq!(r.json::<Value>().await.unwrap()["stdout"], "2\n");
+}
+
+/// `POST /v1/exec` of `code` with `headers`.
+async fn exec_with(headers: &[(&str, String)], code: &str) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("{}/exec", shared().v1))
+        .json(&json!({"lang": "py", "code": code}));
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    req.send().await.unwrap()
+}
+
+/// What a page on another site makes the operator's browser send: its
+/// `Origin`, and a body a browser sends without a preflight (no
+/// `Content-Type`, or a form's).
+#[tokio::test]
+async fn a_cross_site_page_cannot_run_code_store_files_or_start_kernels() {
+    let s = shared();
+    let evil = "http://evil.example";
+    let refused = |r: reqwest::Response, what: &str| {
+        let what = what.to_owned();
+        async move {
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            assert_eq!(status, 403, "{what}: {body}");
+            assert_eq!(body["error"], "cross_origin_refused", "{what}: {body}");
+        }
+    };
+    // fetch(url, {method: "POST", mode: "no-cors", body: new Blob([json])})
+    let blob = |path: &str, origin: &str, body: &'static str| {
+        client()
+            .post(format!("{}{path}", s.v1))
+            .header("origin", origin)
+            .body(body)
+            .send()
+    };
+    let code = r#"{"lang":"py","code":"open('/mnt/data/pwned','w').write('x')"}"#;
+    refused(blob("/exec", evil, code).await.unwrap(), "exec").await;
+    // a form posting a file
+    let form = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(b"x".to_vec()).file_name("a.txt"),
+    );
+    let r = client()
+        .post(format!("{}/upload", s.v1))
+        .header("origin", evil)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    refused(r, "upload").await;
+    let r = blob("/sessions", evil, r#"{"lang":"py"}"#).await.unwrap();
+    refused(r, "sessions").await;
+    // a sandboxed frame or a no-referrer page sends Origin: null
+    let r = blob("/exec", "null", code).await.unwrap();
+    refused(r, "null origin").await;
+
+    // the console's own requests are same-origin and run
+    let own = format!("http://127.0.0.1:{}", s.port);
+    let r = exec_with(&[("origin", own)], "print(6*7)").await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    assert_healthy().await;
+}
+
+/// DNS rebinding: the attacker's name resolves to the keyless server, so
+/// its page is same-origin with it; the `Host` it sends is the
+/// attacker's name.
+#[tokio::test]
+async fn a_keyless_server_refuses_a_rebound_host_name_and_says_which_setting_allows_it() {
+    let s = shared();
+    for path in ["/admin/status", "/admin/runs"] {
+        let r = client()
+            .get(format!("{}{path}", s.v1))
+            .header("host", format!("rebind.evil.example:{}", s.port))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 421, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "unknown_host", "{body}");
+        let msg = body["message"].as_str().unwrap();
+        assert!(
+            msg.contains("allowed_hosts") && msg.contains("KILN_ALLOWED_HOSTS"),
+            "{msg}"
+        );
+    }
+    let rebound = format!("rebind.evil.example:{}", s.port);
+    let headers = [
+        ("host", rebound.clone()),
+        ("origin", format!("http://{rebound}")),
+    ];
+    assert_eq!(exec_with(&headers, "print(1)").await.status(), 421);
+    // the names the server is reached under on this machine still work
+    for host in [
+        format!("localhost:{}", s.port),
+        format!("127.0.0.1:{}", s.port),
+    ] {
+        let r = client()
+            .get(format!("{}/admin/status", s.v1))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{host}");
+    }
+    assert_healthy().await;
 }

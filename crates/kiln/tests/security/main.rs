@@ -20,6 +20,7 @@ mod hardening;
 mod http;
 mod info;
 mod isolation;
+mod mcp;
 mod network;
 mod privilege;
 mod processes;
@@ -63,6 +64,9 @@ pub fn shared() -> &'static Shared {
                         c.stdout_bytes = 64 * 1024;
                         c.tmp_mb = 16;
                         c.max_concurrency = 4;
+                        // the kernel attacks (sessions, mcp) run side by side, two
+                        // kernels each; 4 + 5 warm + 6 stays within the 16 uid slots
+                        c.max_sessions = 6;
                         // short, so that the HTTP attacks see them fire
                         c.http_header_timeout_secs = 3;
                         c.http_body_idle_timeout_secs = 3;

@@ -25,6 +25,17 @@ async fn session_of(user: &str, lang: &str) -> String {
     v["session_id"].as_str().unwrap().to_owned()
 }
 
+/// Deletes `user`'s session `id`.
+async fn close(user: &str, id: &str) {
+    let r = client()
+        .delete(format!("{}/sessions/{id}", shared().v1))
+        .header("User-Id", user)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+}
+
 async fn eval(user: &str, id: &str, code: &str) -> Value {
     let r = client()
         .post(format!("{}/sessions/{id}/exec", shared().v1))
@@ -172,13 +183,72 @@ try { process.kill(-1, 'SIGKILL'); } catch {}
         ("sec-attacker", &attacker),
         ("sec-attacker-js", &js),
     ] {
+        close(user, id).await;
+    }
+    crate::assert_healthy().await;
+}
+
+/// A program writes HTML and SVG that run script when rendered; served
+/// from the server's (the console's) origin, they must never render: an
+/// attachment, `nosniff`, and a CSP sandbox, on both faces that serve a
+/// kernel's workspace.
+#[tokio::test]
+async fn a_kernels_html_and_svg_are_served_as_attachments_never_rendered() {
+    wait_for_warm_py().await;
+    let user = "sec-html";
+    let id = session(user).await;
+    eval(
+        user,
+        &id,
+        "open('page.html','w').write('<script>fetch(\"/v1/admin/status\")</script>')\n\
+         open('pic.svg','w').write('<svg xmlns=\"http://www.w3.org/2000/svg\"><script>alert(1)</script></svg>')",
+    )
+    .await;
+    let base = shared().v1.trim_end_matches("/v1").to_owned();
+    for (url, name) in [
+        (
+            format!("{}/sessions/{id}/files/page.html", shared().v1),
+            "page.html",
+        ),
+        (
+            format!("{}/sessions/{id}/files/pic.svg", shared().v1),
+            "pic.svg",
+        ),
+        (
+            format!("{base}/runtime/files/download?session_id={id}&path=/workspace/page.html"),
+            "page.html",
+        ),
+    ] {
         let r = client()
-            .delete(format!("{}/sessions/{id}", shared().v1))
+            .get(&url)
             .header("User-Id", user)
             .send()
             .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 204);
+            .expect("send");
+        assert_eq!(r.status(), 200, "{url}");
+        let h = r.headers();
+        let header = |n: &str| {
+            h.get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(
+            header("content-disposition").starts_with(&format!("attachment; filename=\"{name}\"")),
+            "{url}: {:?}",
+            header("content-disposition")
+        );
+        assert_eq!(header("x-content-type-options"), "nosniff", "{url}");
+        assert!(
+            header("content-security-policy").contains("sandbox"),
+            "{url}"
+        );
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains("<script>"),
+            "the bytes are the program's: {body}"
+        );
     }
+    close(user, &id).await;
     crate::assert_healthy().await;
 }
