@@ -163,7 +163,13 @@ async fn code_streams_named_events_and_sessions_keep_their_own_state() {
 
 #[tokio::test]
 async fn the_default_session_answers_to_its_own_id_and_shares_no_kernel_with_seed004_workers() {
-    let s = runtime(|_| {}).await;
+    // carol holds four kernels at once (the default session and three
+    // workers), all counted against her one cap
+    let s = runtime(|c| {
+        c.max_sessions = 5;
+        c.max_sessions_per_user = 4;
+    })
+    .await;
     let carol = Some("carol");
     let ev = code_as(
         &s,
