@@ -762,6 +762,34 @@ async fn kernel_evaluations_on_every_face_count_against_the_callers_exec_limits(
         .await
         .expect("send");
     assert_eq!(r.status(), 200);
+    // MCP's execute_code in the kernel (the stateless revision), within
+    // §4's exec limit still: the run registry's per-caller limit refuses it
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "execute_code",
+        "arguments": {"lang": "py", "code": "1", "session_id": mine},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    }});
+    let r = client()
+        .post(format!("{}/mcp", s.v1()))
+        .header("User-Id", "greedy")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "execute_code")
+        .json(&call)
+        .send()
+        .await
+        .expect("send");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["result"]["isError"], true, "/mcp execute_code: {v}");
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Too many")),
+        "/mcp execute_code: {v}"
+    );
     let r = exec(json!({"lang": "py", "code": "print(1)", "user_id": "greedy"}))
         .await
         .expect("send");

@@ -195,7 +195,12 @@ async fn execute(call: &Call<'_>, args: &Map<String, Value>) -> Result<Value, Ap
     };
     state.rates.check(Class::Exec, &key).await?;
     match session {
-        Some(id) => evaluate(call, id, args).await,
+        Some(id) => {
+            // a kernel evaluation counts like a run (a one-shot run is
+            // admitted by `Runs::start`)
+            state.runs.admit(&caller).map_err(ApiError::Exec)?;
+            evaluate(call, id, args).await
+        }
         None => run_once(call, args).await,
     }
 }
