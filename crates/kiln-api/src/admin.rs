@@ -620,14 +620,6 @@ pub struct KernelView {
     pub lost: Option<String>,
 }
 
-fn live_kernels(state: &AppState) -> Result<&kiln_exec::kernels::Kernels, ApiError> {
-    state.kernels.as_ref().ok_or_else(|| {
-        ApiError::Session(kiln_exec::kernels::KernelsError::Unavailable(
-            "sessions are off".into(),
-        ))
-    })
-}
-
 #[utoipa::path(
     get,
     path = "/admin/kernels",
@@ -641,7 +633,7 @@ fn live_kernels(state: &AppState) -> Result<&kiln_exec::kernels::Kernels, ApiErr
     )
 )]
 pub async fn kernels(State(state): State<AppState>) -> Result<Json<Vec<KernelView>>, ApiError> {
-    let kernels = live_kernels(&state)?;
+    let kernels = crate::sessions::kernels(&state)?;
     let now = SystemTime::now();
     Ok(Json(
         kernels
@@ -695,7 +687,7 @@ pub async fn close_kernel(
 ) -> Result<axum::http::StatusCode, ApiError> {
     let Path(id) = path.map_err(|_| ApiError::MalformedId)?;
     let id = parse_id(&id)?;
-    let kernels = live_kernels(&state)?;
+    let kernels = crate::sessions::kernels(&state)?;
     tracing::info!(session = %id, "kernel closed by the operator");
     kernels.delete(&id).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)

@@ -23,7 +23,6 @@ use tokio::io::AsyncReadExt as _;
 use super::{Call, RpcError, code};
 use crate::error::ApiError;
 use crate::identity::{authorize, header_user_id, parse_id, resolve_caller};
-use crate::rate::{Class, address_key};
 use crate::sessions::{find, kernels, owner_of};
 
 /// What `initialize` and `server/discover` tell the model about Kiln.
@@ -188,20 +187,15 @@ async fn execute(call: &Call<'_>, args: &Map<String, Value>) -> Result<Value, Ap
         call.identity,
         &[header_user_id(call.headers)?],
     )?;
-    let key = if caller.identified {
-        caller.principal.user_key().as_str().to_owned()
-    } else {
-        address_key(call.peer.0)
-    };
-    state.rates.check(Class::Exec, &key).await?;
     match session {
         Some(id) => {
-            // a kernel evaluation counts like a run (a one-shot run is
-            // admitted by `Runs::start`)
-            state.runs.admit(&caller).map_err(ApiError::Exec)?;
+            crate::rate::evaluates_code(state, &caller, call.peer.0).await?;
             evaluate(call, id, args).await
         }
-        None => run_once(call, args).await,
+        None => {
+            crate::rate::starts_code(state, &caller, call.peer.0).await?;
+            run_once(call, args).await
+        }
     }
 }
 
