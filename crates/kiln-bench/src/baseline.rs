@@ -241,6 +241,16 @@ mod tests {
     }
 
     #[test]
+    fn the_person_scenarios_data_run_prints_its_expected_total() {
+        if !python_with_pandas() {
+            return;
+        }
+        let d = ScriptDir::new(workload::DATA_RUN_SCRIPT, Some("trend.png")).unwrap();
+        let (_, stdout) = d.run(Path::new(PYTHON)).unwrap();
+        assert_eq!(stdout.trim_end(), workload::DATA_RUN_STDOUT);
+    }
+
+    #[test]
     fn sum_program_prints_the_sum_of_the_written_numbers() {
         let d = SumDir::new().unwrap();
         let n = workload::numbers(&mut SplitMix64::for_request(7, 0, 3, 9));

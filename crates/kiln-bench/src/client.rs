@@ -64,6 +64,16 @@ impl KilnClient {
         }
     }
 
+    /// The same server through another HTTP client (e.g. one that keeps no
+    /// idle connection, so every request opens a new one).
+    pub fn with_http(&self, http: reqwest::Client) -> KilnClient {
+        KilnClient {
+            http,
+            v1: self.v1.clone(),
+            origin: self.origin.clone(),
+        }
+    }
+
     /// Run `body` through `/v1/exec`; the duration covers send → full body.
     pub async fn exec(&self, body: &Value) -> anyhow::Result<(Duration, ExecResponse)> {
         let t = Instant::now();

@@ -6,6 +6,7 @@ mod baseline;
 mod client;
 mod machine;
 mod measure;
+mod person;
 mod prom;
 mod report;
 mod scenarios;
@@ -61,7 +62,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         None => PathBuf::from("bench-results").join(format!("{}.json", file_stamp(started)?)),
     };
     scenarios::check_runtime(&settings.python, "python")?;
-    if settings.scenarios.contains(&Scenario::E) {
+    if settings.scenarios.contains(&Scenario::E) || settings.scenarios.contains(&Scenario::P) {
         scenarios::check_runtime(&settings.node, "node")?;
     }
     let machine = MachineInfo::collect(&settings.python, &settings.node, &settings.kiln);
@@ -163,6 +164,11 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         "Kiln latency is client-side: HTTP request sent → whole response read, over loopback with a pooled connection; baseline latency is spawn → exit with output read.".into(),
         "Every answer is verified (stdout value, and for B that plot.png is among the outputs; for B2 stdout equal to the baseline's and the heatmap among the outputs); failed requests are excluded from latencies and counted in `verified`.".into(),
     ];
+    if settings.scenarios.contains(&Scenario::P) {
+        notes.push(
+            "P opens a new connection for every request (a client that keeps no idle connection), as a chat backend calling between a person's messages does.".into(),
+        );
+    }
     if settings.scenarios.contains(&Scenario::D) || settings.scenarios.contains(&Scenario::S) {
         notes.push(
             "For orientation only (different hardware and design): seed 004 published 32.8 req/s and p95 496.5 ms for 25 users × 100 verified requests on an i5-14400.".into(),

@@ -46,7 +46,7 @@ impl RunOutcome {
         self.tally.attempted - self.tally.failed
     }
 
-    fn record(&mut self, r: anyhow::Result<Sample>) {
+    pub(crate) fn record(&mut self, r: anyhow::Result<Sample>) {
         self.tally.attempted += 1;
         match r {
             Ok(s) => {

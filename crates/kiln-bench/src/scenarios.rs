@@ -98,6 +98,7 @@ pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
         }
         Scenario::D => upload_and_sum(ctx).await,
         Scenario::S => stateful(ctx).await,
+        Scenario::P => crate::person::person(ctx).await,
         Scenario::E => {
             hello(
                 ctx,
@@ -191,6 +192,18 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
                 s.s_users
             ),
         ),
+        Scenario::P => (
+            "P",
+            format!(
+                "a person: py hello with pauses of {} ms, hello after a data run, js after py; 1 client, a new connection per request, {} measured requests per sequence",
+                crate::person::PAUSES_MS.map(|p| p.to_string()).join("/"),
+                s.p_requests
+            ),
+            format!(
+                "the same sequences as bare spawns of `{py}` and `{}` with the same pauses",
+                s.node.display()
+            ),
+        ),
         Scenario::E => (
             "E",
             "js hello, 1 client".into(),
@@ -204,7 +217,7 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
 }
 
 /// A scenario's measured outcome.
-struct Measured {
+pub(crate) struct Measured {
     kiln: Tally,
     baseline: Tally,
     metrics: Vec<Metric>,
@@ -213,13 +226,20 @@ struct Measured {
 
 /// Per-run outcomes of both sides.
 #[derive(Default)]
-struct Runs {
-    kiln: Vec<RunOutcome>,
-    baseline: Vec<RunOutcome>,
+pub(crate) struct Runs {
+    pub(crate) kiln: Vec<RunOutcome>,
+    pub(crate) baseline: Vec<RunOutcome>,
 }
 
 impl Runs {
-    fn push(&mut self, id: &str, run: usize, total: usize, kiln: RunOutcome, baseline: RunOutcome) {
+    pub(crate) fn push(
+        &mut self,
+        id: &str,
+        run: usize,
+        total: usize,
+        kiln: RunOutcome,
+        baseline: RunOutcome,
+    ) {
         let p50 = |o: &RunOutcome| {
             crate::report::fmt_value(
                 Latencies::from_durations(&o.latencies).percentile(50.0),
@@ -265,19 +285,19 @@ impl Runs {
         )
     }
 
-    fn latency(&self, name: &str, p: f64) -> Metric {
+    pub(crate) fn latency(&self, name: &str, p: f64) -> Metric {
         self.metric(name, Unit::Ms, Better::Lower, |o| {
             Latencies::from_durations(&o.latencies).percentile(p)
         })
     }
 
-    fn verified(&self) -> Metric {
+    pub(crate) fn verified(&self) -> Metric {
         self.metric("verified", Unit::Percent, Better::Higher, |o| {
             percent(o.ok(), o.tally.attempted)
         })
     }
 
-    fn into_measured(self, metrics: Vec<Metric>, phases: Phases) -> Measured {
+    pub(crate) fn into_measured(self, metrics: Vec<Metric>, phases: Phases) -> Measured {
         let mut kiln = Tally::default();
         let mut baseline = Tally::default();
         for o in self.kiln {
@@ -296,7 +316,7 @@ impl Runs {
 }
 
 /// Check a hello world's answer.
-fn expect_hello(r: &ExecResponse) -> anyhow::Result<()> {
+pub(crate) fn expect_hello(r: &ExecResponse) -> anyhow::Result<()> {
     if r.stdout.trim_end() != workload::HELLO_STDOUT {
         bail!(
             "expected stdout \"hello\", got {:?}; stderr: {:?}",
@@ -308,7 +328,7 @@ fn expect_hello(r: &ExecResponse) -> anyhow::Result<()> {
 }
 
 /// Run a baseline loop without stalling the async runtime's other work.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 

@@ -22,7 +22,9 @@ pub struct Cli {
     /// B2 (seaborn, scikit-learn, statsmodels snippets), C (py hello,
     /// concurrent), D (25 users upload + exec), E (js hello), S (25 users ×
     /// 100 stateful requests through seed 004's face, next to the same
-    /// requests as one-shot /v1/exec runs; not in the default set).
+    /// requests as one-shot /v1/exec runs; not in the default set), P (the
+    /// latency a person sees: pauses of 0/50/300/1000 ms, hello after a data
+    /// run, js after py, a new connection per request; not in the default set).
     #[arg(long, value_delimiter = ',', default_value = "A,B,B2,C,D,E")]
     pub scenarios: Vec<String>,
     /// Small counts and one run: a smoke test for CI.
@@ -64,6 +66,9 @@ pub struct Cli {
     /// S: sequential stateful requests per user (default 100, quick 10).
     #[arg(long)]
     pub s_requests: Option<usize>,
+    /// P: measured requests per sequence and run (default 20, quick 3).
+    #[arg(long)]
+    pub p_requests: Option<usize>,
     /// Python of the baselines.
     #[arg(long, default_value = "/usr/bin/python3")]
     pub python: PathBuf,
@@ -104,6 +109,7 @@ pub enum Scenario {
     D,
     E,
     S,
+    P,
 }
 
 impl Scenario {
@@ -116,7 +122,8 @@ impl Scenario {
             "D" => Scenario::D,
             "E" => Scenario::E,
             "S" => Scenario::S,
-            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E,S)"),
+            "P" => Scenario::P,
+            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E,S,P)"),
         })
     }
 }
@@ -139,6 +146,7 @@ pub struct Settings {
     pub e_requests: usize,
     pub s_users: usize,
     pub s_requests: usize,
+    pub p_requests: usize,
     pub python: PathBuf,
     pub node: PathBuf,
     pub out: Option<PathBuf>,
@@ -194,6 +202,7 @@ impl Settings {
             e_requests: pick(cli.e_requests, 200, 20),
             s_users: pick(cli.s_users, 25, 5),
             s_requests: pick(cli.s_requests, 100, 10),
+            p_requests: pick(cli.p_requests, 20, 3),
             python: cli.python,
             node: cli.node,
             out: cli.out,
@@ -223,6 +232,7 @@ impl Settings {
             ("--e-requests", s.e_requests),
             ("--s-users", s.s_users),
             ("--s-requests", s.s_requests),
+            ("--p-requests", s.p_requests),
         ] {
             if v == 0 {
                 bail!("{name} must be at least 1");

@@ -28,6 +28,20 @@ plt.savefig("plot.png")
 print(df["sales"].sum())
 "#;
 
+/// Scenario P: the data run before a measured hello (pandas + matplotlib on
+/// data built in the program, a plot saved, a deterministic total printed).
+pub const DATA_RUN_SCRIPT: &str = r#"import pandas as pd
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+df = pd.DataFrame({"day": range(100), "sales": [(d * 37) % 101 for d in range(100)]})
+df.plot(x="day", y="sales")
+plt.savefig("trend.png")
+print(int(df["sales"].sum()))
+"#;
+/// What [`DATA_RUN_SCRIPT`] prints.
+pub const DATA_RUN_STDOUT: &str = "4986";
+
 /// Scenario B2: typical analysis snippets (name, script, the file it must
 /// write). Each prints a deterministic answer; Kiln's must equal the
 /// baseline's. The data is generated or bundled (scikit-learn's iris): no
