@@ -158,7 +158,7 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
         ),
         Scenario::B2 => (
             "B2",
-            "seaborn, scikit-learn, statsmodels snippets, 1 client".into(),
+            "seaborn, scikit-learn, statsmodels, scipy + sympy snippets, 1 client".into(),
             format!(
                 "each snippet run by `{py}` on the host in a temp dir, {} times per snippet",
                 s.b2_requests

@@ -19,7 +19,7 @@ pub struct Cli {
     #[arg(long, env = "KILN_BENCH_KILN", default_value = "target/release/kiln")]
     pub kiln: PathBuf,
     /// Scenarios to run, comma-separated: A (py hello), B (pandas + plot),
-    /// B2 (seaborn, scikit-learn, statsmodels snippets), C (py hello,
+    /// B2 (seaborn, scikit-learn, statsmodels, scipy + sympy snippets), C (py hello,
     /// concurrent), D (25 users upload + exec), E (js hello), S (25 users ×
     /// 100 stateful requests through seed 004's face, next to the same
     /// requests as one-shot /v1/exec runs; not in the default set), P (the

@@ -85,6 +85,20 @@ print(f"r2 {res.rsquared:.4f}")
 "#,
         None,
     ),
+    (
+        "scipy + sympy",
+        r#"import numpy as np
+import sympy as sp
+from scipy import integrate, optimize
+x = sp.symbols("x")
+expr = sp.sin(x) ** 2
+exact = sp.integrate(expr, (x, 0, sp.pi))
+num, _ = integrate.quad(lambda t: np.sin(t) ** 2, 0, np.pi)
+root = optimize.brentq(lambda t: t ** 3 - 2, 0, 2)
+print(f"exact {exact} numeric {num:.6f} root {root:.6f}")
+"#,
+        None,
+    ),
 ];
 
 const REGIONS: [&str; 4] = ["north", "south", "east", "west"];
