@@ -24,8 +24,9 @@
 //! generations allow); `GET /mcp` (a standalone SSE stream) is 405.
 //! Notifications and responses a client posts are accepted with 202.
 //! Authentication is the API's own middleware (`X-API-Key`, `Bearer`, JWT);
-//! a request with an `Origin` that is not the server's own host is refused
-//! with 403 (DNS rebinding).
+//! the browser guard in front of every route (`origin.rs`) refuses a
+//! foreign `Origin` with 403 and, on a keyless server, an unknown `Host`
+//! with 421 (DNS rebinding), here as everywhere.
 
 mod tools;
 
@@ -344,7 +345,7 @@ pub(crate) struct Call<'a> {
         (status = 202, description = "A notification (or response) accepted"),
         (status = 400, description = "Unparseable message, header mismatch (-32020), unsupported version (-32022), missing `Mcp-Session-Id`", body = Object),
         (status = 401, description = "Missing or invalid credentials", body = crate::error::ErrorBody),
-        (status = 403, description = "An `Origin` other than the server's host", body = Object),
+        (status = 403, description = "A foreign `Origin` (the browser guard in front of every route)", body = Object),
         (status = 404, description = "Unknown method (2026-07-28), or an unknown or closed `Mcp-Session-Id`", body = Object),
     )
 )]
@@ -356,9 +357,6 @@ pub async fn post(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if let Some(refused) = foreign_origin(&headers) {
-        return Ok(refused);
-    }
     require_json(&headers)?;
     let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
     let (id, method, params) = match parse_message(&bytes) {
@@ -458,9 +456,6 @@ pub async fn delete(
     identity: Identity,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    if let Some(refused) = foreign_origin(&headers) {
-        return Ok(refused);
-    }
     let owner = resolve_caller(&state.config, &identity, &[header_user_id(&headers)?])?
         .principal
         .user_key();
@@ -474,23 +469,6 @@ pub async fn delete(
         let e = RpcError::new(code::INVALID_REQUEST, "Session not found");
         Ok(reply(StatusCode::NOT_FOUND, &Value::Null, Err(e)))
     }
-}
-
-/// 403 when the request names an `Origin` whose host is not the one it
-/// was sent to (a page on another site reaching a server on localhost).
-fn foreign_origin(headers: &HeaderMap) -> Option<Response> {
-    let origin = headers.get(axum::http::header::ORIGIN)?.to_str().ok();
-    let host = headers
-        .get(axum::http::header::HOST)
-        .and_then(|v| v.to_str().ok());
-    let origin_host = origin
-        .and_then(|o| o.split_once("://"))
-        .map(|(_, rest)| rest.trim_end_matches('/'));
-    if origin_host.is_some() && origin_host == host {
-        return None;
-    }
-    let e = RpcError::new(code::INVALID_REQUEST, "Origin is not this server's host");
-    Some(reply(StatusCode::FORBIDDEN, &Value::Null, Err(e)))
 }
 
 /// A modern request: `server/discover` or a method both generations share.
@@ -735,18 +713,5 @@ mod tests {
         assert!(!s.close(&id, "local:user:bob"));
         assert!(s.close(&id, "local:user:alice"));
         assert!(!s.touch(&id, "local:user:alice"));
-    }
-
-    #[test]
-    fn an_origin_must_be_the_servers_own_host() {
-        let mut h = HeaderMap::new();
-        h.insert("host", HeaderValue::from_static("127.0.0.1:8080"));
-        assert!(foreign_origin(&h).is_none());
-        h.insert("origin", HeaderValue::from_static("http://127.0.0.1:8080"));
-        assert!(foreign_origin(&h).is_none());
-        h.insert("origin", HeaderValue::from_static("https://evil.example"));
-        assert_eq!(foreign_origin(&h).unwrap().status(), StatusCode::FORBIDDEN);
-        h.insert("origin", HeaderValue::from_static("null"));
-        assert_eq!(foreign_origin(&h).unwrap().status(), StatusCode::FORBIDDEN);
     }
 }
