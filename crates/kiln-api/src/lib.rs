@@ -43,6 +43,7 @@ pub mod console;
 pub mod error;
 pub mod identity;
 pub mod jwt;
+pub mod kit;
 pub mod mcp;
 pub mod middleware;
 pub mod openapi;
@@ -115,6 +116,10 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(proxy::download, proxy::delete))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            rate::limit,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             middleware::proxy_auth,
         ));
     let sessions = OpenApiRouter::new()
@@ -131,6 +136,10 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .layer(upload_limit)
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            rate::limit,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             middleware::auth,
         ));
     // the operator's view: the operator's credential, never a user's token
@@ -144,12 +153,20 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(admin::egress))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            rate::limit,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             middleware::operator_auth,
         ));
     // one registry of the handshake generation's sessions, shared by `/mcp`
     // and `/v1/mcp` (the router clones this one)
     let mcp = OpenApiRouter::new()
         .routes(routes!(mcp::post, mcp::delete))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate::limit,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::auth,
@@ -169,7 +186,7 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
 
 /// Routes served at the root only; `/metrics` behind the API key when the
 /// configuration asks for it.
-fn root_routes(state: &AppState) -> OpenApiRouter<AppState> {
+pub fn root_routes(state: &AppState) -> OpenApiRouter<AppState> {
     let mut metrics = OpenApiRouter::new().routes(routes!(health::metrics));
     if state.config.metrics_require_key {
         metrics = metrics.route_layer(axum::middleware::from_fn_with_state(

@@ -24,25 +24,7 @@ use crate::config::AppState;
 use crate::error::{ApiError, retry_seconds};
 use crate::identity::{Identity, ScopeQuery, header_user_id};
 
-/// The route classes, each with its own limiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Class {
-    /// Everything that starts code, on every face: `POST /exec`,
-    /// `/exec/programmatic`, a live kernel's evaluation
-    /// (`/sessions/{id}/exec`, seed 003's `/code`, seed 004's `/execute`).
-    /// See [`starts_code`] and [`evaluates_code`].
-    Exec,
-    /// `POST /upload`, `POST /upload/batch`.
-    Upload,
-    /// `GET /download/...`.
-    Download,
-    /// `GET /files/...`, `GET /sessions/.../objects/...`.
-    Fetch,
-    /// `DELETE /files/...`, `DELETE /sessions/.../objects/...`.
-    Delete,
-    /// `POST /runs/{run_id}/cancel`.
-    Cancel,
-}
+pub use crate::kit::routes::Class;
 
 impl Class {
     /// The 429 sentence of §4 (exec's is in the coded body).
@@ -439,35 +421,19 @@ fn scope_query(q: &str) -> Option<ScopeQuery> {
     .map(|axum::extract::Query(q)| q)
 }
 
-/// The class of a LibreChat route other than exec (whose key needs the
-/// body: its handler asks [`RateLimits::check`] itself), by method and
-/// route template; `None` for routes without a limit.
+/// The class the rate layer counts a route in, by method and route
+/// template (under `/v1` or not), as [`crate::kit::routes::ROUTES`]
+/// declares it; `None` for routes the layer does not count (free, or
+/// counted by their handler, whose key needs the body).
 pub fn classify(method: &axum::http::Method, route: &str) -> Option<Class> {
-    use axum::http::Method;
-    let route = route.strip_prefix("/v1").unwrap_or(route);
-    if *method == Method::DELETE {
-        return Some(Class::Delete);
+    match crate::kit::routes::by_template(method, route)?.rate {
+        crate::kit::Rate::Layer(class) => Some(class),
+        crate::kit::Rate::Free | crate::kit::Rate::Handler(_) => None,
     }
-    if *method == Method::POST {
-        return match route {
-            "/upload" | "/upload/batch" => Some(Class::Upload),
-            r if r.starts_with("/runs/") && r.ends_with("/cancel") => Some(Class::Cancel),
-            _ => None,
-        };
-    }
-    if *method == Method::GET {
-        if route.starts_with("/download/") {
-            return Some(Class::Download);
-        }
-        if route.starts_with("/files/") || route.starts_with("/sessions/") {
-            return Some(Class::Fetch);
-        }
-    }
-    None
 }
 
-/// The middleware of LibreChat's routes: counts the request in its class's
-/// limiter (see [`classify`]) and stamps the headers on the answer.
+/// The middleware of the authenticated routes: counts the request in its
+/// route's class's limiter (see [`classify`]) and stamps the headers on the answer.
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
