@@ -46,37 +46,10 @@ use crate::kit::Affinity;
 use crate::kit::routes::{self, Params};
 use crate::sse::RUN_ID as RUN_ID_HEADER;
 
-/// The node that forwarded a request.
-pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-kiln-forwarded-by");
-/// The nodes' shared secret, proving a request was forwarded by a node.
-pub const NODE_SECRET: HeaderName = HeaderName::from_static("x-kiln-node-secret");
-/// The address of the client a forwarded request came from.
-pub const CLIENT_ADDR: HeaderName = HeaderName::from_static("x-kiln-client-addr");
-/// Response header: the node that answered (the owner, when forwarded).
-pub const NODE: HeaderName = HeaderName::from_static("x-kiln-node");
-/// Response header on a forwarded answer: the node the client reached.
-pub const VIA: HeaderName = HeaderName::from_static("x-kiln-via");
-
-/// Owner kinds in the `owners` table.
-pub const KIND_SESSION: &str = "session";
-pub const KIND_RUN: &str = "run";
-/// A runtime session of the stateful profile, by its hint.
-pub const KIND_RUNTIME: &str = "runtime";
-/// A seed-004 worker (a user's live kernel), by its `user_uuid`.
-pub const KIND_WORKER: &str = "worker";
-
-/// This node among several.
-#[derive(Clone)]
-pub struct Cluster {
-    /// This node's id (its `nodes` row).
-    pub node_id: String,
-    /// Where the other nodes reach this one (`http://10.0.0.7:8000`).
-    pub advertise_url: String,
-    secret: String,
-    /// A node whose heartbeat is older than this is taken as gone.
-    pub dead_after: Duration,
-    client: reqwest::Client,
-}
+pub use crate::node::{
+    CLIENT_ADDR, Cluster, FORWARDED_BY, KIND_RUN, KIND_RUNTIME, KIND_SESSION, KIND_WORKER, NODE,
+    NODE_SECRET, VIA,
+};
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -297,7 +270,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
             Ok(read) => read,
             Err(e) => {
-                return crate::compat::Fail::<crate::compat::seed004::Detail>::from(e)
+                return crate::kit::envelope::Fail::<crate::kit::envelope::Detail>::from(e)
                     .into_response();
             }
         };
@@ -374,8 +347,8 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
 /// check of the face (a compatibility face's key header, else Kiln's),
 /// made here before anything of the request's body is read.
 fn admitted(state: &AppState, req: &Request, path: &str) -> bool {
-    match crate::compat::key_header(&state.config, path) {
-        Some(header) => crate::compat::authenticate(state, req, &header).is_ok(),
+    match crate::middleware::key_header(&state.config, path) {
+        Some(header) => crate::middleware::authenticate_with(state, req, &header).is_ok(),
         None => crate::middleware::authenticate(state, req).is_ok(),
     }
 }
