@@ -42,39 +42,14 @@ use kiln_core::Nanoid;
 use subtle::ConstantTimeEq as _;
 
 use crate::config::AppState;
+use crate::kit::Affinity;
+use crate::kit::routes::{self, Params};
 use crate::sse::RUN_ID as RUN_ID_HEADER;
 
-/// The node that forwarded a request.
-pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-kiln-forwarded-by");
-/// The nodes' shared secret, proving a request was forwarded by a node.
-pub const NODE_SECRET: HeaderName = HeaderName::from_static("x-kiln-node-secret");
-/// The address of the client a forwarded request came from.
-pub const CLIENT_ADDR: HeaderName = HeaderName::from_static("x-kiln-client-addr");
-/// Response header: the node that answered (the owner, when forwarded).
-pub const NODE: HeaderName = HeaderName::from_static("x-kiln-node");
-/// Response header on a forwarded answer: the node the client reached.
-pub const VIA: HeaderName = HeaderName::from_static("x-kiln-via");
-
-/// Owner kinds in the `owners` table.
-pub const KIND_SESSION: &str = "session";
-pub const KIND_RUN: &str = "run";
-/// A runtime session of the stateful profile, by its hint.
-pub const KIND_RUNTIME: &str = "runtime";
-/// A seed-004 worker (a user's live kernel), by its `user_uuid`.
-pub const KIND_WORKER: &str = "worker";
-
-/// This node among several.
-#[derive(Clone)]
-pub struct Cluster {
-    /// This node's id (its `nodes` row).
-    pub node_id: String,
-    /// Where the other nodes reach this one (`http://10.0.0.7:8000`).
-    pub advertise_url: String,
-    secret: String,
-    /// A node whose heartbeat is older than this is taken as gone.
-    pub dead_after: Duration,
-    client: reqwest::Client,
-}
+pub use crate::node::{
+    CLIENT_ADDR, Cluster, FORWARDED_BY, KIND_RUN, KIND_RUNTIME, KIND_SESSION, KIND_WORKER, NODE,
+    NODE_SECRET, VIA,
+};
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -154,31 +129,24 @@ impl Target {
     }
 }
 
-/// The node-local thing the path names: `/sessions/{id}[/exec|/interrupt|
-/// /files...]` (not LibreChat's `/sessions/{id}/objects/...`, stored
-/// files) and `/runs/{id}[/...]`, under `/v1` or at the root.
-fn target_of_path(path: &str) -> Option<Target> {
-    let path = path.strip_prefix("/v1").unwrap_or(path);
-    let mut parts = path.trim_start_matches('/').splitn(3, '/');
-    let (face, id, rest) = (parts.next()?, parts.next()?, parts.next());
-    let id = Nanoid::try_from(id.to_owned()).ok()?;
-    match face {
-        "sessions" if !rest.is_some_and(|r| r == "objects" || r.starts_with("objects/")) => {
-            Some(Target::Session(id))
-        }
-        "runs" => Some(Target::Run(id)),
+/// The node-local thing a route's parameters name: the kernel of an
+/// [`Affinity::Kernel`] route, the run of an [`Affinity::Run`] one.
+fn target_of(affinity: Affinity, params: &Params<'_>) -> Option<Target> {
+    let id = |name| Nanoid::try_from(params.get(name)?.to_owned()).ok();
+    match affinity {
+        Affinity::Kernel => id("session_id").map(Target::Session),
+        Affinity::Run => id("run_id").map(Target::Run),
         _ => None,
     }
 }
 
-/// `POST /exec/programmatic` (under `/v1` or not).
-fn is_programmatic(method: &Method, path: &str) -> bool {
-    *method == Method::POST && path.strip_prefix("/v1").unwrap_or(path) == "/exec/programmatic"
-}
-
-/// `POST /sessions` (under `/v1` or not): starts a kernel.
-fn is_session_create(method: &Method, path: &str) -> bool {
-    *method == Method::POST && path.strip_prefix("/v1").unwrap_or(path) == "/sessions"
+/// The node-local thing the path names, by its route's affinity
+/// ([`crate::kit::routes::ROUTES`]): a live kernel (`/sessions/{id}[/exec|
+/// /interrupt|/files...]`, not LibreChat's `/sessions/{id}/objects/...`,
+/// stored files) or a run (`/runs/{id}[/...]`), under `/v1` or at the root.
+fn target_of_path(path: &str) -> Option<Target> {
+    let (route, params) = routes::lookup(None, path, None)?;
+    target_of(route.affinity, &params)
 }
 
 /// The run a continuation token names (unverified: the owner verifies it).
@@ -245,10 +213,23 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
     }
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    // the route's declared affinity ([`crate::kit::routes`]): the path's
+    // names a kernel or a run whatever the method; one read from the body
+    // or the query is its own method's
+    let found = routes::lookup(
+        Some(&method),
+        &path,
+        state.config.runtime_api_prefix.as_deref(),
+    );
+    let path_target = target_of_path(&path);
+    let declared = found
+        .as_ref()
+        .filter(|(r, _)| r.verb.method() == method)
+        .map_or(Affinity::Any, |(r, _)| r.affinity);
     // what may start a run or a kernel: a POST not naming an existing one
-    let starting = if method == Method::POST && target_of_path(&path).is_none() {
+    let starting = if method == Method::POST && path_target.is_none() {
         Starts::Something {
-            session: is_session_create(&method, &path),
+            session: declared == Affinity::NewKernel,
         }
     } else {
         Starts::Nothing
@@ -268,7 +249,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         return next.run(req).await;
     }
 
-    if is_exec(&method, &path)
+    if declared == Affinity::RuntimeSession
         && crate::middleware::expects_stateful(req.headers())
         && state.config.runtime_session_mode != crate::RuntimeSessionMode::Stateless
     {
@@ -289,13 +270,13 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
             Ok(read) => read,
             Err(e) => {
-                return crate::compat::Fail::<crate::compat::seed004::Detail>::from(e)
+                return crate::kit::envelope::Fail::<crate::kit::envelope::Detail>::from(e)
                     .into_response();
             }
         };
         return affinity(state, cluster, KIND_WORKER, &user, parts, bytes, next).await;
     }
-    let target = if is_programmatic(&method, &path) {
+    let target = if declared == Affinity::Continuation {
         // the run is named inside the body: read it (bounded as the
         // handler bounds it) and hand the same bytes on
         let (parts, bytes) = match buffered(req, state.config.max_json_bytes).await {
@@ -306,7 +287,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         req = Request::from_parts(parts, Body::from(bytes));
         target
     } else {
-        target_of_path(&path)
+        path_target.clone()
     };
     let Some(target) = target else {
         let resp = next.run(req).await;
@@ -315,7 +296,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
     if held_here(state, &target) {
         let closing = method == Method::DELETE
             && matches!(&target, Target::Session(_))
-            && target_of_path(&path).is_some()
+            && path_target.is_some()
             && path.trim_end_matches('/').ends_with(target.id().as_str());
         let resp = next.run(req).await;
         if closing
@@ -366,8 +347,8 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
 /// check of the face (a compatibility face's key header, else Kiln's),
 /// made here before anything of the request's body is read.
 fn admitted(state: &AppState, req: &Request, path: &str) -> bool {
-    match crate::compat::key_header(&state.config, path) {
-        Some(header) => crate::compat::authenticate(state, req, &header).is_ok(),
+    match crate::middleware::key_header(&state.config, path) {
+        Some(header) => crate::middleware::authenticate_with(state, req, &header).is_ok(),
         None => crate::middleware::authenticate(state, req).is_ok(),
     }
 }
@@ -392,11 +373,6 @@ fn alive(cluster: &Cluster, owner: &kiln_store::Owner) -> bool {
     })
 }
 
-/// `POST /exec` (under `/v1` or not).
-fn is_exec(method: &Method, path: &str) -> bool {
-    *method == Method::POST && path.strip_prefix("/v1").unwrap_or(path) == "/exec"
-}
-
 /// The `runtime_session_hint` of an `/exec` body, if any.
 fn runtime_hint(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -404,10 +380,11 @@ fn runtime_hint(body: &[u8]) -> Option<String> {
     (!hint.is_empty() && hint.len() <= 128).then(|| hint.to_owned())
 }
 
-/// The `user_uuid` of a request to seed 004's face (`/api/v1/...`), whose
-/// worker lives on one node. The raw value routes (the face validates it).
+/// The `user_uuid` of a request to seed 004's face (a route of
+/// [`Affinity::Worker`]), whose worker lives on one node. The raw value
+/// routes (the face validates it).
 fn seed004_user(path: &str, query: Option<&str>) -> Option<String> {
-    if !path.starts_with("/api/v1/") {
+    if !routes::lookup(None, path, None).is_some_and(|(r, _)| r.affinity == Affinity::Worker) {
         return None;
     }
     query?

@@ -9,7 +9,11 @@ use kiln_exec::{Runs, RunsConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{History, Operations};
+use crate::ops::{History, Operations};
+
+/// How long a call waits for its runtime session's previous call (spec
+/// §13.4: 15 s, then 409).
+pub const RUNTIME_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// How callers authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -66,11 +70,11 @@ pub struct ApiConfig {
     /// scraper needs no key and the port should then stay private.
     pub metrics_require_key: bool,
     /// Per-principal rate limits of LibreChat's routes (spec §4).
-    pub rate_limits: crate::rate::RateRules,
+    pub rate_limits: crate::limits::RateRules,
     /// Serve the operator's web console at `/console/`.
     pub console: bool,
     /// Programmatic tool calling: token secret, cap, limits.
-    pub ptc: crate::programmatic::PtcSettings,
+    pub ptc: crate::ptc::PtcSettings,
     /// LibreChat's stateful profile: what `runtime_session_hint` does.
     pub runtime_session_mode: RuntimeSessionMode,
     /// How long a call waits for its runtime session's previous call
@@ -91,7 +95,7 @@ pub struct ApiConfig {
     pub url_fetch: kiln_exec::FetchPolicy,
     /// The `Host` and `Origin` values the server takes as its own
     /// (browsers: cross-site requests, DNS rebinding; [`crate::origin`]).
-    pub hosts: crate::origin::HostPolicy,
+    pub hosts: crate::hosts::HostPolicy,
 }
 
 /// What `/exec` does with `runtime_session_hint` under the stateful
@@ -133,16 +137,16 @@ impl Default for ApiConfig {
             tenant: "local".to_owned(),
             max_run_files: 10,
             metrics_require_key: false,
-            rate_limits: crate::rate::RateRules::default(),
+            rate_limits: crate::limits::RateRules::default(),
             console: true,
-            ptc: crate::programmatic::PtcSettings::default(),
+            ptc: crate::ptc::PtcSettings::default(),
             runtime_session_mode: RuntimeSessionMode::default(),
-            runtime_session_busy_wait: crate::codeapi::exec::RUNTIME_BUSY_WAIT,
+            runtime_session_busy_wait: RUNTIME_BUSY_WAIT,
             runtime_session_live: false,
             seed004_api: true,
             runtime_api_prefix: Some("/runtime".to_owned()),
             url_fetch: kiln_exec::FetchPolicy::default(),
-            hosts: crate::origin::HostPolicy::default(),
+            hosts: crate::hosts::HostPolicy::default(),
         }
     }
 }
@@ -240,18 +244,18 @@ pub struct AppState {
     /// with 503 (runs already in flight are left to finish).
     pub shutdown: CancellationToken,
     /// The rate limiters of [`ApiConfig::rate_limits`].
-    pub rates: Arc<crate::rate::RateLimits>,
+    pub rates: Arc<crate::limits::RateLimits>,
     /// Programmatic executions and requests in flight.
-    pub ptc: Arc<crate::programmatic::Programmatic>,
+    pub ptc: Arc<crate::ptc::Programmatic>,
     /// What the sandbox knows, for `/admin/status` (`None`: not reported).
     pub ops: Option<Arc<dyn Operations>>,
-    /// The last hour of key numbers (filled by [`crate::admin::spawn_sampler`]).
+    /// The last hour of key numbers (filled by `admin::spawn_sampler`).
     pub history: Arc<History>,
     /// Live kernels (Kiln's sessions API); `None`: the routes answer 503.
     pub kernels: Option<kiln_exec::kernels::Kernels>,
     /// This node among several (owners recorded, requests forwarded);
     /// `None`: a single node.
-    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    pub cluster: Option<Arc<crate::node::Cluster>>,
     /// Kernels by name over `kernels` (the compatibility faces' workers).
     pub workers: Option<kiln_exec::workers::Workers>,
     /// The live kernels of LibreChat's runtime sessions
@@ -278,8 +282,8 @@ impl AppState {
                 std::time::Duration::from_secs(3600),
             )),
             store,
-            rates: Arc::new(crate::rate::RateLimits::new(config.rate_limits)),
-            ptc: Arc::new(crate::programmatic::Programmatic::new(config.ptc.clone())),
+            rates: Arc::new(crate::limits::RateLimits::new(config.rate_limits)),
+            ptc: Arc::new(crate::ptc::Programmatic::new(config.ptc.clone())),
             config: Arc::new(config),
             health: Arc::new(health),
             metrics: None,

@@ -181,8 +181,8 @@ pub enum ApiError {
     /// A rate limit of §4 refused the request.
     #[error("rate limited ({class:?})")]
     RateLimited {
-        class: crate::rate::Class,
-        verdict: crate::rate::Verdict,
+        class: crate::kit::routes::Class,
+        verdict: crate::limits::Verdict,
     },
     /// A sessions API call failed (`sessions.rs` renders it).
     #[error("session: {0}")]
@@ -239,7 +239,7 @@ impl ApiError {
             BearerRequired => plain(StatusCode::UNAUTHORIZED, "Bearer token is required"),
             RateLimited { class, verdict } => (
                 StatusCode::TOO_MANY_REQUESTS,
-                crate::rate::refusal_body(*class, verdict),
+                crate::limits::refusal_body(*class, verdict),
             ),
             InvalidBearer(_) => plain(StatusCode::UNAUTHORIZED, "Invalid bearer token"),
             JwtMisconfigured => plain(
@@ -301,7 +301,7 @@ impl ApiError {
             InsufficientStorage(e) => plain(StatusCode::INSUFFICIENT_STORAGE, &storage_refusal(e)),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
-            Session(e) => crate::sessions::error_envelope(e),
+            Session(e) => kernel_envelope(e),
             SessionLookup { .. } | Panic(_) | EgressLedger(_) => {
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
             }
@@ -375,10 +375,7 @@ fn exec_envelope(e: &ExecError) -> (StatusCode, Value) {
     }
 }
 
-/// Whole seconds to wait, at least one.
-pub fn retry_seconds(d: std::time::Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0).max(u64::from(d.is_zero()))
-}
+pub use crate::limits::retry_seconds;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -390,7 +387,7 @@ impl IntoResponse for ApiError {
         }
         let mut resp = (status, Json(body)).into_response();
         if let ApiError::RateLimited { verdict, .. } = &self {
-            crate::rate::stamp(resp.headers_mut(), verdict);
+            crate::limits::stamp(resp.headers_mut(), verdict);
         }
         if let ApiError::Session(
             kiln_exec::kernels::KernelsError::NodeFull(_)
@@ -415,4 +412,47 @@ impl IntoResponse for ApiError {
         }
         resp
     }
+}
+/// The status and coded body of a live kernel's error (every face that
+/// holds kernels answers it so, or from it).
+pub fn kernel_envelope(e: &kiln_exec::kernels::KernelsError) -> (StatusCode, serde_json::Value) {
+    let (status, code) = match e {
+        kiln_exec::kernels::KernelsError::Language(_) => {
+            (StatusCode::BAD_REQUEST, "unsupported_language")
+        }
+        kiln_exec::kernels::KernelsError::NotFound => (StatusCode::NOT_FOUND, "session_not_found"),
+        kiln_exec::kernels::KernelsError::FileNotFound => (StatusCode::NOT_FOUND, "file_not_found"),
+        kiln_exec::kernels::KernelsError::OwnerCap(_) => {
+            (StatusCode::TOO_MANY_REQUESTS, "session_limit")
+        }
+        kiln_exec::kernels::KernelsError::NodeFull(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "sessions_full")
+        }
+        kiln_exec::kernels::KernelsError::Unavailable(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "sessions_unavailable")
+        }
+        kiln_exec::kernels::KernelsError::Busy => (StatusCode::CONFLICT, "session_busy"),
+        kiln_exec::kernels::KernelsError::Lost(_) => (StatusCode::GONE, "session_lost"),
+        kiln_exec::kernels::KernelsError::Files(m) if m.contains("full") => {
+            (StatusCode::INSUFFICIENT_STORAGE, "workspace_full")
+        }
+        kiln_exec::kernels::KernelsError::Files(_)
+        | kiln_exec::kernels::KernelsError::Kernel(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "session_failed")
+        }
+    };
+    let message = match e {
+        // internal detail goes to the log
+        kiln_exec::kernels::KernelsError::Files(m) if !m.contains("full") => {
+            "Internal server error".to_owned()
+        }
+        kiln_exec::kernels::KernelsError::Kernel(_) => {
+            "The kernel could not be started or failed".to_owned()
+        }
+        other => other.to_string(),
+    };
+    (
+        status,
+        serde_json::json!({ "error": code, "message": message }),
+    )
 }

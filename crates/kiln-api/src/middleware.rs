@@ -221,22 +221,10 @@ pub async fn operator_auth(
     admit(req, next, who).await
 }
 
-/// The same check for seed 000's routes, answered in that face's envelope.
-pub async fn proxy_auth(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> axum::response::Response {
-    match authenticate(&state, &req) {
-        Ok(identity) => {
-            req.extensions_mut().insert(identity);
-            next.run(req).await
-        }
-        Err(e) => {
-            let sent = presented_keys(&req).next().is_some();
-            crate::proxy::unauthorized(e, sent)
-        }
-    }
+/// Whether the request presents a key at all (`X-API-Key` or a bearer
+/// value), for faces whose refusal says which was wrong.
+pub fn key_sent(req: &Request) -> bool {
+    presented_keys(req).next().is_some()
 }
 
 /// The `Authorization: Bearer` value, if any.
@@ -327,6 +315,40 @@ pub async fn not_found(req: Request) -> ApiError {
 /// Known paths with an unsupported method.
 pub async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
+}
+
+/// Seed 004's key header.
+pub const AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
+/// Seed 003's key header.
+pub const ACCESS_TOKEN: HeaderName = HeaderName::from_static("x-access-token");
+
+/// The key header of the compatibility face serving `path` (seed 004's
+/// under `/api/v1/`, seed 003's under `runtime_api_prefix`), when that
+/// face is on; `None` for Kiln's own routes.
+pub fn key_header(config: &crate::config::ApiConfig, path: &str) -> Option<HeaderName> {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if config.seed004_api && under("/api/v1") {
+        Some(AUTH_TOKEN)
+    } else if config.runtime_api_prefix.as_deref().is_some_and(under) {
+        Some(ACCESS_TOKEN)
+    } else {
+        None
+    }
+}
+
+/// Authenticates with the key in `header`, else as Kiln's own routes do.
+pub fn authenticate_with(
+    state: &AppState,
+    req: &Request,
+    header: &HeaderName,
+) -> Result<Identity, ApiError> {
+    if let Some(identity) = key_in_header(state, req, header) {
+        return Ok(identity);
+    }
+    authenticate(state, req)
 }
 
 #[cfg(test)]

@@ -203,6 +203,24 @@ impl From<OpenError> for ProxyError {
 }
 
 /// The 401 of this face (authentication failed with `e`).
+/// Kiln's credential check for seed 000's routes, answered in that face's envelope.
+pub async fn auth(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match crate::middleware::authenticate(&state, &req) {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(e) => {
+            let sent = crate::middleware::key_sent(&req);
+            unauthorized(e, sent)
+        }
+    }
+}
+
 pub fn unauthorized(e: ApiError, key_sent: bool) -> Response {
     let (status, detail) = match e {
         ApiError::Unauthenticated(_) if key_sent => (StatusCode::UNAUTHORIZED, "Invalid API key"),

@@ -16,75 +16,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::config::AppState;
-use crate::error::{ApiError, retry_seconds};
+use crate::error::ApiError;
 use crate::identity::{Identity, ScopeQuery, header_user_id};
 
-/// The route classes, each with its own limiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Class {
-    /// Everything that starts code, on every face: `POST /exec`,
-    /// `/exec/programmatic`, a live kernel's evaluation
-    /// (`/sessions/{id}/exec`, seed 003's `/code`, seed 004's `/execute`).
-    /// See [`starts_code`] and [`evaluates_code`].
-    Exec,
-    /// `POST /upload`, `POST /upload/batch`.
-    Upload,
-    /// `GET /download/...`.
-    Download,
-    /// `GET /files/...`, `GET /sessions/.../objects/...`.
-    Fetch,
-    /// `DELETE /files/...`, `DELETE /sessions/.../objects/...`.
-    Delete,
-    /// `POST /runs/{run_id}/cancel`.
-    Cancel,
-}
-
-impl Class {
-    /// The 429 sentence of §4 (exec's is in the coded body).
-    fn sentence(self, secs: u64) -> String {
-        let what = match self {
-            Class::Exec => "CodeAPI execution requests",
-            Class::Upload => "file uploads",
-            Class::Download => "file downloads",
-            Class::Fetch => "file list requests",
-            Class::Delete => "file delete requests",
-            Class::Cancel => "cancellation requests",
-        };
-        format!("Too many {what}. Please retry in {secs} seconds.")
-    }
-}
-
-/// `max` requests per `window`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rule {
-    pub max: u32,
-    pub window: Duration,
-}
-
-impl Rule {
-    pub const fn new(max: u32, secs: u64) -> Rule {
-        Rule {
-            max,
-            window: Duration::from_secs(secs),
-        }
-    }
-}
-
-/// The limit of each class; `None` turns a class's limit off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateRules {
-    pub exec: Option<Rule>,
-    pub upload: Option<Rule>,
-    pub download: Option<Rule>,
-    pub fetch: Option<Rule>,
-    pub delete: Option<Rule>,
-    pub cancel: Option<Rule>,
-}
+pub use crate::limits::{Class, RateLimits, RateRules, Rule, Verdict, refusal_body, stamp};
+use crate::limits::{Gcra, PRUNE_ABOVE};
 
 impl Default for RateRules {
     /// Generous: ten to thirty times the official server's (exec 20 per
@@ -127,29 +67,6 @@ impl RateRules {
             Class::Cancel => self.cancel,
         }
     }
-}
-
-/// What a limiter said about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
-    pub limit: u32,
-    /// Requests still allowed at once.
-    pub remaining: u32,
-    /// Until the bucket is full again (allowed) or until the next request
-    /// is (refused).
-    pub reset: Duration,
-    pub allowed: bool,
-}
-
-/// Keys kept before idle ones (their bucket full again) are forgotten.
-const PRUNE_ABOVE: usize = 4096;
-
-/// One class's GCRA: per key, the theoretical arrival time of the next
-/// request.
-#[derive(Debug)]
-struct Gcra {
-    rule: Rule,
-    tat: Mutex<HashMap<String, Instant>>,
 }
 
 impl Gcra {
@@ -223,14 +140,6 @@ impl Gcra {
         tats.insert(key.to_owned(), next);
         self.verdict(true, ahead)
     }
-}
-
-/// Every class's limiter.
-#[derive(Debug)]
-pub struct RateLimits {
-    limiters: HashMap<Class, Gcra>,
-    /// Where the nodes count together; `None`: in this process.
-    shared: Option<kiln_store::Store>,
 }
 
 impl RateLimits {
@@ -345,37 +254,6 @@ pub async fn evaluates_code(
     Ok(verdict)
 }
 
-/// Whole seconds for a header or body, at least one.
-fn secs(d: Duration) -> u64 {
-    retry_seconds(d)
-}
-
-/// Stamps the draft-6 headers of `v` (and `Retry-After` on a refusal).
-pub fn stamp(headers: &mut HeaderMap, v: &Verdict) {
-    let set = |h: &mut HeaderMap, name: &'static str, n: u64| {
-        h.insert(HeaderName::from_static(name), HeaderValue::from(n));
-    };
-    set(headers, "ratelimit-limit", u64::from(v.limit));
-    set(headers, "ratelimit-remaining", u64::from(v.remaining));
-    set(headers, "ratelimit-reset", secs(v.reset));
-    if !v.allowed {
-        set(headers, "retry-after", secs(v.reset));
-    }
-}
-
-/// The status and body of a refusal of `class`.
-pub fn refusal_body(class: Class, v: &Verdict) -> serde_json::Value {
-    let n = secs(v.reset);
-    match class {
-        Class::Exec => serde_json::json!({
-            "error": "rate_limited",
-            "message": class.sentence(n),
-            "retry_after_seconds": n,
-        }),
-        _ => serde_json::json!({ "error": class.sentence(n) }),
-    }
-}
-
 /// The key a request is counted under before its body is read: the
 /// verified caller, else `User-Id`, else `kind=user&id=` in the query, else
 /// the client's address.
@@ -439,35 +317,19 @@ fn scope_query(q: &str) -> Option<ScopeQuery> {
     .map(|axum::extract::Query(q)| q)
 }
 
-/// The class of a LibreChat route other than exec (whose key needs the
-/// body: its handler asks [`RateLimits::check`] itself), by method and
-/// route template; `None` for routes without a limit.
+/// The class the rate layer counts a route in, by method and route
+/// template (under `/v1` or not), as [`crate::kit::routes::ROUTES`]
+/// declares it; `None` for routes the layer does not count (free, or
+/// counted by their handler, whose key needs the body).
 pub fn classify(method: &axum::http::Method, route: &str) -> Option<Class> {
-    use axum::http::Method;
-    let route = route.strip_prefix("/v1").unwrap_or(route);
-    if *method == Method::DELETE {
-        return Some(Class::Delete);
+    match crate::kit::routes::by_template(method, route)?.rate {
+        crate::kit::Rate::Layer(class) => Some(class),
+        crate::kit::Rate::Free | crate::kit::Rate::Handler(_) => None,
     }
-    if *method == Method::POST {
-        return match route {
-            "/upload" | "/upload/batch" => Some(Class::Upload),
-            r if r.starts_with("/runs/") && r.ends_with("/cancel") => Some(Class::Cancel),
-            _ => None,
-        };
-    }
-    if *method == Method::GET {
-        if route.starts_with("/download/") {
-            return Some(Class::Download);
-        }
-        if route.starts_with("/files/") || route.starts_with("/sessions/") {
-            return Some(Class::Fetch);
-        }
-    }
-    None
 }
 
-/// The middleware of LibreChat's routes: counts the request in its class's
-/// limiter (see [`classify`]) and stamps the headers on the answer.
+/// The middleware of the authenticated routes: counts the request in its
+/// route's class's limiter (see [`classify`]) and stamps the headers on the answer.
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()

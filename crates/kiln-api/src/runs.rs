@@ -14,8 +14,7 @@ use std::time::SystemTime;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::header::LOCATION;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{StepUsage, Usage};
@@ -28,55 +27,7 @@ use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
 use crate::sse::{self, Early};
-
-/// Where to find a run.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct RunLinks {
-    #[serde(rename = "self")]
-    pub this: String,
-    pub events: String,
-    pub cancel: String,
-}
-
-impl RunLinks {
-    fn of(run: &RunHandle) -> RunLinks {
-        let base = format!("/v1/runs/{}", run.id());
-        RunLinks {
-            events: format!("{base}/events"),
-            cancel: format!("{base}/cancel"),
-            this: base,
-        }
-    }
-}
-
-/// The answer to a detached run started with `Prefer: respond-async`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct RunStarted {
-    pub run_id: String,
-    /// `queued` (or already further).
-    pub status: String,
-    pub links: RunLinks,
-}
-
-/// 202 with the new run's id and where to watch it.
-pub fn started_response(run: &RunHandle) -> Response {
-    let body = RunStarted {
-        run_id: run.id().as_str().to_owned(),
-        status: run.info().phase.as_str().to_owned(),
-        links: RunLinks::of(run),
-    };
-    let mut resp = (StatusCode::ACCEPTED, Json(body)).into_response();
-    let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{}", run.id())) {
-        h.insert(LOCATION, v);
-    }
-    h.insert(
-        HeaderName::from_static("preference-applied"),
-        HeaderValue::from_static("respond-async"),
-    );
-    sse::insert_run_id(h, run);
-    resp
-}
+pub use crate::sse::{RunLinks, RunStarted, started_response};
 
 /// What one step used.
 #[derive(Debug, Serialize, ToSchema)]

@@ -625,33 +625,3 @@ pub async fn delete_file(
     kernels(&state)?.delete_file(session, rel).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
-
-/// The status and coded body of a sessions error.
-pub fn error_envelope(e: &KernelsError) -> (StatusCode, serde_json::Value) {
-    let (status, code) = match e {
-        KernelsError::Language(_) => (StatusCode::BAD_REQUEST, "unsupported_language"),
-        KernelsError::NotFound => (StatusCode::NOT_FOUND, "session_not_found"),
-        KernelsError::FileNotFound => (StatusCode::NOT_FOUND, "file_not_found"),
-        KernelsError::OwnerCap(_) => (StatusCode::TOO_MANY_REQUESTS, "session_limit"),
-        KernelsError::NodeFull(_) => (StatusCode::SERVICE_UNAVAILABLE, "sessions_full"),
-        KernelsError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "sessions_unavailable"),
-        KernelsError::Busy => (StatusCode::CONFLICT, "session_busy"),
-        KernelsError::Lost(_) => (StatusCode::GONE, "session_lost"),
-        KernelsError::Files(m) if m.contains("full") => {
-            (StatusCode::INSUFFICIENT_STORAGE, "workspace_full")
-        }
-        KernelsError::Files(_) | KernelsError::Kernel(_) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, "session_failed")
-        }
-    };
-    let message = match e {
-        // internal detail goes to the log
-        KernelsError::Files(m) if !m.contains("full") => "Internal server error".to_owned(),
-        KernelsError::Kernel(_) => "The kernel could not be started or failed".to_owned(),
-        other => other.to_string(),
-    };
-    (
-        status,
-        serde_json::json!({ "error": code, "message": message }),
-    )
-}

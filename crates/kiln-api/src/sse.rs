@@ -20,7 +20,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::header::CACHE_CONTROL;
+use axum::Json;
+use axum::http::header::{CACHE_CONTROL, LOCATION};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -29,7 +30,9 @@ use futures::stream;
 use kiln_exec::{
     ExecError, ExecResult, OutputFile, RunEvent, RunHandle, Stream as Out, Subscriber,
 };
+use serde::Serialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 
 /// Longest quiet time on an event stream before a keep-alive comment.
 pub const KEEP_ALIVE: Duration = Duration::from_millis(1500);
@@ -202,6 +205,55 @@ impl<K> Cursor<K> {
 
 fn data(name: &str, v: &Value) -> Event {
     Event::default().event(name).data(v.to_string())
+}
+
+/// Where to find a run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunLinks {
+    #[serde(rename = "self")]
+    pub this: String,
+    pub events: String,
+    pub cancel: String,
+}
+
+impl RunLinks {
+    pub fn of(run: &RunHandle) -> RunLinks {
+        let base = format!("/v1/runs/{}", run.id());
+        RunLinks {
+            events: format!("{base}/events"),
+            cancel: format!("{base}/cancel"),
+            this: base,
+        }
+    }
+}
+
+/// The answer to a detached run started with `Prefer: respond-async`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunStarted {
+    pub run_id: String,
+    /// `queued` (or already further).
+    pub status: String,
+    pub links: RunLinks,
+}
+
+/// 202 with the new run's id and where to watch it.
+pub fn started_response(run: &RunHandle) -> Response {
+    let body = RunStarted {
+        run_id: run.id().as_str().to_owned(),
+        status: run.info().phase.as_str().to_owned(),
+        links: RunLinks::of(run),
+    };
+    let mut resp = (StatusCode::ACCEPTED, Json(body)).into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{}", run.id())) {
+        h.insert(LOCATION, v);
+    }
+    h.insert(
+        HeaderName::from_static("preference-applied"),
+        HeaderValue::from_static("respond-async"),
+    );
+    insert_run_id(h, run);
+    resp
 }
 
 #[cfg(test)]

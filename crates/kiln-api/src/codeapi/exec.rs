@@ -121,7 +121,7 @@ pub struct FileRefBody {
                 (String = "text/event-stream", example = json!("event: stdout\ndata: {\"text\":\"hello\\n\"}\n\nevent: result\ndata: {\"session_id\":\"...\",\"stdout\":\"hello\\n\",\"stderr\":\"\",\"files\":[],\"code\":0}\n\n"))
             ),
             headers(("x-kiln-run-id" = String, description = "The run's id (see /runs/{run_id})"))),
-        (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::runs::RunStarted),
+        (status = 202, description = "Detached run started (`Prefer: respond-async`)", body = crate::sse::RunStarted),
         (status = 400, description = "Invalid body", body = crate::error::ErrorBody),
         (status = 403, description = "A file reference the caller may not read", body = crate::error::ErrorBody),
         (status = 409, description = "The runtime session is busy with another call past the wait (`runtime_session_busy`)", body = crate::error::CodedError),
@@ -211,7 +211,7 @@ async fn run(
         return Ok(sse::respond(run, face, Early::HttpError, watch).await);
     }
     if detach && prefers_async(headers) {
-        return Ok(crate::runs::started_response(watch.handle()));
+        return Ok(crate::sse::started_response(watch.handle()));
     }
     // Dropping this future (client disconnect) drops the watch, which
     // cancels the run unless it is detached.
@@ -248,9 +248,7 @@ pub struct Runtime {
     sent: HashSet<(Nanoid, Nanoid)>,
 }
 
-/// How long a call waits for its runtime session's previous call (spec
-/// §13.4: 15 s, then 409).
-pub const RUNTIME_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+pub use crate::config::RUNTIME_BUSY_WAIT;
 
 /// Opens the caller's runtime session `hint` and takes its turn; the run
 /// then starts from the session's files (the newest per name, unless the

@@ -29,20 +29,18 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use kiln_core::{Language, Principal};
-use kiln_exec::caps::{CapError, CapGuard, Caps};
-use kiln_exec::ptc::{Bridge, BridgeFailure, PtcLimits, ResumeError, Resumed, ToolDef, ToolResult};
-use kiln_exec::{ExecError, ExecRequest, ExecResult, Outputs, RunHandle, StartOptions, Stream};
+use kiln_core::Language;
+use kiln_exec::caps::CapError;
+use kiln_exec::ptc::{Bridge, BridgeFailure, ResumeError, Resumed, ToolDef, ToolResult};
+use kiln_exec::{ExecError, ExecRequest, ExecResult, Outputs, StartOptions, Stream};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
@@ -52,6 +50,8 @@ use crate::body::{parse_object, read_limited, require_json};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, header_user_id, resolve_caller};
+use crate::ptc::{Execution, InFlight, lock, owner_of, unix_now};
+pub use crate::ptc::{Programmatic, PtcSettings};
 use crate::rate::{Peer, stamp, starts_code};
 
 /// The header that names a programmatic request (for cancellation).
@@ -63,169 +63,6 @@ const MAX_TOOLS: usize = 100;
 const MAX_RESULTS: usize = 200;
 /// Largest single tool result.
 const MAX_RESULT_BYTES: usize = 5 * 1024 * 1024;
-
-/// Settings of programmatic tool calling.
-#[derive(Clone)]
-pub struct PtcSettings {
-    /// The continuation tokens' HMAC key; `None`: a random one per start
-    /// (tokens then die with the process, as the paused runs do).
-    pub secret: Option<Vec<u8>>,
-    /// Most programmatic runs alive (running or paused) at once; more are
-    /// refused with 503.
-    pub max_active: usize,
-    /// Most programmatic runs alive at once of one principal; more are
-    /// refused with 429.
-    pub max_per_user: usize,
-    pub limits: PtcLimits,
-}
-
-impl Default for PtcSettings {
-    fn default() -> Self {
-        PtcSettings {
-            secret: None,
-            max_active: 4,
-            max_per_user: 2,
-            limits: PtcLimits::default(),
-        }
-    }
-}
-
-// The secret must never reach a log line.
-impl std::fmt::Debug for PtcSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PtcSettings")
-            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
-            .field("max_active", &self.max_active)
-            .field("max_per_user", &self.max_per_user)
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
-
-/// One programmatic execution.
-struct Execution {
-    run: RunHandle,
-    bridge: Arc<Bridge>,
-    owner: String,
-    /// What the answers call `session_id` until the run has its outputs.
-    session_id: String,
-    /// A continuation is being served.
-    busy: AtomicBool,
-    /// Its place under the caps, given back when the run ends.
-    place: Mutex<Option<CapGuard>>,
-    progress: Mutex<Progress>,
-}
-
-#[derive(Default)]
-struct Progress {
-    /// Output already returned as `partial_*`.
-    stdout_at: usize,
-    stderr_at: usize,
-    /// Rounds already answered with `tool_call_required`.
-    rounds_seen: u32,
-    /// The last continuation's results and answer (a retry gets it again).
-    last: Option<(Vec<(String, ToolResult)>, Value)>,
-    touched: Option<Instant>,
-}
-
-/// A request in flight, by its `X-LibreChat-Code-Request-ID`.
-struct InFlight {
-    owner: String,
-    cancel: CancellationToken,
-}
-
-/// The registry of programmatic executions and requests in flight.
-pub struct Programmatic {
-    key: ring::hmac::Key,
-    settings: PtcSettings,
-    /// Programmatic runs alive, per principal and on the node.
-    caps: Caps,
-    executions: Mutex<HashMap<String, Arc<Execution>>>,
-    requests: Mutex<HashMap<String, InFlight>>,
-}
-
-impl std::fmt::Debug for Programmatic {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Programmatic")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Programmatic {
-    pub fn new(settings: PtcSettings) -> Programmatic {
-        let secret = settings.secret.clone().unwrap_or_else(|| {
-            let mut s = vec![0u8; 32];
-            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut s)
-                .expect("the system's random source works");
-            s
-        });
-        Programmatic {
-            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
-            caps: Caps::new(settings.max_per_user.max(1), settings.max_active),
-            settings,
-            executions: Mutex::default(),
-            requests: Mutex::default(),
-        }
-    }
-
-    /// Forgets executions whose run ended and that were not touched for
-    /// the state TTL, and those whose run the registry no longer keeps
-    /// (its retention budget is the one every run counts against).
-    fn sweep(&self, runs: &kiln_exec::Runs) {
-        let ttl = self.settings.limits.state_ttl;
-        lock(&self.executions).retain(|_, e| {
-            let over = e.run.info().phase.is_over();
-            let idle = lock(&e.progress).touched.is_none_or(|t| t.elapsed() >= ttl);
-            let kept = runs.get(e.run.id()).is_some();
-            kept && !(over && idle)
-        });
-    }
-
-    fn token(&self, run_id: &str, owner: &str) -> String {
-        let exp = unix_now() + self.settings.limits.state_ttl.as_secs();
-        let payload = json!({"e": run_id, "o": owner, "x": exp}).to_string();
-        let tag = ring::hmac::sign(&self.key, payload.as_bytes());
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(payload.as_bytes()),
-            URL_SAFE_NO_PAD.encode(tag.as_ref())
-        )
-    }
-
-    /// The token's `(run id, owner, expiry)` if this server signed it.
-    fn verify(&self, token: &str) -> Option<(String, String, u64)> {
-        let (payload, tag) = token.split_once('.')?;
-        let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
-        let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
-        ring::hmac::verify(&self.key, &payload, &tag).ok()?;
-        let v: Value = serde_json::from_slice(&payload).ok()?;
-        Some((
-            v.get("e")?.as_str()?.to_owned(),
-            v.get("o")?.as_str()?.to_owned(),
-            v.get("x")?.as_u64()?,
-        ))
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// A principal as a token names it: a hash, so the token shows no identity.
-fn owner_of(p: &Principal) -> String {
-    let d = ring::digest::digest(
-        &ring::digest::SHA256,
-        format!("{}\0{}", p.tenant, p.user_id).as_bytes(),
-    );
-    hex::encode(&d.as_ref()[..16])
-}
 
 fn plain(status: StatusCode, msg: &str) -> Response {
     (status, Json(json!({ "error": msg }))).into_response()
@@ -923,6 +760,9 @@ pub async fn cancel(
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
     use super::*;
 
     #[test]

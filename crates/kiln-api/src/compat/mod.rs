@@ -19,59 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::config::AppState;
-use crate::error::ApiError;
-use crate::identity::Identity;
 
-/// How a face writes an error: `{"<FIELD>": "<message>"}`.
-pub trait Envelope {
-    const FIELD: &'static str;
-}
-
-/// A failure in a face's envelope `E`.
-#[derive(Debug)]
-pub struct Fail<E> {
-    pub status: StatusCode,
-    pub message: String,
-    envelope: std::marker::PhantomData<E>,
-}
-
-impl<E> Fail<E> {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Fail<E> {
-        Fail {
-            status,
-            message: message.into(),
-            envelope: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<E: Envelope> IntoResponse for Fail<E> {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            axum::Json(serde_json::json!({ E::FIELD: self.message })),
-        )
-            .into_response()
-    }
-}
-
-impl<E> From<ApiError> for Fail<E> {
-    fn from(e: ApiError) -> Fail<E> {
-        let (status, body) = e.status_and_body();
-        let message = body
-            .get("message")
-            .or_else(|| body.get("error"))
-            .and_then(|v| v.as_str())
-            .map_or_else(|| e.to_string(), str::to_owned);
-        Fail::new(status, message)
-    }
-}
-
-impl<E> From<kiln_exec::kernels::KernelsError> for Fail<E> {
-    fn from(e: kiln_exec::kernels::KernelsError) -> Fail<E> {
-        ApiError::Session(e).into()
-    }
-}
+pub use crate::kit::envelope::{Envelope, Fail};
 
 /// The named kernels, or 503 when sessions are off.
 pub(crate) fn workers<E>(state: &AppState) -> Result<&kiln_exec::workers::Workers, Fail<E>> {
@@ -81,10 +30,7 @@ pub(crate) fn workers<E>(state: &AppState) -> Result<&kiln_exec::workers::Worker
         .ok_or_else(|| Fail::new(StatusCode::SERVICE_UNAVAILABLE, "sessions are off"))
 }
 
-/// Seed 004's key header.
-pub const AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
-/// Seed 003's key header.
-pub const ACCESS_TOKEN: HeaderName = HeaderName::from_static("x-access-token");
+pub use crate::middleware::{ACCESS_TOKEN, AUTH_TOKEN};
 
 /// The compatibility faces the configuration turns on.
 pub fn routes(state: &AppState) -> Router<AppState> {
@@ -129,35 +75,6 @@ pub fn routes(state: &AppState) -> Router<AppState> {
     router
 }
 
-/// The key header of the compatibility face serving `path` (seed 004's
-/// under `/api/v1/`, seed 003's under `runtime_api_prefix`), when that
-/// face is on; `None` for Kiln's own routes.
-pub(crate) fn key_header(config: &crate::config::ApiConfig, path: &str) -> Option<HeaderName> {
-    let under = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    };
-    if config.seed004_api && under("/api/v1") {
-        Some(AUTH_TOKEN)
-    } else if config.runtime_api_prefix.as_deref().is_some_and(under) {
-        Some(ACCESS_TOKEN)
-    } else {
-        None
-    }
-}
-
-/// Authenticates with the key in `header`, else as Kiln's own routes do.
-pub(crate) fn authenticate(
-    state: &AppState,
-    req: &Request,
-    header: &HeaderName,
-) -> Result<Identity, ApiError> {
-    if let Some(identity) = crate::middleware::key_in_header(state, req, header) {
-        return Ok(identity);
-    }
-    crate::middleware::authenticate(state, req)
-}
-
 /// The key check of a face whose key travels in `header`; a refusal is
 /// 401 in the face's envelope `E` (a misconfiguration stays 500).
 async fn key_auth<E: Envelope>(
@@ -166,7 +83,7 @@ async fn key_auth<E: Envelope>(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match authenticate(&state, &req, header) {
+    match crate::middleware::authenticate_with(&state, &req, header) {
         Ok(identity) => {
             req.extensions_mut().insert(identity);
             next.run(req).await

@@ -30,7 +30,7 @@ use kiln_exec::workers::{WorkerName, Workers};
 use kiln_exec::{FetchError, Fetcher};
 use serde::{Deserialize, Serialize};
 
-use super::{Envelope, workers};
+use super::workers;
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::Identity;
@@ -42,13 +42,7 @@ const PARALLEL_TRANSFERS: usize = 4;
 /// Largest figure returned inline as `result_base64`.
 const MAX_INLINE_PNG: u64 = 10 * 1024 * 1024;
 
-/// This face's envelope: `{"detail": "..."}`.
-#[derive(Debug)]
-pub enum Detail {}
-
-impl Envelope for Detail {
-    const FIELD: &'static str = "detail";
-}
+pub use crate::kit::envelope::Detail;
 
 type Fail = super::Fail<Detail>;
 

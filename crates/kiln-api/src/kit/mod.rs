@@ -1,0 +1,14 @@
+//! The face kit: what every face is served through and no face owns.
+//!
+//! - [`envelope`]: the `{"<FIELD>": "<message>"}` error envelopes.
+//! - [`routes`]: every route's metadata (rate class, node affinity),
+//!   declared once in one table that the rate layer ([`crate::rate`]) and
+//!   the cluster layer ([`crate::cluster`]) read instead of matching paths.
+//!
+//! The kit imports no face module (the tidy test
+//! `crates/kiln-api/tests/tidy.rs` checks it).
+
+pub mod envelope;
+pub mod routes;
+
+pub use routes::{Affinity, Mount, Rate, Route, Verb};

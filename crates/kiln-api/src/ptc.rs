@@ -1,0 +1,182 @@
+//! The registry of programmatic executions (LibreChat's programmatic
+//! tool calling): paused runs by id, the requests in flight by their
+//! request id, the per-principal and node caps, and the continuation
+//! tokens' signing. Domain state the face (`codeapi::programmatic`)
+//! renders; no face module is imported here.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use kiln_core::Principal;
+use kiln_exec::RunHandle;
+use kiln_exec::caps::{CapGuard, Caps};
+use kiln_exec::ptc::{Bridge, PtcLimits, ToolResult};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// Settings of programmatic tool calling.
+#[derive(Clone)]
+pub struct PtcSettings {
+    /// The continuation tokens' HMAC key; `None`: a random one per start
+    /// (tokens then die with the process, as the paused runs do).
+    pub secret: Option<Vec<u8>>,
+    /// Most programmatic runs alive (running or paused) at once; more are
+    /// refused with 503.
+    pub max_active: usize,
+    /// Most programmatic runs alive at once of one principal; more are
+    /// refused with 429.
+    pub max_per_user: usize,
+    pub limits: PtcLimits,
+}
+
+impl Default for PtcSettings {
+    fn default() -> Self {
+        PtcSettings {
+            secret: None,
+            max_active: 4,
+            max_per_user: 2,
+            limits: PtcLimits::default(),
+        }
+    }
+}
+
+// The secret must never reach a log line.
+impl std::fmt::Debug for PtcSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PtcSettings")
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("max_active", &self.max_active)
+            .field("max_per_user", &self.max_per_user)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+/// One programmatic execution.
+pub(crate) struct Execution {
+    pub(crate) run: RunHandle,
+    pub(crate) bridge: Arc<Bridge>,
+    pub(crate) owner: String,
+    /// What the answers call `session_id` until the run has its outputs.
+    pub(crate) session_id: String,
+    /// A continuation is being served.
+    pub(crate) busy: AtomicBool,
+    /// Its place under the caps, given back when the run ends.
+    pub(crate) place: Mutex<Option<CapGuard>>,
+    pub(crate) progress: Mutex<Progress>,
+}
+
+#[derive(Default)]
+pub(crate) struct Progress {
+    /// Output already returned as `partial_*`.
+    pub(crate) stdout_at: usize,
+    pub(crate) stderr_at: usize,
+    /// Rounds already answered with `tool_call_required`.
+    pub(crate) rounds_seen: u32,
+    /// The last continuation's results and answer (a retry gets it again).
+    pub(crate) last: Option<(Vec<(String, ToolResult)>, Value)>,
+    pub(crate) touched: Option<Instant>,
+}
+
+/// A request in flight, by its `X-LibreChat-Code-Request-ID`.
+pub(crate) struct InFlight {
+    pub(crate) owner: String,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// The registry of programmatic executions and requests in flight.
+pub struct Programmatic {
+    pub(crate) key: ring::hmac::Key,
+    pub(crate) settings: PtcSettings,
+    /// Programmatic runs alive, per principal and on the node.
+    pub(crate) caps: Caps,
+    pub(crate) executions: Mutex<HashMap<String, Arc<Execution>>>,
+    pub(crate) requests: Mutex<HashMap<String, InFlight>>,
+}
+
+impl std::fmt::Debug for Programmatic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Programmatic")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Programmatic {
+    pub fn new(settings: PtcSettings) -> Programmatic {
+        let secret = settings.secret.clone().unwrap_or_else(|| {
+            let mut s = vec![0u8; 32];
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut s)
+                .expect("the system's random source works");
+            s
+        });
+        Programmatic {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
+            caps: Caps::new(settings.max_per_user.max(1), settings.max_active),
+            settings,
+            executions: Mutex::default(),
+            requests: Mutex::default(),
+        }
+    }
+
+    /// Forgets executions whose run ended and that were not touched for
+    /// the state TTL, and those whose run the registry no longer keeps
+    /// (its retention budget is the one every run counts against).
+    pub(crate) fn sweep(&self, runs: &kiln_exec::Runs) {
+        let ttl = self.settings.limits.state_ttl;
+        lock(&self.executions).retain(|_, e| {
+            let over = e.run.info().phase.is_over();
+            let idle = lock(&e.progress).touched.is_none_or(|t| t.elapsed() >= ttl);
+            let kept = runs.get(e.run.id()).is_some();
+            kept && !(over && idle)
+        });
+    }
+
+    pub(crate) fn token(&self, run_id: &str, owner: &str) -> String {
+        let exp = unix_now() + self.settings.limits.state_ttl.as_secs();
+        let payload = json!({"e": run_id, "o": owner, "x": exp}).to_string();
+        let tag = ring::hmac::sign(&self.key, payload.as_bytes());
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(payload.as_bytes()),
+            URL_SAFE_NO_PAD.encode(tag.as_ref())
+        )
+    }
+
+    /// The token's `(run id, owner, expiry)` if this server signed it.
+    pub(crate) fn verify(&self, token: &str) -> Option<(String, String, u64)> {
+        let (payload, tag) = token.split_once('.')?;
+        let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
+        ring::hmac::verify(&self.key, &payload, &tag).ok()?;
+        let v: Value = serde_json::from_slice(&payload).ok()?;
+        Some((
+            v.get("e")?.as_str()?.to_owned(),
+            v.get("o")?.as_str()?.to_owned(),
+            v.get("x")?.as_u64()?,
+        ))
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A principal as a token names it: a hash, so the token shows no identity.
+pub(crate) fn owner_of(p: &Principal) -> String {
+    let d = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{}\0{}", p.tenant, p.user_id).as_bytes(),
+    );
+    hex::encode(&d.as_ref()[..16])
+}
