@@ -30,7 +30,7 @@
 //! pool (and its fallback to generic jails) or cold jails.
 //!
 //! This is the only crate of the workspace with `unsafe`: system calls in
-//! `sys.rs` and the embedded interpreter's C API in `embed.rs`.
+//! `sys/` and the embedded interpreter's C API in `embed.rs`.
 
 mod cgroup;
 mod config;
