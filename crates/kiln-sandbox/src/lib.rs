@@ -23,7 +23,7 @@
 //! Warm jails ([`Sandbox::park`], [`Sandbox::run_parked`]) are the same
 //! jails built ahead and parked, fully confined, right before the program
 //! runs; [`WarmPool`] keeps some per runtime. For `py` the parked process is
-//! a fork of the fork-server's preloaded interpreter (`zygote.rs`).
+//! a fork of the fork-server's preloaded interpreter (`zygote/`).
 //!
 //! The executor takes its jails through one small trait, [`Jails`]
 //! (`acquire(profile) -> Jail`); [`JailSource`] implements it with the warm
