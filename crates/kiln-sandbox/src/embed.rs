@@ -3,7 +3,7 @@
 //! initialises it once, runs the preload, and later — in a jailed fork —
 //! runs one program through the preload's `_kiln_zygote.run`.
 //!
-//! Together with `sys.rs` this is the only code with `unsafe`: calls into a C
+//! Together with `sys/` this is the only code with `unsafe`: calls into a C
 //! library through function pointers looked up by name. The fork-server
 //! process is single-threaded and holds the GIL for its whole life (nothing
 //! else ever runs Python in it), which is what the CPython API requires.

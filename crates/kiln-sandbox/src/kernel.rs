@@ -29,9 +29,9 @@ use tokio::time::Instant;
 use crate::cgroup::RunCgroups;
 use crate::error::SandboxError;
 use crate::run::{HelperProc, OutputSink, OutputStream, RunRequest, StartedParts};
-use crate::sandbox::{ParkSpec, ParkedJail, Sandbox, validate_request};
+use crate::sandbox::{Going, ParkSpec, Sandbox};
 use crate::slots::{Slot, SlotLease};
-use crate::spec::{GoMsg, JailLimits, ParkMode};
+use crate::spec::ParkMode;
 
 /// Largest frame the server accepts from a kernel.
 const MAX_FRAME: usize = 16 * 1024 * 1024;
@@ -250,39 +250,22 @@ impl Sandbox {
         let jail = self.park(slot, &start.park, &start.limits, None).await?;
         let park_time = jail.build_time();
         let t_go = Instant::now();
-        let check = RunRequest {
+        let req = RunRequest {
             workspace: jail.workspace().to_path_buf(),
-            argv: start.argv.clone(),
-            env: start.env.clone(),
-            ..RunRequest::default()
-        };
-        if let Err(e) = validate_request(&check) {
-            self.discard(jail).await;
-            return Err(e);
-        }
-        let limits = JailLimits::from_limits(&start.limits);
-        let go = GoMsg {
             argv: start.argv,
             env: start.env,
-            wall_ms: limits.wall_ms,
-            cpu_secs: limits.cpu_secs,
-            kernel: true,
+            limits: start.limits,
+            ..RunRequest::default()
         };
-        let mut go_line = serde_json::to_vec(&go)
-            .map_err(|e| SandboxError::Request(format!("encode go: {e}")))?;
-        go_line.push(b'\n');
-        let ParkedJail {
+        let Going {
             name,
             workspace,
             mut started,
-            mut cgroups,
+            cgroups,
             lease,
-            ..
-        } = jail;
-        if let Some(c) = cgroups.as_mut() {
-            c.mark_start();
-        }
-        started.send_line(&go_line).await;
+            line,
+        } = self.go(jail, &req, true).await?;
+        started.send_line(&line).await;
         let StartedParts {
             proc,
             control,

@@ -23,14 +23,14 @@
 //! Warm jails ([`Sandbox::park`], [`Sandbox::run_parked`]) are the same
 //! jails built ahead and parked, fully confined, right before the program
 //! runs; [`WarmPool`] keeps some per runtime. For `py` the parked process is
-//! a fork of the fork-server's preloaded interpreter (`zygote.rs`).
+//! a fork of the fork-server's preloaded interpreter (`zygote/`).
 //!
 //! The executor takes its jails through one small trait, [`Jails`]
 //! (`acquire(profile) -> Jail`); [`JailSource`] implements it with the warm
 //! pool (and its fallback to generic jails) or cold jails.
 //!
 //! This is the only crate of the workspace with `unsafe`: system calls in
-//! `sys.rs` and the embedded interpreter's C API in `embed.rs`.
+//! `sys/` and the embedded interpreter's C API in `embed.rs`.
 
 mod cgroup;
 mod config;

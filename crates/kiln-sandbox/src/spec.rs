@@ -112,7 +112,7 @@ pub enum ParkMode {
     Prestart,
     /// Confined and waiting inside a fork of the fork-server's preloaded
     /// interpreter; at the go, the embedded runtime runs the program in
-    /// process (see `zygote.rs`).
+    /// process (see `zygote/`).
     Embedded,
 }
 

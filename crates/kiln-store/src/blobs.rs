@@ -434,27 +434,6 @@ fn copy_blocking(src: &Path, dest: &Path, expected_size: u64) -> Result<(), Stor
     Ok(())
 }
 
-/// Open a file that untrusted code may have written, for reading: never
-/// follow a symlink (`O_NOFOLLOW`), never block on a FIFO (`O_NONBLOCK`),
-/// never acquire a terminal; then refuse anything that is not a regular file.
-/// Returns the open file and its size at the time of the check.
-pub(crate) fn open_untrusted_regular(path: &Path) -> Result<(File, u64), StoreError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| StoreError::io("open", path, e))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| StoreError::io("stat", path, e))?;
-    if !meta.is_file() {
-        return Err(StoreError::NotRegularFile {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok((file, meta.len()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,13 +458,6 @@ mod tests {
         assert!(!is_staging_name("abc.0a1b"));
         assert!(!is_staging_name("abc.0a1b#"));
         assert!(!is_staging_name("abc#x1"));
-    }
-
-    #[test]
-    fn untrusted_open_refuses_directories() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = open_untrusted_regular(dir.path()).unwrap_err();
-        assert!(matches!(err, StoreError::NotRegularFile { .. }), "{err:?}");
     }
 
     #[tokio::test]

@@ -27,7 +27,7 @@ pub enum StoreError {
     #[error("conflict: {0}")]
     Conflict(String),
 
-    /// A `put_file` source is not a regular file (FIFO, socket, device,
+    /// A file to store is not a regular file (FIFO, socket, device,
     /// directory); symlinks fail earlier with an `Io` error (`ELOOP`).
     #[error("{} is not a regular file", path.display())]
     NotRegularFile { path: PathBuf },

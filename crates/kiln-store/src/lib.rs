@@ -25,7 +25,6 @@
 //!   pub async fn put_stream<S>(&self, obj: NewObject, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>
 //!       where S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin;
-//!   pub async fn put_file(&self, obj: NewObject, src: &Path) -> Result<ObjectMeta, StoreError>;
 //!   pub async fn object(&self, session: &Nanoid, file: &Nanoid) -> Result<Option<ObjectMeta>, StoreError>;
 //!   pub async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError>;
 //!   pub async fn read(&self, meta: &ObjectMeta)
@@ -67,15 +66,13 @@ use futures::stream::BoxStream;
 use futures::{Stream, TryStreamExt as _};
 use kiln_core::{Nanoid, RelPath, SessionKey};
 use rand::Rng as _;
-use tokio::io::AsyncReadExt as _;
-use tokio_util::io::ReaderStream;
 
 pub use backend::{Backends, BlobBackend, MetaBackend, S3Config};
 pub use error::StoreError;
 pub use nodes::{NodeRow, Owner, RateStep};
 pub use usage::StoredBytes;
 
-use crate::blobs::{Blobs, READ_CHUNK, open_untrusted_regular, run_blocking};
+use crate::blobs::{Blobs, run_blocking};
 use crate::meta::Meta;
 
 /// Where and how long the store keeps data.
@@ -345,22 +342,6 @@ impl Store {
     {
         self.put(obj, body.map_err(StoreError::BodyRead), max_bytes)
             .await
-    }
-
-    /// Store a file from a workspace that untrusted code wrote to.
-    ///
-    /// `src` is opened with `O_NOFOLLOW | O_NONBLOCK`: a symlink fails with
-    /// an `Io` error (`ELOOP`), a FIFO, socket, device or directory with
-    /// `NotRegularFile`. The object holds at most the size the file had when
-    /// it was opened (a file still growing is cut there).
-    pub async fn put_file(&self, obj: NewObject, src: &Path) -> Result<ObjectMeta, StoreError> {
-        let path = src.to_path_buf();
-        let (file, len) = run_blocking("open", src, move || open_untrusted_regular(&path)).await?;
-        let path = src.to_path_buf();
-        let body =
-            ReaderStream::with_capacity(tokio::fs::File::from_std(file).take(len), READ_CHUNK)
-                .map_err(move |e| StoreError::io("read", path.clone(), e));
-        self.put(obj, body, len).await
     }
 
     /// Blob first, row second: the row is only written for complete bytes.

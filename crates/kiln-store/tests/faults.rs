@@ -126,19 +126,6 @@ async fn a_write_failing_half_way_is_reported_and_leaves_nothing_to_serve() {
         "a partial object became visible"
     );
 
-    // a run's output file fails the same way
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out.bin");
-    std::fs::write(&out, data(2 * MIB)).unwrap();
-    let err = f
-        .store
-        .put_file(new_object(&f.sid, "out.bin"), &out)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Blob(_)), "{err:?}");
-    assert!(f.store.list(&f.sid).await.unwrap().is_empty());
-    assert_eq!(objects_in(&f.inner).await, 0);
-
     // once the store recovers, the same upload commits whole
     f.faults.set(Faults::default());
     let meta = f

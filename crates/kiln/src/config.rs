@@ -3,9 +3,7 @@
 //! can be set in the TOML file (`key = value`) or as `KILN_<KEY>`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use figment::Figment;
@@ -420,36 +418,15 @@ impl Default for Config {
     }
 }
 
-/// The host name and a random suffix.
-fn default_node_id() -> String {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "kiln".to_owned());
-    format!("{host}-{}", &kiln_core::Nanoid::random().as_str()[..8])
-}
+mod auth;
+mod egress;
+mod limits;
+mod server;
+mod storage;
 
-/// Authentication mode after resolving defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Auth {
-    None,
-    ApiKey,
-    /// LibreChat's CodeAPI token only.
-    Jwt,
-    /// The shared key or a token.
-    ApiKeyOrJwt,
-}
+pub use self::auth::Auth;
 
 impl Config {
-    /// `cpus_per_run` and `cpus_all_runs` in thousandths of a core, as the
-    /// sandbox takes them (`None`: the sandbox's automatic value).
-    pub fn cpu_millis(&self) -> (u32, Option<u32>) {
-        let millis = |c: f64| (c * 1000.0).round() as u32;
-        let all = (self.cpus_all_runs > 0.0).then(|| millis(self.cpus_all_runs));
-        (millis(self.cpus_per_run), all)
-    }
-
     /// Layer defaults, `file`, and the environment.
     pub fn load(file: Option<&std::path::Path>) -> anyhow::Result<Config> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
@@ -554,435 +531,6 @@ impl Config {
         }
         Ok(())
     }
-
-    /// Whether the Postgres database is configured.
-    fn on_postgres(&self) -> bool {
-        matches!(
-            kiln_store::MetaBackend::from_url(self.database_url.as_deref()),
-            Ok(kiln_store::MetaBackend::Postgres { .. })
-        )
-    }
-
-    /// This node among several (`advertise_url` set): `(node id, advertise
-    /// URL, secret, dead after)`; `None` for a single node.
-    pub fn nodes(&self) -> anyhow::Result<Option<(String, String, String, Duration)>> {
-        let Some(url) = self
-            .advertise_url
-            .as_deref()
-            .filter(|u| !u.trim().is_empty())
-        else {
-            return Ok(None);
-        };
-        let url = url.trim().trim_end_matches('/');
-        let parsed = reqwest::Url::parse(url)
-            .with_context(|| format!("advertise_url {url:?} is not a URL"))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-            bail!("advertise_url must be http://host:port (where the other nodes reach this one)");
-        }
-        if !self.on_postgres() {
-            bail!("advertise_url (several nodes) needs a shared Postgres database_url");
-        }
-        let secret = self.node_secret.as_deref().unwrap_or_default();
-        if secret.len() < 16 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
-            bail!(
-                "node_secret must be set with advertise_url: at least 16 printable characters,                  the same on every node"
-            );
-        }
-        if self.node_dead_after_secs < 3 {
-            bail!("node_dead_after_secs must be at least 3 (heartbeats are a fifth of it apart)");
-        }
-        let id = match self.node_id.as_deref().map(str::trim) {
-            Some(id) if !id.is_empty() => {
-                if id.len() > 100 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-                    bail!("node_id must be at most 100 printable characters");
-                }
-                id.to_owned()
-            }
-            _ => default_node_id(),
-        };
-        Ok(Some((
-            id,
-            url.to_owned(),
-            secret.to_owned(),
-            Duration::from_secs(self.node_dead_after_secs),
-        )))
-    }
-
-    /// Whether rate limits are counted in the shared database.
-    pub fn shared_rate_limits(&self) -> anyhow::Result<bool> {
-        match self.rate_limit_backend.trim() {
-            "local" | "" => Ok(false),
-            "postgres" if self.on_postgres() => Ok(true),
-            "postgres" => bail!("rate_limit_backend = postgres needs a Postgres database_url"),
-            other => bail!("rate_limit_backend must be local or postgres, not {other:?}"),
-        }
-    }
-
-    /// The one Python template to start (`None`: all, chosen per run).
-    pub fn python_template_only(
-        &self,
-    ) -> anyhow::Result<Option<kiln_core::lang::pyimports::PyTemplate>> {
-        use kiln_core::lang::pyimports::PyTemplate;
-        match self.python_template.as_str() {
-            "auto" => Ok(None),
-            "lean" => Ok(Some(PyTemplate::Lean)),
-            "data" => Ok(Some(PyTemplate::Data)),
-            "rich" => Ok(Some(PyTemplate::Rich)),
-            other => bail!("python_template must be auto, lean, data or rich, not {other:?}"),
-        }
-    }
-
-    /// `listen` as an address: `ip:port`, or `name:port` with the name
-    /// resolved (its first address; `localhost` is `127.0.0.1`).
-    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
-        let listen = self.listen.trim();
-        if let Ok(addr) = listen.parse() {
-            return Ok(addr);
-        }
-        let Some((host, port)) = listen.rsplit_once(':') else {
-            bail!(
-                "listen address {:?} has no port: use host:port, e.g. 127.0.0.1:8000 or 0.0.0.0:8000",
-                self.listen
-            );
-        };
-        let Ok(port) = port.parse::<u16>() else {
-            bail!(
-                "listen address {:?}: {port:?} is not a port number (use host:port, e.g. 127.0.0.1:8000)",
-                self.listen
-            );
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-            .map(Iterator::collect)
-            .unwrap_or_default();
-        // IPv4 first: `localhost` resolves to ::1 and 127.0.0.1, and clients
-        // configured with 127.0.0.1 are the common case
-        addrs
-            .iter()
-            .find(|a| a.is_ipv4())
-            .or(addrs.first())
-            .copied()
-            .with_context(|| {
-                format!(
-                    "listen address {:?}: the host name {host:?} does not resolve; use an IP address, \
-                     e.g. 127.0.0.1:{port} (this host only) or 0.0.0.0:{port} (every interface)",
-                    self.listen
-                )
-            })
-    }
-
-    /// Programmatic tool calling's settings (`ptc_*`).
-    /// `runtime_session_mode`, parsed.
-    pub fn runtime_session_mode(&self) -> anyhow::Result<kiln_api::RuntimeSessionMode> {
-        kiln_api::RuntimeSessionMode::parse(&self.runtime_session_mode).with_context(|| {
-            format!(
-                "runtime_session_mode must be stateless, affinity or strict, not {:?}",
-                self.runtime_session_mode
-            )
-        })
-    }
-
-    pub fn ptc_settings(&self) -> kiln_api::programmatic::PtcSettings {
-        let ttl = std::time::Duration::from_secs(self.ptc_state_ttl_secs.max(1));
-        let max_active = match self.ptc_max_active {
-            0 => (self.max_concurrency as usize / 2).max(1),
-            n => n,
-        };
-        kiln_api::programmatic::PtcSettings {
-            secret: self
-                .ptc_secret
-                .as_deref()
-                .filter(|s| !s.is_empty())
-                .map(|s| s.as_bytes().to_vec()),
-            max_active,
-            max_per_user: match self.ptc_max_per_user {
-                0 => (max_active / 2).max(1),
-                n => n,
-            },
-            limits: kiln_exec::ptc::PtcLimits {
-                state_ttl: ttl,
-                // the client's 20 round trips, each with the whole TTL
-                max_paused: ttl * 20,
-                ..kiln_exec::ptc::PtcLimits::default()
-            },
-        }
-    }
-
-    /// The per-principal limits of LibreChat's routes (`rate_*`).
-    pub fn rate_rules(&self) -> anyhow::Result<kiln_api::rate::RateRules> {
-        let rule = |key: &str, v: &str| -> anyhow::Result<Option<kiln_api::rate::Rule>> {
-            if matches!(v.trim(), "off" | "0" | "") {
-                return Ok(None);
-            }
-            let r = kiln_egress::Rate::parse(v).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
-            Ok(Some(kiln_api::rate::Rule {
-                max: r.count,
-                window: r.per,
-            }))
-        };
-        Ok(kiln_api::rate::RateRules {
-            exec: rule("rate_exec", &self.rate_exec)?,
-            upload: rule("rate_upload", &self.rate_upload)?,
-            download: rule("rate_download", &self.rate_download)?,
-            fetch: rule("rate_list", &self.rate_list)?,
-            delete: rule("rate_delete", &self.rate_delete)?,
-            cancel: rule("rate_cancel", &self.rate_cancel)?,
-        })
-    }
-
-    /// With JWT on, some key must be configured and the limits hold.
-    fn check_jwt_keys(&self) -> anyhow::Result<()> {
-        if self.jwt_jwks_file.is_none()
-            && self.jwt_public_keys_dir.is_none()
-            && self.jwt_public_key_file.is_none()
-            && self.jwt_hs256_secret.as_deref().is_none_or(str::is_empty)
-        {
-            bail!(
-                "auth uses jwt but no key is configured: set jwt_jwks_file, jwt_public_keys_dir, \
-                 jwt_public_key_file or jwt_hs256_secret"
-            );
-        }
-        if self.jwt_clock_skew_secs > kiln_api::jwt::MAX_SKEW_SECS {
-            bail!("jwt_clock_skew_secs must be at most 30");
-        }
-        if self.jwt_max_lifetime_secs == 0
-            || self.jwt_max_lifetime_secs > kiln_api::jwt::MAX_LIFETIME_SECS
-        {
-            bail!("jwt_max_lifetime_secs must be between 1 and 300");
-        }
-        if let Some(algs) = &self.jwt_allowed_algs {
-            kiln_api::jwt::parse_algs(algs)?;
-        }
-        Ok(())
-    }
-
-    /// The token verifier of the JWT settings, its keys read from their
-    /// files; `None` unless auth uses JWT.
-    pub fn jwt_verifier(&self) -> anyhow::Result<Option<kiln_api::jwt::JwtVerifier>> {
-        use kiln_api::jwt::{JwtKeys, JwtVerifier, parse_algs};
-        if !matches!(self.auth_mode()?, Auth::Jwt | Auth::ApiKeyOrJwt) {
-            return Ok(None);
-        }
-        let mut keys = JwtKeys::default();
-        if let Some(f) = &self.jwt_jwks_file {
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("read jwt_jwks_file {}", f.display()))?;
-            keys.add_jwks(&text)?;
-        }
-        if let Some(d) = &self.jwt_public_keys_dir {
-            keys.add_dir(d)?;
-        }
-        if let Some(f) = &self.jwt_public_key_file {
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("read jwt_public_key_file {}", f.display()))?;
-            keys.add_public_key(&self.jwt_kid, &text)?;
-        }
-        if let Some(secret) = self.jwt_hs256_secret.as_deref().filter(|s| !s.is_empty()) {
-            keys.add_hs256(&self.jwt_hs256_kid, secret.as_bytes());
-        }
-        let mut v = JwtVerifier::new(keys, "local")?;
-        v.issuer = self.jwt_issuer.clone();
-        v.audience = self.jwt_audience.clone();
-        if let Some(algs) = &self.jwt_allowed_algs {
-            v.allowed_algs = parse_algs(algs)?;
-        }
-        v.skew_secs = self.jwt_clock_skew_secs;
-        v.max_lifetime_secs = self.jwt_max_lifetime_secs;
-        v.require_tenant = self.jwt_require_tenant;
-        Ok(Some(v))
-    }
-
-    pub fn auth_mode(&self) -> anyhow::Result<Auth> {
-        let key_set = self.api_key.as_deref().is_some_and(|k| !k.is_empty());
-        match self.auth.as_deref() {
-            None | Some("") => Ok(if key_set { Auth::ApiKey } else { Auth::None }),
-            Some("none") => Ok(Auth::None),
-            Some("api-key") | Some("api_key") => {
-                if !key_set {
-                    bail!("auth is api-key but no KILN_API_KEY (or LIBRECHAT_CODE_API_KEY) is set");
-                }
-                Ok(Auth::ApiKey)
-            }
-            Some("jwt") => {
-                self.check_jwt_keys()?;
-                Ok(Auth::Jwt)
-            }
-            Some("api-key,jwt") | Some("jwt,api-key") => {
-                if !key_set {
-                    bail!(
-                        "auth is api-key,jwt but no KILN_API_KEY (or LIBRECHAT_CODE_API_KEY) is set"
-                    );
-                }
-                self.check_jwt_keys()?;
-                Ok(Auth::ApiKeyOrJwt)
-            }
-            Some(other) => {
-                bail!("unknown auth mode {other:?} (use none, api-key, jwt or api-key,jwt)")
-            }
-        }
-    }
-
-    /// The workspace quota mode.
-    pub fn quota_mode(&self) -> anyhow::Result<kiln_sandbox::QuotaMode> {
-        use kiln_sandbox::QuotaMode;
-        Ok(match self.workspace_quota.as_str() {
-            "auto" => QuotaMode::Auto,
-            "loop" => QuotaMode::Loop,
-            "tmpfs" => QuotaMode::Tmpfs,
-            "off" => QuotaMode::Off,
-            other => bail!("workspace_quota must be auto, loop, tmpfs or off, not {other:?}"),
-        })
-    }
-
-    /// The store's engines: metadata (SQLite or Postgres) and blobs (the
-    /// data dir or S3).
-    pub fn store_backends(&self) -> anyhow::Result<kiln_store::Backends> {
-        let meta = kiln_store::MetaBackend::from_url(self.database_url.as_deref())?;
-        let set = |v: &Option<String>| {
-            v.as_ref()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-        };
-        let blobs = match set(&self.s3_bucket) {
-            None => {
-                if self.s3_endpoint.is_some() || self.s3_region.is_some() {
-                    bail!("s3_endpoint and s3_region need s3_bucket");
-                }
-                kiln_store::BlobBackend::Local
-            }
-            Some(bucket) => {
-                let endpoint = set(&self.s3_endpoint);
-                let allow_http = self.s3_allow_http.unwrap_or_else(|| {
-                    endpoint
-                        .as_deref()
-                        .is_some_and(|e| e.starts_with("http://"))
-                });
-                if set(&self.s3_access_key_id).is_some()
-                    != set(&self.s3_secret_access_key).is_some()
-                {
-                    bail!("s3_access_key_id and s3_secret_access_key go together");
-                }
-                kiln_store::BlobBackend::S3(kiln_store::S3Config {
-                    bucket,
-                    endpoint,
-                    region: set(&self.s3_region),
-                    path_style: self.s3_path_style,
-                    allow_http,
-                    access_key_id: set(&self.s3_access_key_id),
-                    secret_access_key: set(&self.s3_secret_access_key),
-                })
-            }
-        };
-        Ok(kiln_store::Backends { meta, blobs })
-    }
-
-    /// Limits on the bytes the store keeps.
-    pub fn storage_budget(&self) -> kiln_store::StorageBudget {
-        kiln_store::StorageBudget {
-            owner_quota_bytes: (self.user_storage_mb > 0)
-                .then(|| self.user_storage_mb.saturating_mul(1024 * 1024)),
-            min_free_bytes: self.min_free_disk_mb.saturating_mul(1024 * 1024),
-        }
-    }
-
-    /// Settings of the run registry.
-    pub fn runs(&self) -> kiln_exec::RunsConfig {
-        kiln_exec::RunsConfig {
-            concurrency: self.max_concurrency as usize,
-            keep_finished: Duration::from_secs(self.run_retention_secs),
-            keep_finished_bytes: usize::try_from(self.run_retention_mb * 1024 * 1024)
-                .unwrap_or(usize::MAX),
-            rate_limit: (self.rate_limit_runs > 0).then(|| {
-                (
-                    self.rate_limit_runs,
-                    Duration::from_secs(self.rate_limit_window_secs),
-                )
-            }),
-            max_waiting: self.max_queued_runs,
-            // opened by `build` (a file sink is IO)
-            audit: None,
-        }
-    }
-
-    /// Every configured service: `services` plus those of `services_file`
-    /// (a name in both is an error).
-    pub fn all_services(&self) -> anyhow::Result<BTreeMap<String, kiln_egress::ServiceConfig>> {
-        let mut all = self.services.clone();
-        if let Some(f) = &self.services_file {
-            #[derive(Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct File {
-                #[serde(default)]
-                services: BTreeMap<String, kiln_egress::ServiceConfig>,
-            }
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("read services_file {}", f.display()))?;
-            let file: File = Figment::from(Toml::string(&text))
-                .extract()
-                .with_context(|| format!("services_file {}", f.display()))?;
-            for (name, s) in file.services {
-                if all.insert(name.clone(), s).is_some() {
-                    bail!(
-                        "service {name:?} is configured both in the configuration and in {}",
-                        f.display()
-                    );
-                }
-            }
-        }
-        Ok(all)
-    }
-
-    /// The gateway's settings.
-    pub fn egress_settings(&self) -> kiln_egress::EgressSettings {
-        kiln_egress::EgressSettings {
-            max_concurrent_calls: self.egress_max_concurrent,
-            max_concurrent_per_grant: self.egress_max_per_run,
-            ..kiln_egress::EgressSettings::default()
-        }
-    }
-
-    /// `runtime_api_prefix`, `None` when empty (seed 003's face off).
-    pub fn runtime_api_prefix(&self) -> Option<String> {
-        let p = self.runtime_api_prefix.trim();
-        (!p.is_empty()).then(|| p.to_owned())
-    }
-
-    /// What server-side URL transfers may reach.
-    pub fn url_fetch(&self) -> kiln_exec::FetchPolicy {
-        kiln_exec::FetchPolicy {
-            allow_private: self.url_fetch_allow_private,
-            max_bytes: self.url_fetch_max_mb * 1024 * 1024,
-            ..kiln_exec::FetchPolicy::default()
-        }
-    }
-
-    /// Limits of one run.
-    /// The live kernels' registry settings (`/v1/sessions`).
-    pub fn kernels(&self) -> kiln_exec::kernels::KernelsConfig {
-        kiln_exec::kernels::KernelsConfig {
-            idle_ttl: Duration::from_secs(self.session_idle_ttl_secs),
-            max_age: Duration::from_secs(self.session_max_age_secs),
-            max_total: self.max_sessions as usize,
-            max_per_owner: self.max_sessions_per_user,
-            busy_wait: Duration::from_millis(self.session_busy_wait_ms),
-            grace: Duration::from_secs(self.session_interrupt_grace_secs),
-            limits: self.limits(),
-        }
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            wall_time: Duration::from_secs(self.timeout_secs),
-            cpu_time: Duration::from_secs(self.cpu_secs),
-            memory_bytes: self.memory_mb * 1024 * 1024,
-            pids: self.pids,
-            file_size_bytes: self.file_size_mb * 1024 * 1024,
-            open_files: self.open_files,
-            stdout_bytes: self.stdout_bytes,
-            stderr_bytes: self.stderr_bytes,
-            tmp_bytes: self.tmp_mb * 1024 * 1024,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -997,85 +545,6 @@ mod tests {
         assert_eq!(c.pids, 256);
         assert_eq!(c.timeout_secs, 30);
         assert_eq!(c.auth_mode().unwrap(), Auth::None);
-    }
-
-    #[test]
-    fn a_key_without_explicit_mode_means_api_key() {
-        let c = Config {
-            api_key: Some("k".into()),
-            ..Config::default()
-        };
-        assert_eq!(c.auth_mode().unwrap(), Auth::ApiKey);
-        let c = Config {
-            auth: Some("api-key".into()),
-            ..Config::default()
-        };
-        assert!(c.auth_mode().is_err());
-        let c = Config {
-            auth: Some("bogus".into()),
-            ..Config::default()
-        };
-        assert!(c.auth_mode().is_err());
-    }
-
-    #[test]
-    fn jwt_needs_a_key_and_builds_a_verifier_from_it() {
-        let c = Config {
-            auth: Some("jwt".into()),
-            ..Config::default()
-        };
-        assert!(c.auth_mode().is_err(), "jwt without any key");
-        let c = Config {
-            auth: Some("jwt".into()),
-            jwt_hs256_secret: Some("s".into()),
-            ..Config::default()
-        };
-        assert_eq!(c.auth_mode().unwrap(), Auth::Jwt);
-        let v = c.jwt_verifier().unwrap().expect("a verifier");
-        assert_eq!(
-            (v.issuer.as_str(), v.audience.as_str()),
-            ("librechat", "codeapi")
-        );
-        assert!(v.allowed_algs.contains(&jsonwebtoken::Algorithm::HS256));
-        let both = Config {
-            auth: Some("api-key,jwt".into()),
-            jwt_hs256_secret: Some("s".into()),
-            ..Config::default()
-        };
-        assert!(both.auth_mode().is_err(), "api-key,jwt without a key");
-        let too_long = Config {
-            jwt_max_lifetime_secs: 301,
-            ..c.clone()
-        };
-        assert!(too_long.auth_mode().is_err());
-        let missing = Config {
-            auth: Some("jwt".into()),
-            jwt_public_key_file: Some("/nonexistent/key.pem".into()),
-            ..Config::default()
-        };
-        assert!(
-            missing.jwt_verifier().is_err(),
-            "an unreadable key file stops the start"
-        );
-        assert!(Config::default().jwt_verifier().unwrap().is_none());
-    }
-
-    #[test]
-    fn rate_limits_parse_per_class_and_turn_off() {
-        let c = Config {
-            rate_exec: "20/min".into(),
-            rate_cancel: "off".into(),
-            ..Config::default()
-        };
-        let r = c.rate_rules().unwrap();
-        assert_eq!(r.exec, Some(kiln_api::rate::Rule::new(20, 60)));
-        assert_eq!(r.cancel, None);
-        assert_eq!(r.download, Some(kiln_api::rate::Rule::new(1200, 60)));
-        let bad = Config {
-            rate_upload: "lots".into(),
-            ..Config::default()
-        };
-        assert!(bad.validate().is_err());
     }
 
     #[test]
@@ -1094,182 +563,6 @@ mod tests {
         });
     }
 
-    /// Seed 002's registry entry, exactly as the issue writes it.
-    const SEED_002: &str = r#"
-[services.deepl]
-upstream = "https://api.deepl.com"
-allowed_methods = ["POST", "GET"]
-allowed_paths = ["/v2/document", "/v2/document/*"]
-inject_header = { Authorization = "DeepL-Auth-Key ${DEEPL_API_KEY}" }   # from Kiln's environment
-max_body_bytes = 31457280
-rate = "60/min"
-"#;
-
-    #[test]
-    fn several_nodes_need_postgres_a_secret_and_a_reachable_url() {
-        let base = || Config {
-            database_url: Some("postgres://kiln@db:5432/kiln".into()),
-            advertise_url: Some("http://10.0.0.7:8000/".into()),
-            node_secret: Some("0123456789abcdef0123".into()),
-            ..Config::default()
-        };
-        // one node by default: nothing to advertise, rate limits in memory
-        assert_eq!(Config::default().nodes().unwrap(), None);
-        assert!(!Config::default().shared_rate_limits().unwrap());
-        let (id, url, _, dead) = base().nodes().unwrap().unwrap();
-        assert_eq!(url, "http://10.0.0.7:8000");
-        assert_eq!(dead, Duration::from_secs(15));
-        assert!(id.len() > 9, "host name and a random suffix: {id}");
-        let named = Config {
-            node_id: Some("kiln-a".into()),
-            ..base()
-        };
-        assert_eq!(named.nodes().unwrap().unwrap().0, "kiln-a");
-        let refused = |c: Config, what: &str| {
-            let e = c.validate().unwrap_err();
-            assert!(format!("{e:#}").contains(what), "{e:#}");
-        };
-        refused(
-            Config {
-                database_url: None,
-                ..base()
-            },
-            "Postgres",
-        );
-        refused(
-            Config {
-                node_secret: Some("short".into()),
-                ..base()
-            },
-            "node_secret",
-        );
-        refused(
-            Config {
-                advertise_url: Some("10.0.0.7:8000".into()),
-                ..base()
-            },
-            "advertise_url",
-        );
-        refused(
-            Config {
-                rate_limit_backend: "postgres".into(),
-                database_url: None,
-                advertise_url: None,
-                ..base()
-            },
-            "rate_limit_backend",
-        );
-        refused(
-            Config {
-                rate_limit_backend: "redis".into(),
-                ..base()
-            },
-            "local or postgres",
-        );
-        let shared = Config {
-            rate_limit_backend: "postgres".into(),
-            ..base()
-        };
-        assert!(shared.validate().is_ok());
-        assert!(shared.shared_rate_limits().unwrap());
-    }
-
-    #[test]
-    #[allow(clippy::result_large_err)]
-    fn storage_backends_come_from_kiln_database_url_and_the_s3_keys() {
-        figment::Jail::expect_with(|jail| {
-            // the default: the embedded pair
-            let c = Config::load(None).map_err(|e| e.to_string())?;
-            let b = c.store_backends().map_err(|e| e.to_string())?;
-            assert_eq!(b.meta, kiln_store::MetaBackend::Sqlite);
-            assert!(matches!(b.blobs, kiln_store::BlobBackend::Local));
-            jail.set_env("KILN_DATABASE_URL", "postgres://kiln:pw@db:5432/kiln");
-            jail.set_env("KILN_S3_BUCKET", "files");
-            jail.set_env("KILN_S3_ENDPOINT", "http://minio:9000");
-            jail.set_env("KILN_S3_PATH_STYLE", "true");
-            let c = Config::load(None).map_err(|e| e.to_string())?;
-            let b = c.store_backends().map_err(|e| e.to_string())?;
-            assert_eq!(
-                b.meta,
-                kiln_store::MetaBackend::Postgres {
-                    url: "postgres://kiln:pw@db:5432/kiln".into()
-                }
-            );
-            let kiln_store::BlobBackend::S3(s3) = b.blobs else {
-                panic!("not S3");
-            };
-            assert_eq!(s3.bucket, "files");
-            assert!(s3.path_style);
-            assert!(s3.allow_http, "an http:// endpoint allows plain HTTP");
-            // what cannot work is refused at start
-            jail.set_env("KILN_DATABASE_URL", "mysql://db/kiln");
-            let e = Config::load(None).unwrap_err();
-            assert!(format!("{e:#}").contains("postgres://"), "{e:#}");
-            jail.set_env("KILN_DATABASE_URL", "");
-            jail.set_env("KILN_S3_ACCESS_KEY_ID", "only-half");
-            assert!(Config::load(None).is_err());
-            Ok(())
-        });
-    }
-
-    #[test]
-    #[allow(clippy::result_large_err)]
-    fn seed_002s_service_entry_works_as_written_with_the_key_from_the_environment() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("kiln.toml");
-        std::fs::write(&f, SEED_002).unwrap();
-        figment::Jail::expect_with(|jail| {
-            jail.set_env("DEEPL_API_KEY", "0123456789-seed-key:fx");
-            let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
-            let deepl = &c.services["deepl"];
-            assert_eq!(deepl.max_body_bytes, 31_457_280);
-            assert_eq!(deepl.rate.as_deref(), Some("60/min"));
-            let all = c.all_services().map_err(|e| e.to_string())?;
-            let reg = kiln_egress::Registry::build(&all, &|n| std::env::var(n).ok())
-                .map_err(|e| e.to_string())?;
-            let s = reg.get("deepl").expect("deepl");
-            assert_eq!(
-                s.inject_headers[0].1,
-                "DeepL-Auth-Key 0123456789-seed-key:fx"
-            );
-            assert!(!format!("{c:?}").contains("0123456789-seed-key"));
-            Ok(())
-        });
-        // without the variable Kiln refuses to start, naming it
-        figment::Jail::expect_with(|_jail| {
-            let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
-            let e = kiln_egress::Registry::build(&c.all_services().unwrap(), &|n| {
-                std::env::var(n).ok()
-            })
-            .expect_err("unset key");
-            assert!(e.to_string().contains("DEEPL_API_KEY"), "{e}");
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn services_can_live_in_their_own_file_but_not_twice() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("services.toml");
-        std::fs::write(&f, SEED_002).unwrap();
-        let c = Config {
-            services_file: Some(f.clone()),
-            ..Config::default()
-        };
-        assert!(c.all_services().unwrap().contains_key("deepl"));
-        let mut twice = c.clone();
-        twice.services = c.all_services().unwrap();
-        assert!(twice.all_services().is_err());
-        std::fs::write(
-            &f,
-            "[services.x]
-upstream = 1
-",
-        )
-        .unwrap();
-        assert!(c.all_services().is_err());
-    }
-
     #[test]
     fn unknown_keys_are_rejected() {
         let dir = tempfile::tempdir().unwrap();
@@ -1278,46 +571,60 @@ upstream = 1
         assert!(Config::load(Some(&f)).is_err());
     }
 
-    #[test]
-    fn cpu_quotas_default_to_one_core_per_run_and_auto_for_all() {
-        let c = Config::default();
-        assert_eq!(c.cpu_millis(), (1000, None));
-        c.validate().expect("defaults are valid");
-        let c = Config {
-            cpus_per_run: 0.5,
-            cpus_all_runs: 1.5,
-            ..Config::default()
-        };
-        assert_eq!(c.cpu_millis(), (500, Some(1500)));
-        for (per_run, all) in [(0.0, 0.0), (f64::NAN, 0.0), (1.0, 0.001), (-1.0, 0.0)] {
-            let c = Config {
-                cpus_per_run: per_run,
-                cpus_all_runs: all,
-                ..Config::default()
-            };
-            assert!(c.validate().is_err(), "{per_run} {all}");
+    /// A TOML literal of a JSON value (what `Config` serialises to).
+    fn toml_literal(v: &serde_json::Value) -> String {
+        use serde_json::Value;
+        match v {
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(toml_literal).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Value::Object(m) => {
+                let pairs: Vec<String> = m
+                    .iter()
+                    .map(|(k, v)| format!("{} = {}", Value::from(k.as_str()), toml_literal(v)))
+                    .collect();
+                format!("{{ {} }}", pairs.join(", "))
+            }
+            // strings in JSON's escapes, which TOML's basic strings share
+            other => other.to_string(),
         }
     }
 
+    /// Every key of README's configuration table is a key of `Config` that a
+    /// TOML file may set: each one set alone (to its default, so the check
+    /// is about the name and the type) parses.
     #[test]
-    fn runtime_session_mode_is_affinity_unless_set_to_a_known_mode() {
-        let c = Config::default();
-        assert_eq!(
-            c.runtime_session_mode().unwrap(),
-            kiln_api::RuntimeSessionMode::Affinity
-        );
-        let c = Config {
-            runtime_session_mode: "Strict".into(),
-            ..Config::default()
+    fn every_documented_key_is_one_a_file_can_set() {
+        let readme = include_str!("../../../README.md");
+        let section = readme
+            .split("\n## Configuration")
+            .nth(1)
+            .expect("README has a configuration section");
+        let section = section.split("\n## ").next().unwrap_or_default();
+        let Ok(serde_json::Value::Object(defaults)) = serde_json::to_value(Config::default())
+        else {
+            panic!("Config serialises to a map");
         };
-        assert_eq!(
-            c.runtime_session_mode().unwrap(),
-            kiln_api::RuntimeSessionMode::Strict
-        );
-        let c = Config {
-            runtime_session_mode: "sticky".into(),
-            ..Config::default()
-        };
-        assert!(c.validate().is_err());
+        let mut documented = 0;
+        for line in section.lines() {
+            let Some(rest) = line.strip_prefix("| `") else {
+                continue;
+            };
+            let key = rest.split('`').next().unwrap_or_default();
+            documented += 1;
+            let value = defaults
+                .get(key)
+                .unwrap_or_else(|| panic!("README documents {key:?}, which Config does not have"));
+            if value.is_null() {
+                continue;
+            }
+            let file = format!("{key} = {}", toml_literal(value));
+            let parsed: Result<Config, _> = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::string(&file))
+                .extract();
+            assert!(parsed.is_ok(), "{file}: {parsed:?}");
+        }
+        assert!(documented > 50, "only {documented} keys in README's table");
     }
 }

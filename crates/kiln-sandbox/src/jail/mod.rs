@@ -23,6 +23,7 @@ mod confine;
 mod exec;
 mod init;
 pub mod plan;
+pub(crate) mod remote;
 mod rootfs;
 
 use std::fs::File;
@@ -569,7 +570,7 @@ fn helper(status: &File) -> Result<(), JailError> {
             }
         };
         if ready {
-            let fds = crate::zygote::ProgramFds {
+            let fds = remote::ProgramFds {
                 stdout: &1,
                 stderr: &2,
                 exec_w: &exec_w,
@@ -577,7 +578,7 @@ fn helper(status: &File) -> Result<(), JailError> {
                 exit_w: &exit_w,
                 init_pidfd,
             };
-            if let Err(e) = crate::zygote::request_program(&zygote, line.as_bytes(), &fds) {
+            if let Err(e) = remote::request_program(&zygote, line.as_bytes(), &fds) {
                 let _ = kill(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
                 return Err(JailError::setup("fork the program", e));

@@ -1,198 +1,27 @@
-//! The fork-server (`kiln __zygote`): one long-lived host process that
-//! embeds CPython, imports the data stack once (the preload, a never-used
-//! template), and then forks the program process of each warm `py` jail.
-//! The jail itself (helper, init, namespaces, root, cgroups) is built like
-//! any other by small `kiln __jail` processes; once its root is ready, the
-//! helper asks the fork-server for the program: the fork joins the jail's
-//! namespaces (`setns` through the init's pidfd) and cgroups, confines itself
-//! exactly as a program process forked by the init would (uid 1000, limits,
-//! Landlock, seccomp), parks, and at the go runs the user's program in
-//! process instead of `execve`ing a new interpreter. So a run pays neither
-//! interpreter start-up nor `import pandas`, still starts in a fresh process
-//! in its own namespaces, cgroups and uid range, and the 90 MiB template is
-//! copied once per run.
-//!
-//! Protocol on a `SOCK_SEQPACKET` socket (the fork-server's stdin; the
-//! server and the helpers of embedded jails hold the other end):
-//! 1. server → zygote: the [`ZygoteConfig`] as JSON;
-//! 2. zygote → server: `{"ready": ZygoteInfo}` or `{"failed": "why"}`;
-//! 3. per warm jail: helper → zygote: `g` and the [`crate::spec::JailSpec`]
-//!    line, with seven fds attached: stdout, stderr, the exec pipe's write
-//!    end, the go pipe's read end, the exit pipe's write end, the jail
-//!    init's pidfd and a reply socket. The zygote forks the program into the
-//!    init's pid namespace and answers on the reply socket with its pid
-//!    (4 bytes, little-endian), or with an error text. When the program
-//!    exits, the zygote reaps it and writes its [`StatusMsg::Finished`] line
-//!    on the exit pipe, where the jail's init reads and reports it.
-//!
-//! Each request is one message and each answer goes to the requester's own
-//! reply socket, so helpers may ask concurrently. The fork-server never reads
-//! anything but these messages; it holds no secret (its environment is
-//! exactly the jail's) and exits when every holder of the socket closed it.
+//! The fork-server process (`kiln __zygote`): reads its config, embeds and
+//! preloads the interpreter, and forks the program process of each warm
+//! `py` jail on request.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Instant;
 
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::CloneFlags;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::error::SandboxError;
-use crate::seqpacket::{self, OwnedChild, recv, recv_into, send, wait_readable};
+use crate::seqpacket::{self, recv, recv_into, send};
 use crate::spec::{GoMsg, StatusMsg};
 use crate::sys::{self, Forked};
 use crate::{embed, jail};
 
-/// What the fork-server loads.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ZygoteConfig {
-    /// The host's shared libpython (`libpython3.X.so.1.0`).
-    pub libpython: PathBuf,
-    /// Python source run once at start-up; must define the
-    /// `_kiln_zygote` module whose `run(go: bytes)` runs one program and
-    /// ends the process.
-    pub preload: String,
-    /// The complete environment of the interpreter (the jail's, with host
-    /// paths where the preload needs a writable directory).
-    pub env: Vec<(String, String)>,
-}
+use super::{Hello, ZygoteConfig, ZygoteInfo};
 
-/// What the fork-server reported once its preload finished.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ZygoteInfo {
-    pub pid: u32,
-    /// Interpreter start-up plus preload.
-    pub preload_ms: u64,
-    /// Resident memory of the template after the preload (shared,
-    /// copy-on-write, with every warm `py` jail).
-    pub rss_bytes: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Hello {
-    Ready(ZygoteInfo),
-    Failed(String),
-}
-
-/// How long the preload may take.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest config message (the preload source is a few KiB).
 const CONFIG_MAX: usize = 1 << 20;
-
-/// Server-side handle of the fork-server.
-#[derive(Debug)]
-pub(crate) struct Zygote {
-    sock: Arc<Mutex<OwnedFd>>,
-    _child: OwnedChild,
-    info: ZygoteInfo,
-    alive: Arc<AtomicBool>,
-}
-
-impl Zygote {
-    /// Starts `helper __zygote`, hands it `cfg` and waits for the preload.
-    pub(crate) async fn start(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
-        let helper = helper.to_path_buf();
-        let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || Zygote::start_blocking(&helper, &cfg))
-            .await
-            .map_err(|e| SandboxError::Zygote(format!("start: {e}")))?
-    }
-
-    fn start_blocking(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
-        let err = |m: String| SandboxError::Zygote(m);
-        // On every error below, dropping `child` kills it.
-        let (ours, child) = seqpacket::spawn_peer(helper, "zygote")
-            .map_err(|e| err(format!("spawn {}: {e}", helper.display())))?;
-        let config = serde_json::to_vec(cfg).map_err(|e| err(format!("encode config: {e}")))?;
-        send(&ours, &config, &[]).map_err(|e| err(format!("send config: {e}")))?;
-        wait_readable(&ours, START_TIMEOUT).map_err(err)?;
-        let (bytes, _) = recv(&ours, 64 * 1024).map_err(|e| err(format!("read answer: {e}")))?;
-        match serde_json::from_slice::<Hello>(&bytes) {
-            Ok(Hello::Ready(info)) => Ok(Zygote {
-                sock: Arc::new(Mutex::new(ours)),
-                _child: child,
-                info,
-                alive: Arc::new(AtomicBool::new(true)),
-            }),
-            Ok(Hello::Failed(why)) => Err(err(why)),
-            Err(_) => Err(err(
-                "the fork-server ended during its preload (see its stderr above)".into(),
-            )),
-        }
-    }
-
-    pub(crate) fn info(&self) -> &ZygoteInfo {
-        &self.info
-    }
-
-    /// Whether the fork-server still answers.
-    pub(crate) fn alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
-    }
-
-    /// A socket to the fork-server for one jail helper (close-on-exec; the
-    /// helper gets it on [`crate::spec::ZYGOTE_FD`]).
-    pub(crate) fn client(&self) -> Result<OwnedFd, SandboxError> {
-        if !self.alive() {
-            return Err(SandboxError::Zygote("the fork-server is gone".into()));
-        }
-        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
-        sock.try_clone()
-            .map_err(|e| SandboxError::Zygote(format!("dup socket: {e}")))
-    }
-}
-
-/// The fds of one program request, in protocol order.
-pub(crate) struct ProgramFds<'a> {
-    pub stdout: &'a dyn AsRawFd,
-    pub stderr: &'a dyn AsRawFd,
-    pub exec_w: &'a OwnedFd,
-    pub go_r: &'a OwnedFd,
-    pub exit_w: &'a OwnedFd,
-    pub init_pidfd: &'a OwnedFd,
-}
-
-/// In a jail helper: asks the fork-server on `sock` for the program process
-/// of the jail whose init `fds.init_pidfd` is; returns its pid.
-pub(crate) fn request_program(
-    sock: &OwnedFd,
-    spec_line: &[u8],
-    fds: &ProgramFds<'_>,
-) -> Result<i32, String> {
-    let (ours, theirs) = seqpacket::pair().map_err(|e| format!("socketpair: {e}"))?;
-    let mut msg = Vec::with_capacity(spec_line.len() + 1);
-    msg.push(b'g');
-    msg.extend_from_slice(spec_line);
-    let raw = [
-        fds.stdout.as_raw_fd(),
-        fds.stderr.as_raw_fd(),
-        fds.exec_w.as_raw_fd(),
-        fds.go_r.as_raw_fd(),
-        fds.exit_w.as_raw_fd(),
-        fds.init_pidfd.as_raw_fd(),
-        theirs.as_raw_fd(),
-    ];
-    send(sock, &msg, &raw).map_err(|e| format!("ask the fork-server: {e}"))?;
-    drop(theirs);
-    let (bytes, _) = recv(&ours, 4096).map_err(|e| format!("fork-server answer: {e}"))?;
-    match <[u8; 4]>::try_from(bytes.as_slice()) {
-        Ok(pid) => Ok(i32::from_le_bytes(pid)),
-        Err(_) if bytes.is_empty() => Err("the fork-server is gone".to_owned()),
-        Err(_) => Err(format!(
-            "the fork-server refused: {}",
-            String::from_utf8_lossy(&bytes)
-        )),
-    }
-}
 
 /// Entry point of `kiln __zygote`. Never returns.
 pub fn zygote_main() -> ! {
@@ -435,29 +264,4 @@ fn run_embedded(go: &GoMsg) -> ! {
         Err(e) => eprintln!("kiln: {e}"),
     }
     sys::exit_now(1)
-}
-
-/// Finds the host's shared libpython for `python3` (the interpreter the
-/// `py` language runs): asks it where its `INSTSONAME` lives.
-pub fn find_libpython(python: &Path) -> Result<PathBuf, SandboxError> {
-    let out = std::process::Command::new(python)
-        .args([
-            "-I",
-            "-c",
-            "import os, sysconfig as s; print(os.path.join(s.get_config_var('LIBDIR') or '', \
-             s.get_config_var('INSTSONAME') or ''))",
-        ])
-        .env_clear()
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| SandboxError::Zygote(format!("run {}: {e}", python.display())))?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    if !out.status.success() || !path.is_file() {
-        return Err(SandboxError::Zygote(format!(
-            "no shared libpython for {} (looked for {:?}; install libpython3-dev or libpython3.X)",
-            python.display(),
-            path
-        )));
-    }
-    Ok(path)
 }

@@ -1,0 +1,320 @@
+//! [`Sandbox`]: the executor's handle. Checks the host once, owns the slot
+//! pool (with each slot's quota-limited workspace filesystem) and the cgroup
+//! driver, decides what runs degraded, and runs one jail per
+//! [`Sandbox::run`].
+//!
+//! Split by seam: `host.rs` (start-up checks, degraded mode), `setup.rs`
+//! (the one set-up path every jail start takes), `parked.rs` (warm jails:
+//! park, run parked, discard), `outcome.rs` (how a run ends).
+
+mod host;
+mod outcome;
+mod parked;
+mod setup;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use self::host::{check_searchable, prepare_root_dir, settle_report};
+use self::outcome::{conclude, cpu_budget};
+pub use self::parked::{ParkSpec, ParkedJail};
+pub(crate) use self::setup::Going;
+use self::setup::Prepared;
+use crate::cgroup::CgroupDriver;
+use crate::config::SandboxConfig;
+use crate::error::SandboxError;
+use crate::launcher::Launcher;
+use crate::probe::{HostReport, probe_host};
+use crate::quota::SlotFs;
+use crate::run::{RunRequest, RunResult, supervise};
+use crate::seccomp;
+use crate::slots::{Slot, SlotPool};
+use crate::spec::BpfInsns;
+use crate::zygote::{Zygote, ZygoteConfig, ZygoteInfo};
+
+#[derive(Debug)]
+struct Inner {
+    cfg: SandboxConfig,
+    report: HostReport,
+    /// `None` only when degraded.
+    cgroups: Option<CgroupDriver>,
+    slots: Arc<SlotPool>,
+    areas: Arc<SlotFs>,
+    closed: AtomicBool,
+    /// Compiled seccomp profiles by name (empty when degraded without).
+    filters: HashMap<String, Vec<BpfInsns>>,
+    /// The fork-servers for embedded warm jails by template name, once
+    /// started.
+    zygotes: std::sync::RwLock<HashMap<String, Zygote>>,
+    /// Forks jail helpers; `None` if it could not start (helpers are
+    /// spawned then).
+    launcher: Option<Launcher>,
+}
+
+/// Native Linux jails. Cheap to clone; all clones share one slot pool.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl Sandbox {
+    /// Probes the host, sets up each slot's workspace filesystem and the
+    /// cgroup parents, and prepares the root mount point. Fails with
+    /// [`SandboxError::Unsupported`] if a protection is missing — unless
+    /// `cfg.allow_degraded`, which starts anyway (never without root and
+    /// namespaces) and logs an ERROR per missing protection.
+    pub fn new(cfg: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        cfg.validate()?;
+        let probed = probe_host();
+        if !probed.jail_possible() {
+            return Err(SandboxError::Unsupported(probed.problems.clone()));
+        }
+        let filters = if probed.seccomp {
+            seccomp::compile_all()?
+        } else {
+            HashMap::new()
+        };
+        if !cfg.helper.is_file() {
+            return Err(SandboxError::Config(format!(
+                "helper {} is not a file",
+                cfg.helper.display()
+            )));
+        }
+        prepare_root_dir(&cfg.root_dir)?;
+        for b in &cfg.ro_binds {
+            if !b.exists() {
+                return Err(SandboxError::Config(format!(
+                    "ro_bind {} does not exist",
+                    b.display()
+                )));
+            }
+            check_searchable(b)?;
+        }
+        let (areas, _) = SlotFs::setup(
+            &cfg.slots_dir(),
+            cfg.slots,
+            cfg.workspace_bytes,
+            cfg.workspace_inodes,
+            cfg.workspace_quota,
+        )?;
+        check_searchable(&areas.parent(0))?;
+        // On error, dropping `areas` unmounts everything again.
+        let report = settle_report(probed, areas.quota(), cfg.allow_degraded)?;
+        for p in &report.problems {
+            tracing::error!(
+                problem = %p,
+                "INSECURE: the sandbox runs without this protection (allow_degraded is set)"
+            );
+        }
+        let mut report = report;
+        let cpu = cfg.cpu_limits();
+        let cgroups = if report.cgroup_limits {
+            let c = CgroupDriver::setup(&report.cgroup, cpu)?;
+            c.sweep_stale();
+            if let Err(e) = c.apply_parent_cpu() {
+                tracing::warn!(error = %e, "CPU quota of all runs together not set");
+                report
+                    .warnings
+                    .push(format!("CPU quota of all runs together not set: {e}"));
+            }
+            let said = |r: &HostReport| r.warnings.iter().any(|w| w.contains("cpu controller"));
+            if !c.limits_cpu() && !said(&report) {
+                report.warnings.push(
+                    "no cgroup cpu controller: a run's processes may take every core".to_owned(),
+                );
+            }
+            Some(c)
+        } else {
+            None
+        };
+        tracing::info!(
+            cgroup = ?cgroups.as_ref().map(CgroupDriver::parents),
+            whole_jail_cpu_budget = cgroups.as_ref().is_some_and(CgroupDriver::accounts_cpu),
+            cpu_per_run = f64::from(cpu.per_run_millis) / 1000.0,
+            cpu_all_runs = f64::from(cpu.all_runs_millis) / 1000.0,
+            slots = cfg.slots,
+            uid_base = cfg.uid_base,
+            workspace_quota = %report.workspace_quota,
+            workspace_bytes = cfg.workspace_bytes,
+            workspace_inodes = cfg.workspace_inodes,
+            landlock_abi = ?report.landlock_abi,
+            "sandbox ready"
+        );
+        let slots = SlotPool::new(cfg.uid_base, cfg.slots, Arc::clone(&areas));
+        let launcher = match Launcher::start(&cfg.helper) {
+            Ok(l) => {
+                tracing::info!(pid = l.pid(), "jail launcher ready");
+                Some(l)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no jail launcher: every jail spawns its helper");
+                None
+            }
+        };
+        Ok(Sandbox {
+            inner: Arc::new(Inner {
+                cfg,
+                report,
+                cgroups,
+                slots,
+                areas,
+                closed: AtomicBool::new(false),
+                filters,
+                zygotes: std::sync::RwLock::new(HashMap::new()),
+                launcher,
+            }),
+        })
+    }
+
+    /// Refuses further runs and unmounts every slot's workspace filesystem,
+    /// removing images and mount points. Call once no run is in flight (a
+    /// run still going keeps its workspace until it ends, detached). Also
+    /// done when the last clone is dropped and at process exit.
+    pub fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.areas.teardown();
+    }
+
+    /// What the host provides (for `kiln doctor` and startup logs).
+    pub fn report(&self) -> &HostReport {
+        &self.inner.report
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.cfg
+    }
+
+    /// The `kiln/` parent cgroups under which every run's groups live
+    /// (none when running degraded without cgroups).
+    pub fn cgroup_parents(&self) -> Vec<PathBuf> {
+        self.inner
+            .cgroups
+            .as_ref()
+            .map(CgroupDriver::parents)
+            .unwrap_or_default()
+    }
+
+    /// Takes a free uid slot, waiting while all are busy.
+    pub async fn acquire_slot(&self) -> Slot {
+        self.inner.slots.acquire().await
+    }
+
+    /// Runs one program in a fresh jail under `slot`'s uids. Returns only
+    /// after every process of the jail is dead and its cgroups are removed.
+    /// Non-zero exits, signals, timeouts, OOM and output caps are results;
+    /// `cancel` firing kills the jail and yields [`SandboxError::Cancelled`].
+    pub async fn run(
+        &self,
+        slot: &Slot,
+        req: RunRequest,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, SandboxError> {
+        self.admit(slot)?;
+        let degraded = &self.inner.report.degraded;
+        let prepared = self.prepare(slot, setup::run_name(slot), &req, None)?;
+        if !degraded.is_empty() {
+            tracing::warn!(without = ?degraded, "INSECURE: jail runs without some protections");
+        }
+        let Prepared {
+            name,
+            spec,
+            cgroups,
+            lease,
+        } = prepared;
+        let budget = cpu_budget(cgroups.as_ref(), &req.limits);
+        let supervised = supervise(
+            &self.inner.cfg.helper,
+            self.inner.launcher.as_ref(),
+            &spec,
+            &req.limits,
+            &cancel,
+            req.output.as_ref(),
+            req.pause.as_ref(),
+            budget.as_ref(),
+        )
+        .await;
+        conclude(&name, supervised, cgroups, lease).await
+    }
+
+    /// Starts the fork-server (`helper __zygote`) of the template named
+    /// `template` with `cfg` and waits for its preload. Once it runs,
+    /// [`ParkMode::Embedded`] jails whose [`ParkSpec::template`] names it
+    /// can be built.
+    pub async fn start_zygote(
+        &self,
+        template: &str,
+        cfg: &ZygoteConfig,
+    ) -> Result<ZygoteInfo, SandboxError> {
+        if let Some(z) = self.zygotes().get(template) {
+            return Ok(z.info().clone());
+        }
+        let z = Zygote::start(&self.inner.cfg.helper, cfg).await?;
+        let mut zygotes = self
+            .inner
+            .zygotes
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        // A concurrent start lost the race: its process goes with `z`.
+        Ok(zygotes
+            .entry(template.to_owned())
+            .or_insert(z)
+            .info()
+            .clone())
+    }
+
+    fn zygotes(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Zygote>> {
+        self.inner.zygotes.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the fork-server of `template` runs and answers (its
+    /// embedded warm jails are possible).
+    pub fn has_zygote(&self, template: &str) -> bool {
+        self.zygotes().get(template).is_some_and(Zygote::alive)
+    }
+
+    /// The jail launcher's pid while it answers (`None`: every helper is
+    /// spawned).
+    pub fn launcher_pid(&self) -> Option<u32> {
+        self.inner
+            .launcher
+            .as_ref()
+            .filter(|l| l.alive())
+            .map(Launcher::pid)
+    }
+
+    /// What the fork-server of `template` reported at start-up, if it
+    /// runs.
+    pub fn zygote_info(&self, template: &str) -> Option<ZygoteInfo> {
+        self.zygotes().get(template).map(|z| z.info().clone())
+    }
+
+    /// Every fork-server started (alive or not), by template name, sorted.
+    pub fn zygote_infos(&self) -> Vec<(String, ZygoteInfo)> {
+        let mut all: Vec<_> = self
+            .zygotes()
+            .iter()
+            .map(|(name, z)| (name.clone(), z.info().clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compile-time: the executor shares a `Sandbox` across tasks and spawns
+    /// `run` futures on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn sandbox_and_run_future_are_shareable(sb: &Sandbox, slot: &Slot, req: RunRequest) {
+        fn shareable<T: Send + Sync + Clone + 'static>(_: &T) {}
+        fn sendable<T: Send>(_: &T) {}
+        shareable(sb);
+        sendable(&sb.run(slot, req, CancellationToken::new()));
+    }
+}
