@@ -206,13 +206,14 @@ impl Sandbox {
         }
         prepare_root_dir(&cfg.root_dir)?;
         for b in &cfg.ro_binds {
+            let b = cfg.source_of(b);
             if !b.exists() {
                 return Err(SandboxError::Config(format!(
                     "ro_bind {} does not exist",
                     b.display()
                 )));
             }
-            check_searchable(b)?;
+            check_searchable(&b)?;
         }
         let (areas, _) = SlotFs::setup(
             &cfg.slots_dir(),
@@ -383,6 +384,7 @@ impl Sandbox {
             root_dir: self.inner.cfg.root_dir.clone(),
             ro_binds: self.inner.cfg.ro_binds.clone(),
             etc_binds: self.inner.cfg.etc_binds.clone(),
+            image_root: self.inner.cfg.image_root.clone(),
             workspace: req.workspace.clone(),
             argv: req.argv.clone(),
             env: req.env.clone(),
