@@ -771,7 +771,8 @@ pub async fn probe_languages(image: Option<&Path>) -> Vec<kiln_api::LanguageHeal
 async fn probe_version(argv: &[&str], image: Option<&Path>) -> Option<String> {
     let mut cmd = match image {
         Some(root) => {
-            let mut c = tokio::process::Command::new("chroot");
+            // absolute: the probe's PATH (/usr/bin:/bin) is the one the program is looked up in
+            let mut c = tokio::process::Command::new("/usr/sbin/chroot");
             c.arg(root).args(argv);
             c
         }

@@ -120,7 +120,7 @@ async fn documents_convert_inside_a_jail_under_the_default_limits() {
          pandoc report.md -o report.docx\n\
          soffice --headless -env:UserInstallation=file:///tmp/lo --convert-to pdf --outdir . report.docx >/dev/null 2>&1\n\
          pdftotext report.pdf - | tr -s '\\n' ' '; echo\n\
-         qpdf --check report.pdf | tail -1\n\
+         qpdf --check report.pdf | grep -o 'No syntax or stream encoding errors'\n\
          qpdf --empty --pages report.pdf report.pdf -- twice.pdf\n\
          qpdf --show-npages twice.pdf\n\
          rm report.md\n",
@@ -129,6 +129,10 @@ async fn documents_convert_inside_a_jail_under_the_default_limits() {
     assert_eq!(r["code"], 0, "{r}");
     let out = stdout(&r);
     assert!(out.contains("Quarterly report"), "pdftotext: {r}");
+    assert!(
+        out.contains("第三季度"),
+        "CJK text survives docx → PDF: {r}"
+    );
     assert!(
         out.contains("No syntax or stream encoding errors"),
         "qpdf --check: {r}"

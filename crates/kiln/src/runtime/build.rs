@@ -19,6 +19,10 @@ use super::{Image, ImageInfo, Recipe, Store, disk_usage, now_secs};
 const STAGE_BASE: &str = ".stage-base";
 /// Keeps package scripts from starting services in the chroot.
 const POLICY_RC: &str = "#!/bin/sh\nexit 101\n";
+/// The host's CA bundle, trusted by pip during the build only.
+const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where the build puts that copy inside the image (removed after the pip step).
+const BUILD_CA: &str = "/tmp/kiln-build-ca.crt";
 const CHROOT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A command that runs `script` with `/bin/sh` inside a chroot of `root`, in a mount
@@ -69,7 +73,7 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         .append(true)
         .open(dir.join("build.log"))?;
     let started = Instant::now();
-    let steps = 3 + usize::from(!recipe.pip.is_empty()) + recipe.setup.len();
+    let steps = 2 + usize::from(!recipe.pip.is_empty()) + recipe.setup.len();
     let mut p = Progress::new(log, steps);
     p.say(&format!(
         "building image {id} (Debian {} from {}) in {}; log: {}",
@@ -124,18 +128,30 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         ),
     )?;
     if !recipe.pip.is_empty() {
+        // pip trusts what the host trusts while it downloads (a TLS-inspecting proxy's CA);
+        // the copy is removed after the step and never part of the image
+        let host_ca = Path::new(HOST_CA_BUNDLE);
+        let cert = if host_ca.is_file() {
+            std::fs::copy(host_ca, root.join(BUILD_CA.trim_start_matches('/')))
+                .context("copy the host's CA bundle for pip")?;
+            format!("--cert {BUILD_CA} ")
+        } else {
+            String::new()
+        };
         let wheels: Vec<String> = recipe.pip.iter().map(|s| sh_quote(s)).collect();
-        p.run(
+        let done = p.run(
             &format!("pip install {}", recipe.pip.join(" ")),
             &mut in_chroot(
                 &root,
                 &format!(
-                    "python3 -m pip install --no-cache-dir --break-system-packages \
+                    "python3 -m pip install {cert}--no-cache-dir --break-system-packages \
                      --root-user-action=ignore --disable-pip-version-check --only-binary=:all: {}",
                     wheels.join(" ")
                 ),
             ),
-        )?;
+        );
+        let _ = std::fs::remove_file(root.join(BUILD_CA.trim_start_matches('/')));
+        done?;
     }
     for (i, script) in recipe.setup.iter().enumerate() {
         let short: String = script.chars().take(50).collect();
@@ -145,6 +161,12 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         )?;
     }
     std::fs::remove_file(root.join("usr/sbin/policy-rc.d"))?;
+    // what package scripts left in /tmp (the JVM's hsperfdata) is not part of the image
+    if let Ok(rd) = std::fs::read_dir(root.join("tmp")) {
+        for e in rd.flatten() {
+            let _ = kiln_sandbox::remove_tree(&e.path());
+        }
+    }
     std::fs::write(root.join("etc/resolv.conf"), b"")?;
 
     let info = ImageInfo {
