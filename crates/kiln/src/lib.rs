@@ -771,9 +771,14 @@ pub async fn probe_languages(image: Option<&Path>) -> Vec<kiln_api::LanguageHeal
 async fn probe_version(argv: &[&str], image: Option<&Path>) -> Option<String> {
     let mut cmd = match image {
         Some(root) => {
-            // absolute: the probe's PATH (/usr/bin:/bin) is the one the program is looked up in
-            let mut c = tokio::process::Command::new("/usr/sbin/chroot");
-            c.arg(root).args(argv);
+            // in a chroot of the image with a /proc of its own (java and go read
+            // /proc/self/exe), in a mount namespace that goes with it; absolute paths: the
+            // probe's PATH (/usr/bin:/bin) is the one programs are looked up in
+            let mut c = tokio::process::Command::new("/usr/bin/unshare");
+            c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+                .arg("mount -t proc proc \"$0/proc\" && exec /usr/sbin/chroot \"$0\" \"$@\"")
+                .arg(root)
+                .args(argv);
             c
         }
         None => {

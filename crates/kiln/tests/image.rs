@@ -57,6 +57,25 @@ async fn every_interpreter_a_run_sees_is_the_images_not_the_hosts() {
         id.starts_with("recipe-") || id.starts_with("import-") || id.starts_with('/'),
         "{health}"
     );
+    // and each language's version is the image's, probed in a chroot of it
+    let version = |name: &str| {
+        health["languages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["name"] == name)
+            .and_then(|l| l["version"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for (lang, want) in [
+        ("py", "Python 3.13."),
+        ("java", "openjdk 21."),
+        ("go", "go1.24"),
+        ("r", "version 4.5"),
+    ] {
+        assert!(version(lang).contains(want), "{lang}: {health}");
+    }
 
     let r = run(
         &s,

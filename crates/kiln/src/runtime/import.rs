@@ -302,3 +302,90 @@ mod tests {
         assert!(outside.join("victim").exists());
     }
 }
+
+#[cfg(test)]
+mod archive_tests {
+    use super::*;
+
+    fn tar_dir(dir: &Path, out: &Path) {
+        let st = Command::new("tar")
+            .arg("-cf")
+            .arg(out)
+            .arg("-C")
+            .arg(dir)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    /// A scratch directory, or `None` (skip) when not root: importing needs root.
+    fn scratch() -> Option<tempfile::TempDir> {
+        if !nix_is_root() {
+            eprintln!("SKIP: importing needs root");
+            return None;
+        }
+        Some(tempfile::tempdir().unwrap())
+    }
+
+    #[test]
+    fn a_docker_archive_imports_its_layers_in_order_with_whiteouts_and_once() {
+        let Some(t) = scratch() else {
+            return;
+        };
+        let w = |rel: &str, body: &str| {
+            let p = t.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        };
+        // layer 1: a tiny root; layer 2 deletes one file, empties a directory, adds one
+        w("l1/usr/bin/tool", "v1");
+        w("l1/usr/share/old", "x");
+        w("l1/etc/opq/a", "x");
+        w("l2/usr/share/.wh.old", "");
+        w("l2/etc/opq/.wh..wh..opq", "");
+        w("l2/etc/opq/b", "new");
+        w("l2/usr/bin/tool", "v2");
+        std::fs::create_dir_all(t.path().join("img/l1")).unwrap();
+        std::fs::create_dir_all(t.path().join("img/l2")).unwrap();
+        tar_dir(&t.path().join("l1"), &t.path().join("img/l1/layer.tar"));
+        tar_dir(&t.path().join("l2"), &t.path().join("img/l2/layer.tar"));
+        w(
+            "img/manifest.json",
+            r#"[{"Config":"c.json","RepoTags":["x:1"],"Layers":["l1/layer.tar","l2/layer.tar"]}]"#,
+        );
+        let archive = t.path().join("image.tar");
+        tar_dir(&t.path().join("img"), &archive);
+
+        let store = Store::new(t.path().join("runtimes"));
+        let img = import(&store, &archive).unwrap();
+        assert_eq!(img.info.source, "docker-archive");
+        assert!(img.info.id.starts_with("import-"));
+        let read = |rel: &str| std::fs::read_to_string(img.root.join(rel)).ok();
+        assert_eq!(read("usr/bin/tool").as_deref(), Some("v2"));
+        assert_eq!(read("usr/share/old"), None);
+        assert_eq!(read("etc/opq/a"), None);
+        assert_eq!(read("etc/opq/b").as_deref(), Some("new"));
+        assert!(!img.root.join("usr/share/.wh.old").exists());
+        assert_eq!(store.list().unwrap().len(), 1);
+        assert_eq!(store.resolve(&img.info.id).unwrap(), img.root);
+        // the same archive again is the same image, found, not unpacked again
+        let again = import(&store, &archive).unwrap();
+        assert_eq!(again.info, img.info);
+    }
+
+    #[test]
+    fn an_archive_without_usr_is_refused_and_leaves_nothing() {
+        let Some(t) = scratch() else {
+            return;
+        };
+        std::fs::create_dir_all(t.path().join("root/etc")).unwrap();
+        let archive = t.path().join("root.tar");
+        tar_dir(&t.path().join("root"), &archive);
+        let store = Store::new(t.path().join("runtimes"));
+        let err = import(&store, &archive).unwrap_err();
+        assert!(err.to_string().contains("no /usr"), "{err}");
+        assert!(store.list().unwrap().is_empty());
+        assert_eq!(std::fs::read_dir(&store.dir).unwrap().count(), 0);
+    }
+}
