@@ -11,7 +11,8 @@ set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
 
-if ! scripts/install-runtimes.sh; then
+# on a runtime image the jails need nothing of the host's /usr
+if [[ -z "${KILN_RUNTIME_IMAGE:-}" ]] && ! scripts/install-runtimes.sh; then
   echo "serve: could not install every runtime (see above); starting anyway —" >&2
   echo "       languages whose runtime is missing will be unavailable (check: kiln doctor)." >&2
 fi
@@ -22,5 +23,11 @@ target_dir=${CARGO_TARGET_DIR:-$repo_root/target}
 if [[ ! -x "$target_dir/release/kiln" ]]; then
   echo "serve: building Kiln in release mode for the first time; this takes tens of minutes on a" >&2
   echo "       small machine (later starts reuse the build)." >&2
+fi
+# With KILN_RUNTIME_IMAGE=default, jails run from the default runtime image (docs/runtimes.md):
+# built here by the same `kiln runtime build` as test.sh and the container use, with its
+# progress on the terminal (tens of minutes the first time; later starts find it built).
+if [[ "${KILN_RUNTIME_IMAGE:-}" == default ]]; then
+  cargo run --release --locked -p kiln -- runtime build >/dev/null
 fi
 exec cargo run --release --locked -p kiln -- serve "$@"

@@ -12,6 +12,7 @@
 #      console/package-lock.json + esbuild, ~10 s fresh, 0 s when up to date) and Debian's
 #      chromium + chromium-driver for the browser test (apt, only when missing: ~90 MB,
 #      ~20 s on a warm mirror);
+#   4b. the default runtime image (`kiln runtime build`, docs/runtimes.md);
 #   5. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line;
 #   6. the habits: `cargo fmt --check` and `cargo clippy --all-targets -D warnings` over the
@@ -131,6 +132,15 @@ if command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]]; then
 else
   apt_install haproxy
 fi
+
+section "runtime image"
+# The default runtime image (docs/runtimes.md; resources/runtime/recipe.toml), which
+# crates/kiln/tests/image.rs runs against (and every suite, with KILN_RUNTIME_IMAGE=default):
+# built by the same `kiln runtime build` as serve.sh and the container use; a fresh build
+# downloads ~800 MB and takes tens of minutes, later runs find it built (0 s). Its time is
+# printed by the build's last line.
+cargo build --locked -p kiln --bin kiln
+target/debug/kiln runtime build >/dev/null
 
 section "Rust tests"
 # Output is also kept to print one plain closing line over every runner involved.

@@ -238,6 +238,7 @@ impl Harness {
                 HealthInfo {
                     version: "fuzz".to_owned(),
                     languages: Vec::new(),
+                    runtime_image: None,
                 },
             )
         };

@@ -184,6 +184,18 @@ pub struct HealthInfo {
     /// Server version (the binary's `CARGO_PKG_VERSION`).
     pub version: String,
     pub languages: Vec<LanguageHealth>,
+    /// The runtime image jails run from; `None`: the host's `/usr`.
+    pub runtime_image: Option<RuntimeImageHealth>,
+}
+
+/// The runtime image jails run from (docs/runtimes.md).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct RuntimeImageHealth {
+    /// `recipe-<hex>` (built from a recipe), `import-<hex>` (imported), or the root's path.
+    pub id: String,
+    /// SHA-256 of the recipe or of the imported archive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// One runtime's availability on this host.

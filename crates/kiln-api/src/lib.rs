@@ -85,7 +85,10 @@ use tracing::Span;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use config::{ApiConfig, AppState, AuthMode, HealthInfo, LanguageHealth, RuntimeSessionMode};
+pub use config::{
+    ApiConfig, AppState, AuthMode, HealthInfo, LanguageHealth, RuntimeImageHealth,
+    RuntimeSessionMode,
+};
 pub use error::ApiError;
 
 /// Every route served under `/v1` (LibreChat's also at the root), with

@@ -462,7 +462,15 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         name: "go",
         aliases: &["golang"],
         entry_file: "main.go",
-        compile: Some(&["/usr/bin/go", "build", "-o", "{build}/main", "{entry}"]),
+        // A runtime image's prebuilt standard-library cache (docs/runtimes.md) seeds the
+        // run's own cache when there is one: Go 1.20+ ships the library uncompiled.
+        compile: Some(&[
+            "/bin/sh",
+            "-c",
+            "if [ -d /usr/local/share/kiln/go-cache ] && [ ! -e {build}/go-cache ]; then \
+             cp -r /usr/local/share/kiln/go-cache {build}/go-cache; fi; \
+             exec /usr/bin/go build -o {build}/main {entry}",
+        ]),
         run: &["{build}/main"],
         // The build cache lives in the run's own workspace (never shared
         // between users) and dies with it. No module proxy: there is no

@@ -50,6 +50,10 @@ pub struct SandboxConfig {
     pub ro_binds: Vec<PathBuf>,
     /// Names under the host's `/etc` bound read-only when present.
     pub etc_binds: Vec<String>,
+    /// A runtime image's root filesystem: jails take `ro_binds`, the
+    /// merged-/usr links and `etc_binds` from beneath it instead of from the
+    /// host (see `JailSpec::image_root`). `None`: the host's.
+    pub image_root: Option<PathBuf>,
     /// Directory of the slots' workspace filesystems (`<i>.img` images and
     /// `<i>/` mount points); created if missing, must be root's. `None`:
     /// `slots` next to `root_dir`.
@@ -83,6 +87,7 @@ impl Default for SandboxConfig {
             slots: 4,
             ro_binds: vec![PathBuf::from("/usr")],
             etc_binds: DEFAULT_ETC_BINDS.iter().map(|s| (*s).to_owned()).collect(),
+            image_root: None,
             slots_dir: None,
             workspace_bytes: 1 << 30,
             workspace_inodes: 65_536,
@@ -120,6 +125,12 @@ impl SandboxConfig {
         }
     }
 
+    /// Where a jail's `path` (absolute, as the jail sees it) comes from on
+    /// the host: beneath the runtime image when there is one.
+    pub fn source_of(&self, path: &Path) -> PathBuf {
+        crate::jail::plan::source_of(self.image_root.as_deref(), path)
+    }
+
     /// Where the slots' workspace filesystems live.
     pub fn slots_dir(&self) -> PathBuf {
         self.slots_dir.clone().unwrap_or_else(|| {
@@ -144,6 +155,14 @@ impl SandboxConfig {
             return bad(format!(
                 "uid_base {} + {} slots x 65536 exceeds the uid space",
                 self.uid_base, self.slots
+            ));
+        }
+        if let Some(r) = &self.image_root
+            && (!is_clean_absolute(r) || r == Path::new("/"))
+        {
+            return bad(format!(
+                "image_root {} must be an absolute path other than / without . or ..",
+                r.display()
             ));
         }
         if !is_clean_absolute(&self.root_dir) || self.root_dir == Path::new("/") {

@@ -61,6 +61,7 @@ pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
 pub use error::{KilledUsage, SandboxError};
 pub use jail::helper_main;
+pub use jail::plan::source_of;
 pub use jails::{BoxFuture, COLD_PROFILE, Jail, JailSource, Jails, ZygoteStart};
 pub use kernel::{
     EvalError, EvalFile, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart,

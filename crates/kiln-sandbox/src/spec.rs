@@ -32,6 +32,11 @@ pub struct JailSpec {
     pub ro_binds: Vec<PathBuf>,
     /// Names under the host's `/etc` bound read-only (when present).
     pub etc_binds: Vec<String>,
+    /// A runtime image's root filesystem on the host: when set, `ro_binds`,
+    /// the merged-/usr links and `etc_binds` come from beneath it instead of
+    /// from the host's `/` (nothing of the host's `/usr` reaches the jail).
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
     /// Host directory bound read-write at `/mnt/data`.
     pub workspace: PathBuf,
     /// Program and arguments; `argv[0]` is an absolute path inside the jail.
@@ -85,6 +90,9 @@ impl JailSpec {
         use crate::sys::{scrub_path, scrub_string};
         scrub_path(std::mem::take(&mut self.root_dir));
         scrub_path(std::mem::take(&mut self.workspace));
+        if let Some(r) = self.image_root.take() {
+            scrub_path(r);
+        }
         std::mem::take(&mut self.ro_binds)
             .into_iter()
             .for_each(scrub_path);

@@ -25,6 +25,13 @@ pub struct Config {
     /// or — when a directory above the data dir is closed to others, as
     /// `/root` is — `/var/lib/kiln/work-<hash of the data dir's path>`.
     pub work_dir: Option<PathBuf>,
+    /// Where runtime images live (`kiln runtime build|import|list`; docs/runtimes.md).
+    pub runtime_dir: PathBuf,
+    /// The runtime image jails run from: `default` (the image of the compiled-in recipe), an
+    /// image id (`recipe-…`, `import-…`) or an absolute path to a root filesystem. Unset: the
+    /// host's `/usr` and `/etc` entries, as before images existed. The one switch to make
+    /// images the default.
+    pub runtime_image: Option<String>,
     /// `none`, `api-key`, `jwt` or `api-key,jwt`. Unset: `api-key` when a
     /// key is set, else `none`.
     pub auth: Option<String>,
@@ -308,6 +315,8 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:8000".into(),
             data_dir: PathBuf::from("./kiln-data"),
+            runtime_dir: PathBuf::from("/var/lib/kiln/runtimes"),
+            runtime_image: None,
             work_dir: None,
             auth: None,
             api_key: None,

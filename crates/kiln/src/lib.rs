@@ -8,6 +8,7 @@ pub mod config;
 pub mod doctor;
 mod ops;
 pub mod remote;
+pub mod runtime;
 pub mod testing;
 
 use std::os::unix::ffi::OsStrExt;
@@ -46,6 +47,8 @@ pub struct Kiln {
     /// Live kernels (`/v1/sessions`); `None` when `max_sessions` is 0.
     pub kernels: Option<Kernels>,
     pub languages: Vec<kiln_api::LanguageHealth>,
+    /// The runtime image jails run from (`runtime_image`); `None`: the host's `/usr`.
+    pub image: Option<runtime::jail::ImageRef>,
 }
 
 /// Open storage, probe and set up the sandbox, build the executor and the
@@ -93,6 +96,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             sc.etc_binds.push(name.to_owned());
         }
     }
+    let image = runtime::jail::configure(&config, &mut sc)?;
     let sandbox =
         Sandbox::new(sc).map_err(|e| anyhow::anyhow!("sandbox cannot be enforced: {e}"))?;
 
@@ -111,7 +115,15 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let jails = if config.warm_jails > 0 {
         // warm profiles come from the language table; the fork-server
         // (embedded py) starts in the background
-        let zygote = config.python_zygote.then(|| ZygoteStart {
+        // the fork-server loads libpython into this process: the host's only (an image's
+        // needs the image's glibc), so on an image py's warm jails are parked, not forked
+        if config.python_zygote && image.is_some() {
+            warn!(
+                "the Python fork-server does not run on a runtime image yet: py runs in generic \
+                 warm jails, and kernels that need the fork-server are unavailable (docs/runtimes.md)"
+            );
+        }
+        let zygote = (config.python_zygote && image.is_none()).then(|| ZygoteStart {
             config_dir: zygote_config_dir(&data),
             only: config.python_template_only().unwrap_or(None),
         });
@@ -140,7 +152,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     ));
     let kernels = (config.max_sessions > 0)
         .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
-    let languages = probe_languages().await;
+    let languages = probe_languages(image.as_ref().map(|i| i.root.as_path())).await;
     Ok(Kiln {
         config,
         store,
@@ -149,6 +161,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         sessions,
         kernels,
         languages,
+        image,
     })
 }
 
@@ -359,6 +372,10 @@ pub async fn serve(
         health: Arc::new(kiln_api::HealthInfo {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             languages: kiln.languages.clone(),
+            runtime_image: kiln.image.as_ref().map(|i| kiln_api::RuntimeImageHealth {
+                id: i.id.clone(),
+                digest: i.digest.clone(),
+            }),
         }),
         metrics: metrics_handle(),
         shutdown: stop_new.clone(),
@@ -611,6 +628,11 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     };
     let slots = config.max_concurrency + config.warm_jails + config.max_sessions;
     let kiln = build(config).await?;
+    match &kiln.image {
+        Some(i) => info!(image = %i.id, digest = i.digest.as_deref().unwrap_or("-"),
+            root = %i.root.display(), "jails run from a runtime image"),
+        None => info!("jails run from the host's /usr (no runtime_image)"),
+    }
     for l in &kiln.languages {
         match (&l.version, &l.reason) {
             (Some(v), _) => info!(lang = %l.name, version = %v, "language available"),
@@ -725,7 +747,9 @@ pub fn one_line(text: &str) -> String {
 }
 
 /// Detect each language's version on the host (the jail sees the same `/usr`).
-pub async fn probe_languages() -> Vec<kiln_api::LanguageHealth> {
+/// Each language's availability and version: its binaries on the host, or in the runtime
+/// image at `image` (probed in a chroot of it).
+pub async fn probe_languages(image: Option<&Path>) -> Vec<kiln_api::LanguageHealth> {
     let mut out = Vec::new();
     for lang in Language::all() {
         let spec = lang.spec();
@@ -733,7 +757,7 @@ pub async fn probe_languages() -> Vec<kiln_api::LanguageHealth> {
             .requires
             .iter()
             .copied()
-            .filter(|p| !Path::new(p).exists())
+            .filter(|p| !kiln_sandbox::source_of(image, Path::new(p)).exists())
             .collect();
         out.push(if !missing.is_empty() {
             kiln_api::LanguageHealth::unavailable(
@@ -741,7 +765,7 @@ pub async fn probe_languages() -> Vec<kiln_api::LanguageHealth> {
                 format!("not installed: {}", missing.join(", ")),
             )
         } else {
-            match probe_version(spec.version).await {
+            match probe_version(spec.version, image).await {
                 Some(v) => kiln_api::LanguageHealth::available(spec, Some(v)),
                 None => kiln_api::LanguageHealth::unavailable(spec, "version probe failed"),
             }
@@ -750,15 +774,29 @@ pub async fn probe_languages() -> Vec<kiln_api::LanguageHealth> {
     out
 }
 
-async fn probe_version(argv: &[&str]) -> Option<String> {
-    let (prog, args) = argv.split_first()?;
+async fn probe_version(argv: &[&str], image: Option<&Path>) -> Option<String> {
+    let mut cmd = match image {
+        Some(root) => {
+            // in a chroot of the image with a /proc of its own (java and go read
+            // /proc/self/exe), in a mount namespace that goes with it; absolute paths: the
+            // probe's PATH (/usr/bin:/bin) is the one programs are looked up in
+            let mut c = tokio::process::Command::new("/usr/bin/unshare");
+            c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+                .arg("mount -t proc proc \"$0/proc\" && exec /usr/sbin/chroot \"$0\" \"$@\"")
+                .arg(root)
+                .args(argv);
+            c
+        }
+        None => {
+            let (prog, args) = argv.split_first()?;
+            let mut c = tokio::process::Command::new(prog);
+            c.args(args);
+            c
+        }
+    };
     let out = tokio::time::timeout(
         Duration::from_secs(10),
-        tokio::process::Command::new(prog)
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .output(),
+        cmd.env_clear().env("PATH", "/usr/bin:/bin").output(),
     )
     .await
     .ok()?
@@ -785,7 +823,28 @@ pub fn doctor(config: &Config) -> ExitCode {
         .enable_all()
         .build()
     {
-        Ok(rt) => rt.block_on(probe_languages()),
+        Ok(rt) => rt.block_on(async {
+            let mut sc = SandboxConfig::default();
+            match runtime::jail::configure(config, &mut sc) {
+                Ok(Some(i)) => {
+                    let digest = i.digest.as_deref().unwrap_or("-");
+                    println!(
+                        "runtime image: {} (digest {digest}) at {}",
+                        i.id,
+                        i.root.display()
+                    );
+                    probe_languages(Some(&i.root)).await
+                }
+                Ok(None) => {
+                    println!("runtime image: none (jails run from the host's /usr)");
+                    probe_languages(None).await
+                }
+                Err(e) => {
+                    println!("runtime image: FAILED {e:#}");
+                    Vec::new()
+                }
+            }
+        }),
         Err(e) => {
             println!("languages: cannot probe ({e})");
             Vec::new()

@@ -78,6 +78,14 @@ enum Command {
         #[command(flatten)]
         place: Where,
     },
+    /// Build, import or list runtime images (docs/runtimes.md).
+    Runtime {
+        #[command(subcommand)]
+        action: RuntimeAction,
+        /// Directory of the images (`runtime_dir`, `KILN_RUNTIME_DIR`).
+        #[arg(long, global = true)]
+        runtime_dir: Option<PathBuf>,
+    },
     /// Ask the local server's `GET /health` (at the configured listen address); exits 0 when it
     /// answers 200. For container health checks.
     Health {
@@ -87,6 +95,65 @@ enum Command {
         #[command(flatten)]
         place: Where,
     },
+}
+
+#[derive(Subcommand)]
+enum RuntimeAction {
+    /// Build the image of a recipe (default: the compiled-in one) unless it is built; prints
+    /// its root filesystem's path.
+    Build {
+        /// A recipe file (TOML; see resources/runtime/recipe.toml).
+        #[arg(long)]
+        recipe: Option<PathBuf>,
+    },
+    /// Import a root filesystem tarball, or an image exported by `docker save`/`podman save`
+    /// (docker or OCI archive); prints its id.
+    Import {
+        /// The archive (tar, optionally compressed).
+        archive: PathBuf,
+    },
+    /// List the complete images.
+    List,
+}
+
+fn runtime_command(
+    cfg: &kiln::config::Config,
+    action: RuntimeAction,
+    dir: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use kiln::runtime::{Recipe, Store};
+    let store = Store::new(dir.unwrap_or_else(|| cfg.runtime_dir.clone()));
+    match action {
+        RuntimeAction::Build { recipe } => {
+            let text = match recipe {
+                Some(path) => std::fs::read_to_string(&path)
+                    .map_err(|e| anyhow::anyhow!("read {}: {e}", path.display()))?,
+                None => kiln::runtime::DEFAULT_RECIPE.to_owned(),
+            };
+            let img = kiln::runtime::build(&store, &Recipe::parse(&text)?)?;
+            println!("{}", img.root.display());
+        }
+        RuntimeAction::Import { archive } => {
+            let img = kiln::runtime::import(&store, &archive)?;
+            println!("{}", img.info.id);
+        }
+        RuntimeAction::List => {
+            let default_id = Recipe::parse(kiln::runtime::DEFAULT_RECIPE)?.image_id();
+            for img in store.list()? {
+                let i = &img.info;
+                let mark = if i.id == default_id { " (default)" } else { "" };
+                println!(
+                    "{}{mark}\t{}\t{}\t{}\t{}",
+                    i.id,
+                    i.source,
+                    if i.suite.is_empty() { "-" } else { &i.suite },
+                    kiln::runtime::human_bytes(i.bytes),
+                    img.root.display()
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -171,6 +238,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Doctor { .. } => Ok(kiln::doctor(&cfg)),
+        Command::Runtime {
+            action,
+            runtime_dir,
+        } => runtime_command(&cfg, action, runtime_dir),
         Command::Health { timeout, .. } => Ok(kiln::health_check(
             &cfg,
             std::time::Duration::from_secs(timeout.max(1)),

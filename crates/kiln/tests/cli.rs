@@ -795,3 +795,69 @@ fn the_log_keeps_records_on_one_line_polling_at_debug_and_streams_without_latenc
         .expect("an audit line");
     assert!(!audit.to_string().contains("latency_ms"), "{audit}");
 }
+
+#[test]
+fn runtime_import_and_list_print_plain_lines_on_a_pipe() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("root/usr/bin")).unwrap();
+    std::fs::write(t.path().join("root/usr/bin/tool"), "x").unwrap();
+    let archive = t.path().join("root.tar.gz");
+    let st = Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(t.path().join("root"))
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let dir = t.path().join("runtimes");
+    let kiln = |args: &[&str]| {
+        Command::new(KILN)
+            .args(args)
+            .arg("--runtime-dir")
+            .arg(&dir)
+            .env_remove("KILN_CONFIG")
+            .output()
+            .unwrap()
+    };
+
+    let out = kiln(&["runtime", "import", archive.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(id.starts_with("import-") && id.len() == 23, "{id}");
+    // the progress is plain on a pipe: its steps, no escape sequence or carriage return
+    assert!(stderr.contains("[1/1] unpack"), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b') && !stderr.contains('\r'),
+        "{stderr:?}"
+    );
+
+    let out = kiln(&["runtime", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let line = listed.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with(&id) && line.contains("\ttar\t"),
+        "{listed}"
+    );
+    assert!(line.ends_with("/rootfs"), "{listed}");
+
+    // a recipe with an option where a package name goes is refused before anything runs
+    let recipe = t.path().join("bad.toml");
+    std::fs::write(
+        &recipe,
+        "suite = \"trixie\"\nmirror = \"http://deb.debian.org/debian\"\npackages = [\"-oAPT::x=1\"]\n",
+    )
+    .unwrap();
+    let out = kiln(&["runtime", "build", "--recipe", recipe.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not a package name"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        1,
+        "only the imported image"
+    );
+}

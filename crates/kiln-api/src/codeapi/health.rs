@@ -22,6 +22,9 @@ pub struct Health {
     pub profile: &'static str,
     pub version: String,
     pub languages: Vec<crate::config::LanguageHealth>,
+    /// The runtime image jails run from; absent: the host's `/usr`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_image: Option<crate::config::RuntimeImageHealth>,
 }
 
 #[utoipa::path(
@@ -42,6 +45,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
         profile: PROFILE,
         version: state.health.version.clone(),
         languages: state.health.languages.clone(),
+        runtime_image: state.health.runtime_image.clone(),
     });
     if draining {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()

@@ -240,6 +240,7 @@ pub fn health_info() -> HealthInfo {
             LanguageHealth::available(py, Some("Python 3.11.2".into())),
             LanguageHealth::unavailable(js, "/usr/bin/node not found"),
         ],
+        runtime_image: None,
     }
 }
 

@@ -185,6 +185,15 @@ fn is_plain_name(name: &str) -> bool {
     !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\0'])
 }
 
+/// The host path a jail's absolute `path` comes from: the same path, or the
+/// same path beneath a runtime image's root.
+pub fn source_of(image_root: Option<&Path>, path: &Path) -> PathBuf {
+    match image_root {
+        Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+        None => path.to_path_buf(),
+    }
+}
+
 /// Builds the ordered plan for `spec`.
 pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
     let mut ops = Vec::new();
@@ -195,26 +204,25 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
         attrs: RO,
         only_if_dst_exists: false,
     };
+    // the runtime image's root, or the host's: where /usr and /etc entries come from
+    let source = |path: &Path| source_of(spec.image_root.as_deref(), path);
 
     // Runtimes, read-only.
     for b in &spec.ro_binds {
-        ops.push(ro_bind(b.clone(), b.clone()));
+        ops.push(ro_bind(source(b), b.clone()));
     }
-    // Merged /usr: replicate the host's top-level symlinks; bind real
-    // directories that ro_binds do not already cover.
+    // Merged /usr: replicate the top-level symlinks; bind real directories
+    // that ro_binds do not already cover.
     for name in USR_LINKS {
-        let host_path = Path::new("/").join(name);
-        match host.kind(&host_path) {
+        let path = Path::new("/").join(name);
+        match host.kind(&source(&path)) {
             Some(Kind::Symlink) => {
-                if let Some(target) = host.read_link(&host_path) {
-                    ops.push(Op::Symlink {
-                        path: host_path,
-                        target,
-                    });
+                if let Some(target) = host.read_link(&source(&path)) {
+                    ops.push(Op::Symlink { path, target });
                 }
             }
-            Some(Kind::Dir) if !spec.ro_binds.iter().any(|b| host_path.starts_with(b)) => {
-                ops.push(ro_bind(host_path.clone(), host_path));
+            Some(Kind::Dir) if !spec.ro_binds.iter().any(|b| path.starts_with(b)) => {
+                ops.push(ro_bind(source(&path), path));
             }
             _ => {}
         }
@@ -241,13 +249,13 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
     }
     for name in &spec.etc_binds {
         let path = Path::new("/etc").join(name);
-        match host.kind(&path) {
+        match host.kind(&source(&path)) {
             Some(Kind::Symlink) => {
-                if let Some(target) = host.read_link(&path) {
+                if let Some(target) = host.read_link(&source(&path)) {
                     ops.push(Op::Symlink { path, target });
                 }
             }
-            Some(Kind::Dir | Kind::File) => ops.push(ro_bind(path.clone(), path)),
+            Some(Kind::Dir | Kind::File) => ops.push(ro_bind(source(&path), path)),
             None => {}
         }
     }
@@ -443,6 +451,7 @@ mod tests {
                 "localtime".into(),
                 "absent".into(),
             ],
+            image_root: None,
             workspace: p("/data/ws/1"),
             argv: vec!["/bin/true".into()],
             env: vec![],
@@ -527,6 +536,57 @@ mod tests {
             !binds(&ops)
                 .iter()
                 .any(|(s, _, _)| **s == Source::Host(p("/etc")))
+        );
+    }
+
+    #[test]
+    fn with_an_image_usr_links_and_etc_entries_come_from_the_image_only() {
+        let img = p("/var/lib/kiln/runtimes/recipe-0123456789abcdef/rootfs");
+        // the host has its own /usr, links and /etc entries; the image has others
+        let mut host = merged_usr_host();
+        host.0.insert(p("/etc/java-17-openjdk"), (Kind::Dir, None));
+        for (n, t) in [("bin", "usr/bin"), ("lib64", "usr/lib64")] {
+            host.0.insert(img.join(n), (Kind::Symlink, Some(p(t))));
+        }
+        host.0.insert(img.join("etc/ssl"), (Kind::Dir, None));
+        host.0
+            .insert(img.join("etc/java-21-openjdk"), (Kind::Dir, None));
+        let mut sp = spec();
+        sp.image_root = Some(img.clone());
+        sp.etc_binds
+            .extend(["java-17-openjdk".into(), "java-21-openjdk".into()]);
+        let ops = build(&sp, &host);
+        let host_sources: Vec<_> = binds(&ops)
+            .into_iter()
+            .filter_map(|(s, d, _)| match s {
+                Source::Host(s) if !d.starts_with("/dev") && !d.starts_with("/proc") => {
+                    Some((s.clone(), d.to_path_buf()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            host_sources,
+            vec![
+                (img.join("usr"), p("/usr")),
+                (img.join("etc/ssl"), p("/etc/ssl")),
+                (img.join("etc/java-21-openjdk"), p("/etc/java-21-openjdk")),
+                (p("/data/ws/1"), p("/mnt/data")),
+            ]
+        );
+        let links: Vec<_> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::Symlink { path, target } if !path.starts_with("/dev") => {
+                    Some((path.clone(), target.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        // the host's /lib and /sbin links and its /etc/localtime are not the image's
+        assert_eq!(
+            links,
+            vec![(p("/bin"), p("usr/bin")), (p("/lib64"), p("usr/lib64"))]
         );
     }
 

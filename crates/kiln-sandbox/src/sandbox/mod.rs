@@ -86,13 +86,14 @@ impl Sandbox {
         }
         prepare_root_dir(&cfg.root_dir)?;
         for b in &cfg.ro_binds {
+            let b = cfg.source_of(b);
             if !b.exists() {
                 return Err(SandboxError::Config(format!(
                     "ro_bind {} does not exist",
                     b.display()
                 )));
             }
-            check_searchable(b)?;
+            check_searchable(&b)?;
         }
         let (areas, _) = SlotFs::setup(
             &cfg.slots_dir(),

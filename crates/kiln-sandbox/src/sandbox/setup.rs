@@ -174,6 +174,7 @@ pub(super) fn plan_spec(
         root_dir: base.cfg.root_dir.clone(),
         ro_binds: base.cfg.ro_binds.clone(),
         etc_binds: base.cfg.etc_binds.clone(),
+        image_root: base.cfg.image_root.clone(),
         workspace: req.workspace.clone(),
         argv: req.argv.clone(),
         env: req.env.clone(),

@@ -1,0 +1,178 @@
+//! Jails on a runtime image (docs/runtimes.md): every interpreter a run sees is the image's,
+//! whatever the host has, and the document tools work inside a jail under the default limits.
+//!
+//! Needs a built image: `KILN_RUNTIME_IMAGE` names it (default: `default`, the compiled-in
+//! recipe's, built by `kiln runtime build`) in `KILN_RUNTIME_DIR` (default
+//! `/var/lib/kiln/runtimes`). Without one the tests skip with a printed reason, or FAIL when
+//! `CI` is set.
+
+mod common;
+
+use common::*;
+use kiln::runtime::Store;
+use kiln::testing::TestServer;
+use serde_json::Value;
+
+fn image_name() -> String {
+    std::env::var("KILN_RUNTIME_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// A server on the image, or `None` (skip) when it is not built.
+async fn image_server() -> Option<TestServer> {
+    let cfg = kiln::config::Config::default();
+    let dir = std::env::var_os("KILN_RUNTIME_DIR").map_or(cfg.runtime_dir, Into::into);
+    if let Err(e) = Store::new(dir).resolve(&image_name()) {
+        assert!(std::env::var_os("CI").is_none(), "{e:#}");
+        eprintln!("SKIP: {e:#}");
+        return None;
+    }
+    Some(server_with(|c| c.runtime_image = Some(image_name())).await)
+}
+
+fn stdout(r: &Value) -> &str {
+    r["stdout"].as_str().unwrap_or_default()
+}
+
+/// The host's `python3 --version`, if it has one.
+fn host_python() -> Option<String> {
+    let out = std::process::Command::new("/usr/bin/python3")
+        .arg("--version")
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_interpreter_a_run_sees_is_the_images_not_the_hosts() {
+    let Some(s) = image_server().await else {
+        return;
+    };
+    // the health answer names the image
+    let health: Value = json_of(client().get(format!("{}/health", s.v1()))).await;
+    let id = health["runtime_image"]["id"].as_str().unwrap_or_default();
+    assert!(
+        id.starts_with("recipe-") || id.starts_with("import-") || id.starts_with('/'),
+        "{health}"
+    );
+    // and each language's version is the image's, probed in a chroot of it
+    let version = |name: &str| {
+        health["languages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["name"] == name)
+            .and_then(|l| l["version"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for (lang, want) in [
+        ("py", "Python 3.13."),
+        ("java", "openjdk 21."),
+        ("go", "go1.24"),
+        ("r", "version 4.5"),
+    ] {
+        assert!(version(lang).contains(want), "{lang}: {health}");
+    }
+
+    let r = run(
+        &s,
+        "py",
+        "import sys, platform, pandas as pd, numpy, pyarrow\n\
+         print(platform.python_version(), pd.__version__.split('.')[0], numpy.__version__.split('.')[0])\n\
+         df = pd.DataFrame({'a': [1, 2]})\n\
+         print(df[['a']].map(lambda v: v * 10)['a'].tolist())\n\
+         df.to_parquet('t.parquet')\n\
+         print(pd.read_parquet('t.parquet', dtype_backend='pyarrow')['a'].dtype)\n",
+    )
+    .await;
+    let out = stdout(&r);
+    assert!(out.starts_with("3.13."), "{r}");
+    assert!(out.contains(" 2 2\n"), "pandas 2, numpy 2: {r}");
+    assert!(out.contains("[10, 20]"), "DataFrame.map: {r}");
+    assert!(out.contains("int64[pyarrow]"), "pyarrow dtypes: {r}");
+    if let Some(host) = host_python() {
+        assert!(
+            !host.ends_with(out.split_whitespace().next().unwrap_or("-")),
+            "the host's python ({host}) is the jail's: {r}"
+        );
+    }
+
+    // every other runtime, by its version line, from bash in the same image
+    let r = run(
+        &s,
+        "bash",
+        "node --version; go version; rustc --version; java -Xmx64m -version 2>&1 | head -1; \
+         php -r 'echo PHP_VERSION, \"\\n\";'; Rscript -e 'cat(R.version$major, R.version$minor, \"\\n\")'; \
+         gcc --version | head -1; esbuild --version; rg --version | head -1; \
+         ls /usr/lib/python3.11 2>/dev/null || echo no-python3.11",
+    )
+    .await;
+    let out = stdout(&r);
+    for want in [
+        "v20.",
+        "go1.24",
+        "rustc 1.85",
+        "\"21.",
+        "8.4.",
+        "4 5.",
+        "(Debian 14.",
+        "ripgrep ",
+        "no-python3.11",
+    ] {
+        assert!(out.contains(want), "{want} missing: {r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn documents_convert_inside_a_jail_under_the_default_limits() {
+    let Some(s) = image_server().await else {
+        return;
+    };
+    let r = run(
+        &s,
+        "bash",
+        "set -e\n\
+         printf '# Quarterly report\\n\\nRevenue grew *12%%* in 第三季度.\\n' > report.md\n\
+         pandoc report.md -o report.docx\n\
+         soffice --headless -env:UserInstallation=file:///tmp/lo --convert-to pdf --outdir . report.docx >/dev/null 2>&1\n\
+         pdftotext report.pdf - | tr -s '\\n' ' '; echo\n\
+         qpdf --check report.pdf | grep -o 'No syntax or stream encoding errors'\n\
+         qpdf --empty --pages report.pdf report.pdf -- twice.pdf\n\
+         qpdf --show-npages twice.pdf\n\
+         rm report.md\n",
+    )
+    .await;
+    assert_eq!(r["code"], 0, "{r}");
+    let out = stdout(&r);
+    assert!(out.contains("Quarterly report"), "pdftotext: {r}");
+    assert!(
+        out.contains("第三季度"),
+        "CJK text survives docx → PDF: {r}"
+    );
+    assert!(
+        out.contains("No syntax or stream encoding errors"),
+        "qpdf --check: {r}"
+    );
+    assert!(out.trim_end().ends_with('2'), "qpdf --pages: {r}");
+    let mut names: Vec<&str> = r["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["report.docx", "report.pdf", "twice.pdf"], "{r}");
+    let f = file(&r, "report.pdf");
+    let (st, bytes) = download(
+        &s,
+        f["storage_session_id"].as_str().unwrap(),
+        f["id"].as_str().unwrap(),
+        "",
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert!(bytes.starts_with(b"%PDF-"), "a PDF comes back");
+}
