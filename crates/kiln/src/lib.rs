@@ -45,6 +45,8 @@ pub struct Kiln {
     pub sessions: Arc<FileSessions>,
     /// Live kernels (`/v1/sessions`); `None` when `max_sessions` is 0.
     pub kernels: Option<Kernels>,
+    /// Persistent project directories (`<data_dir>/projects`).
+    pub projects: kiln_exec::projects::Projects,
     pub languages: Vec<kiln_api::LanguageHealth>,
 }
 
@@ -140,8 +142,14 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     ));
     let kernels = (config.max_sessions > 0)
         .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
+    let projects = kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
+        dir: data.join("projects"),
+        budget_bytes: config.project_budget_bytes,
+    })
+    .context("projects dir")?;
     let languages = probe_languages().await;
     Ok(Kiln {
+        projects,
         config,
         store,
         jails,
@@ -369,6 +377,7 @@ pub async fn serve(
         workers: None,
         runtime_kernels: None,
         fetcher: None,
+        projects: Some(kiln.projects.clone()),
     }
     .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
