@@ -382,15 +382,18 @@ const FIELDS: &[&str] = &[
     operation_id = "exec_programmatic",
     tag = "LibreChat",
     summary = "Run code that calls the host's tools (programmatic tool calling)",
-    description = "Initial request (`code`, `tools`) or continuation (`continuation_token`, `tool_results`). The program stays alive and paused while the host runs its tool calls; the answer is `tool_call_required` (a round of calls and a signed continuation token), `completed` or `error`. Paused time does not count against `timeout`.",
+    description = "Initial request (`code`, `tools`) or continuation (`continuation_token`, `tool_results`). The program stays alive and paused while the host runs its tool calls; the answer is `tool_call_required` (a round of calls and a signed continuation token), `completed` or `error`. Paused time does not count against `timeout`. `tools: []` is a plain execution. With `X-LibreChat-Code-Workspace-ID` (LibreChat's attached workspace) the program starts in the caller's persistent project of that workspace and `workspace_instance_id`, `/workspace`; `LIBRECHAT_CODE_DATA_DIR` (`/mnt/data`) holds the call's injected files and artifacts.",
     request_body = ProgrammaticBody,
+    params(
+        ("X-LibreChat-Code-Workspace-ID" = Option<String>, Header, description = "LibreChat's attached workspace, `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`: run in the caller's persistent project of it"),
+    ),
     responses(
         (status = 200, description = "`tool_call_required`, `completed` or `error`"),
         (status = 400, description = "Invalid body or token", body = crate::error::ErrorBody),
         (status = 403, description = "The execution belongs to another principal", body = crate::error::ErrorBody),
         (status = 404, description = "Execution not found or expired", body = crate::error::ErrorBody),
-        (status = 409, description = "A conflicting result, a continuation already in flight, or a request id in use", body = crate::error::ErrorBody),
-        (status = 503, description = "Too many programmatic executions, or shutting down", body = crate::error::ErrorBody),
+        (status = 409, description = "A conflicting result, a continuation already in flight, a request id in use, or the attached workspace busy with another execution", body = crate::error::ErrorBody),
+        (status = 503, description = "Too many programmatic executions, attached workspaces not enabled, or shutting down", body = crate::error::ErrorBody),
     )
 )]
 pub async fn programmatic(
