@@ -68,15 +68,8 @@ fn names(v: &Value) -> Vec<String> {
 #[tokio::test]
 async fn no_tools_is_a_plain_execution_in_the_programmatic_shape() {
     let s = server().await;
-    let (st, v) = bash(
-        &s,
-        "alice",
-        None,
-        None,
-        "pwd; echo hi; echo oops >&2; echo x > /mnt/data/a.txt",
-        None,
-    )
-    .await;
+    const CODE: &str = "pwd; echo hi; echo oops >&2; echo x > /mnt/data/a.txt";
+    let (st, v) = bash(&s, "alice", None, None, CODE, None).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["status"], "completed", "{v}");
     assert_eq!(v["stdout"], "/mnt/data\nhi\n");
@@ -91,14 +84,11 @@ async fn no_tools_is_a_plain_execution_in_the_programmatic_shape() {
 #[tokio::test]
 async fn an_attached_workspace_keeps_project_files_and_nothing_else_between_calls() {
     let s = server().await;
-    let v = alice(
-        &s,
-        r#"pwd; echo "data=$LIBRECHAT_CODE_DATA_DIR"; cat "$LIBRECHAT_CODE_DATA_DIR/in.txt"; echo
+    const FIRST: &str = r#"pwd; echo "data=$LIBRECHAT_CODE_DATA_DIR"
 mkdir -p src && echo kept > src/notes.txt
 echo scratch > /tmp/scratch.txt; export MYVAR=set
-echo artifact > "$LIBRECHAT_CODE_DATA_DIR/report.txt""#,
-    )
-    .await;
+echo artifact > "$LIBRECHAT_CODE_DATA_DIR/report.txt""#;
+    let v = alice(&s, FIRST).await;
     assert_eq!(v["status"], "completed", "{v}");
     assert!(
         v["stdout"]
