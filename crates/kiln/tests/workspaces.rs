@@ -190,3 +190,34 @@ async fn a_project_survives_a_server_restart() {
     let s = server_with(|c| c.data_dir = dir.clone()).await;
     assert_eq!(alice_ok(&s, "cat state.txt").await, "durable\n");
 }
+
+#[tokio::test]
+async fn calls_of_one_project_take_turns_and_python_starts_there_too() {
+    let s = server().await;
+    // the second call waits for the first: no interleaving, no lost update
+    let first = alice(&s, "echo a >> log.txt; sleep 2; echo b >> log.txt");
+    let second = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        alice(&s, "echo c >> log.txt").await
+    };
+    let (one, two) = tokio::join!(first, second);
+    assert_eq!(
+        (&one["status"], &two["status"]),
+        (&json!("completed"), &json!("completed"))
+    );
+    assert_eq!(alice_ok(&s, "cat log.txt").await, "a\nb\nc\n");
+
+    // any language starts in the project (its entry file stays in /mnt/data)
+    let body = json!({"lang": "python", "tools": [], "workspace_instance_id": INSTANCE,
+        "code": "import os\nprint(os.getcwd())\nprint(open('log.txt').read().split())"});
+    let (st, v) = status_json(
+        client()
+            .post(format!("{}/exec/programmatic", s.v1()))
+            .header("User-Id", "alice")
+            .header("X-LibreChat-Code-Workspace-ID", "proj-1")
+            .json(&body),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["stdout"], "/workspace\n['a', 'b', 'c']\n", "{v}");
+}
