@@ -47,8 +47,8 @@ use crate::kit::routes::{self, Params};
 use crate::sse::RUN_ID as RUN_ID_HEADER;
 
 pub use crate::node::{
-    CLIENT_ADDR, Cluster, FORWARDED_BY, KIND_RUN, KIND_RUNTIME, KIND_SESSION, KIND_WORKER, NODE,
-    NODE_SECRET, VIA,
+    CLIENT_ADDR, Cluster, FORWARDED_BY, KIND_PROJECT, KIND_RUN, KIND_RUNTIME, KIND_SESSION,
+    KIND_WORKER, NODE, NODE_SECRET, VIA,
 };
 
 impl std::fmt::Debug for Cluster {
@@ -283,6 +283,9 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
             Ok(read) => read,
             Err(e) => return e.into_response(),
         };
+        if let Some(key) = crate::kit::attached::routing_key(&parts.headers, &bytes) {
+            return affinity(state, cluster, KIND_PROJECT, &key, parts, bytes, next).await;
+        }
         let target = continuation_run(&bytes).map(Target::Run);
         req = Request::from_parts(parts, Body::from(bytes));
         target

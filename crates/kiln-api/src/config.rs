@@ -276,6 +276,9 @@ pub struct AppState {
     /// Server-side URL transfers under `config.url_fetch`; `None` when the
     /// HTTP client could not be built.
     pub fetcher: Option<kiln_exec::Fetcher>,
+    /// Persistent project directories (LibreChat's attached workspaces);
+    /// `None`: such calls answer 503.
+    pub projects: Option<kiln_exec::projects::Projects>,
 }
 
 impl AppState {
@@ -307,6 +310,7 @@ impl AppState {
             workers: None,
             runtime_kernels: None,
             fetcher: None,
+            projects: None,
         }
     }
 

@@ -23,6 +23,9 @@ pub const KIND_RUN: &str = "run";
 pub const KIND_RUNTIME: &str = "runtime";
 /// A seed-004 worker (a user's live kernel), by its `user_uuid`.
 pub const KIND_WORKER: &str = "worker";
+/// A LibreChat attached workspace's project (on the node whose data dir
+/// holds it).
+pub const KIND_PROJECT: &str = "project";
 
 /// This node among several.
 #[derive(Clone)]

@@ -39,6 +39,10 @@ pub struct JailSpec {
     pub image_root: Option<PathBuf>,
     /// Host directory bound read-write at `/mnt/data`.
     pub workspace: PathBuf,
+    /// Host directory bound read-write at [`crate::PROJECT_DIR`], the
+    /// program's working directory; `None`: it starts in `/mnt/data`.
+    #[serde(default)]
+    pub project: Option<PathBuf>,
     /// Program and arguments; `argv[0]` is an absolute path inside the jail.
     pub argv: Vec<String>,
     /// The complete environment of the program.
@@ -92,6 +96,10 @@ impl JailSpec {
         scrub_path(std::mem::take(&mut self.workspace));
         if let Some(r) = self.image_root.take() {
             scrub_path(r);
+        }
+        // the program still needs to know whether there is one (its cwd)
+        if let Some(project) = self.project.as_mut() {
+            scrub_path(std::mem::take(project));
         }
         std::mem::take(&mut self.ro_binds)
             .into_iter()

@@ -193,6 +193,11 @@ pub struct Config {
     pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// Persistent projects (LibreChat's attached workspaces): bytes of
+    /// files one project may hold (`<data_dir>/projects`). A run that
+    /// leaves its project larger keeps nothing of its changes. What one run
+    /// can write is also bounded by its slot's `workspace_bytes`.
+    pub project_budget_bytes: u64,
     /// LibreChat's stateful profile: `stateless` (`runtime_session_hint`
     /// ignored), `affinity` (a hint names a runtime session whose
     /// `/mnt/data` persists) or `strict` (a hint is required).
@@ -387,6 +392,7 @@ impl Default for Config {
             rate_cancel: "600/min".to_owned(),
             session_ttl_secs: 3600,
             max_run_files: 10,
+            project_budget_bytes: kiln_exec::projects::DEFAULT_BUDGET_BYTES,
             runtime_session_mode: "affinity".to_owned(),
             runtime_session_live: false,
             max_sessions: 3,
@@ -497,6 +503,9 @@ impl Config {
             bail!("rate_limit_window_secs must be at least 1 when rate_limit_runs is set");
         }
         self.rate_rules()?;
+        if self.project_budget_bytes == 0 {
+            bail!("project_budget_bytes must be at least 1");
+        }
         if self.session_ttl_secs == 0 {
             bail!("session_ttl_secs must be at least 1");
         }

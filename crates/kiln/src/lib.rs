@@ -46,6 +46,8 @@ pub struct Kiln {
     pub sessions: Arc<FileSessions>,
     /// Live kernels (`/v1/sessions`); `None` when `max_sessions` is 0.
     pub kernels: Option<Kernels>,
+    /// Persistent project directories (`<data_dir>/projects`).
+    pub projects: kiln_exec::projects::Projects,
     pub languages: Vec<kiln_api::LanguageHealth>,
     /// The runtime image jails run from (`runtime_image`); `None`: the host's `/usr`.
     pub image: Option<runtime::jail::ImageRef>,
@@ -152,8 +154,14 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     ));
     let kernels = (config.max_sessions > 0)
         .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
+    let projects = kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
+        dir: data.join("projects"),
+        budget_bytes: config.project_budget_bytes,
+    })
+    .context("projects dir")?;
     let languages = probe_languages(image.as_ref().map(|i| i.root.as_path())).await;
     Ok(Kiln {
+        projects,
         config,
         store,
         jails,
@@ -386,6 +394,7 @@ pub async fn serve(
         workers: None,
         runtime_kernels: None,
         fetcher: None,
+        projects: Some(kiln.projects.clone()),
     }
     .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
@@ -1048,6 +1057,7 @@ pub async fn exec_file(
             outputs: Outputs::NewSession,
             tools: None,
             jail: None,
+            project: None,
         },
         job,
     )

@@ -1,5 +1,7 @@
 //! The face kit: what every face is served through and no face owns.
 //!
+//! - [`attached`]: LibreChat's attached workspace as a request names it
+//!   (read by the programmatic face and by the cluster layer's routing).
 //! - [`envelope`]: the `{"<FIELD>": "<message>"}` error envelopes.
 //! - [`routes`]: every route's metadata (rate class, node affinity),
 //!   declared once in one table that the rate layer ([`crate::rate`]) and
@@ -8,6 +10,7 @@
 //! The kit imports no face module (the tidy test
 //! `crates/kiln-api/tests/tidy.rs` checks it).
 
+pub mod attached;
 pub mod envelope;
 pub mod routes;
 

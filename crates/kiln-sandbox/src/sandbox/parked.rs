@@ -60,6 +60,7 @@ impl Sandbox {
         };
         let req = RunRequest {
             workspace,
+            project: None,
             argv: if park.mode == ParkMode::Prestart {
                 park.argv.clone()
             } else {

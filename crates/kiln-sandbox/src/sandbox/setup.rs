@@ -176,6 +176,7 @@ pub(super) fn plan_spec(
         etc_binds: base.cfg.etc_binds.clone(),
         image_root: base.cfg.image_root.clone(),
         workspace: req.workspace.clone(),
+        project: req.project.clone(),
         argv: req.argv.clone(),
         env: req.env.clone(),
         id_base,
@@ -211,9 +212,9 @@ pub(super) fn plan_spec(
 /// parked jail was built without them).
 pub(super) fn go_line(req: &RunRequest, kernel: bool) -> Result<Vec<u8>, SandboxError> {
     validate_request(req)?;
-    if req.network.is_some() || req.pause.is_some() {
+    if req.network.is_some() || req.pause.is_some() || req.project.is_some() {
         return Err(SandboxError::Request(
-            "a parked jail has no services channel and no pause clock: run it in a jail built for it".to_owned(),
+            "a parked jail has no services channel, pause clock or project: run it in a jail built for it".to_owned(),
         ));
     }
     let limits = JailLimits::from_limits(&req.limits);
@@ -249,33 +250,33 @@ pub(super) fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
             return bad(format!("invalid environment variable {k:?}"));
         }
     }
-    if !req.workspace.is_absolute() {
-        return bad(format!(
-            "workspace {} is not absolute",
-            req.workspace.display()
-        ));
+    for dir in std::iter::once(&req.workspace).chain(&req.project) {
+        if !dir.is_absolute() {
+            return bad(format!("workspace {} is not absolute", dir.display()));
+        }
+        let meta =
+            std::fs::metadata(dir).map_err(|e| SandboxError::io("stat workspace", dir, e))?;
+        if !meta.is_dir() {
+            return bad(format!("workspace {} is not a directory", dir.display()));
+        }
+        check_searchable(dir)?;
     }
-    let meta = std::fs::metadata(&req.workspace)
-        .map_err(|e| SandboxError::io("stat workspace", &req.workspace, e))?;
-    if !meta.is_dir() {
-        return bad(format!(
-            "workspace {} is not a directory",
-            req.workspace.display()
-        ));
-    }
-    check_searchable(&req.workspace)
+    Ok(())
 }
 
-/// The workspace must be a directory directly below the slot's area, where
-/// the quota applies and which is emptied when the slot is released.
+/// The workspace (and a project's working copy) must be a directory
+/// directly below the slot's area, where the quota applies and which is
+/// emptied when the slot is released.
 pub(super) fn check_workspace_location(req: &RunRequest, slot: &Slot) -> Result<(), SandboxError> {
     let parent = slot.workspace_parent();
-    if req.workspace.parent() != Some(parent.as_path()) {
-        return Err(SandboxError::Request(format!(
-            "workspace {} is not directly below the slot's workspace parent {}",
-            req.workspace.display(),
-            parent.display()
-        )));
+    for dir in std::iter::once(&req.workspace).chain(&req.project) {
+        if dir.parent() != Some(parent.as_path()) {
+            return Err(SandboxError::Request(format!(
+                "workspace {} is not directly below the slot's workspace parent {}",
+                dir.display(),
+                parent.display()
+            )));
+        }
     }
     Ok(())
 }
