@@ -50,6 +50,7 @@ use crate::body::{parse_object, read_limited, require_json};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, header_user_id, resolve_caller};
+use crate::kit::envelope::plain;
 use crate::ptc::{Execution, InFlight, lock, owner_of, unix_now};
 pub use crate::ptc::{Programmatic, PtcSettings};
 use crate::rate::{Peer, stamp, starts_code};
@@ -63,10 +64,6 @@ const MAX_TOOLS: usize = 100;
 const MAX_RESULTS: usize = 200;
 /// Largest single tool result.
 const MAX_RESULT_BYTES: usize = 5 * 1024 * 1024;
-
-pub(crate) fn plain(status: StatusCode, msg: &str) -> Response {
-    (status, Json(json!({ "error": msg }))).into_response()
-}
 
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::BadRequest(msg.into())

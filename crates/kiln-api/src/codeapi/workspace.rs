@@ -22,8 +22,8 @@ use kiln_exec::projects::{ProjectBinding, Projects};
 
 pub use crate::kit::attached::{INSTANCE_FIELD, WORKSPACE_HEADER, project_name, requested};
 
-use super::programmatic::plain;
 use crate::config::AppState;
+use crate::kit::envelope::plain;
 
 /// What the program finds in `LIBRECHAT_CODE_DATA_DIR`.
 const DATA_DIR_ENV: &str = "LIBRECHAT_CODE_DATA_DIR";

@@ -8,6 +8,13 @@ use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 
+/// `{"error": "<message>"}` with `status`: the programmatic face's (and
+/// its attached workspaces') answer for a refusal that is not an
+/// [`ApiError`].
+pub fn plain(status: StatusCode, msg: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
 /// How a face writes an error: `{"<FIELD>": "<message>"}`.
 pub trait Envelope {
     const FIELD: &'static str;
