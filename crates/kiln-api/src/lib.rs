@@ -41,6 +41,7 @@ pub mod compat;
 pub mod config;
 pub mod console;
 pub mod error;
+pub mod evals;
 pub mod identity;
 pub mod jwt;
 pub mod mcp;

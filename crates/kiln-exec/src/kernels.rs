@@ -15,6 +15,10 @@
 //!   than `max_age` is closed by [`Kernels::sweep`].
 //! - One evaluation at a time: a second call waits up to `busy_wait`,
 //!   then [`KernelsError::Busy`] (409).
+//! - Every evaluation is a run ([`crate::eval`], started through
+//!   [`crate::Runs::start`]): its output, cancel (the session's interrupt
+//!   cancels the run in progress, which interrupts the kernel), usage and
+//!   audit record are the run's.
 //! - A kernel that died (out of memory, unresponsive, exited) stays listed
 //!   as lost, and every later call says why, until it is deleted or
 //!   expires; its slot and workspace are released at once.
@@ -41,7 +45,7 @@ use kiln_sandbox::{
 };
 
 use crate::caps::{CapError, CapGuard, Caps};
-use crate::runs::{AuditFile, AuditRecord, AuditSink, AuditUsage};
+use crate::runs::{Cancel, CancelReason};
 use crate::workspace::{EntryKind, Workspace};
 use kiln_core::ExitStatus;
 use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
@@ -88,7 +92,7 @@ impl Default for KernelsConfig {
 }
 
 /// Why a call failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelsError {
     #[error("unsupported session language {0:?}: sessions run py or js")]
     Language(String),
@@ -159,9 +163,9 @@ pub struct Session {
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
     turn: Arc<tokio::sync::Mutex<()>>,
-    /// Who created it, when a face said so ([`Kernels::create_as`]): the
-    /// identity its evaluations are audited under.
-    caller: Option<Caller>,
+    /// The cancel side of the run evaluating now, if any: the session's
+    /// interrupt cancels it.
+    current: Mutex<Option<Cancel>>,
     /// Runs of the pipeline using the kernel ([`Kernels::seat`]): its
     /// workspace stays until they are done with it, even once it is lost
     /// (their harvest must not take the files for deleted).
@@ -275,8 +279,6 @@ struct Inner {
     state: Mutex<State>,
     /// Live kernels (and kernels being started) per owner and on the node.
     caps: Caps,
-    /// Where each evaluation's audit record goes (the runs' sink).
-    audit: Option<Arc<dyn AuditSink>>,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -289,24 +291,12 @@ impl std::fmt::Debug for Kernels {
 
 impl Kernels {
     pub fn new(sandbox: Sandbox, cfg: KernelsConfig) -> Kernels {
-        Kernels::audited(sandbox, cfg, None)
-    }
-
-    /// [`Kernels::new`] whose evaluations ([`Kernels::exec`]) each leave
-    /// an `evaluation` record in `audit` (runs of the pipeline in a
-    /// [`Kernels::seat`] are audited as runs instead).
-    pub fn audited(
-        sandbox: Sandbox,
-        cfg: KernelsConfig,
-        audit: Option<Arc<dyn AuditSink>>,
-    ) -> Kernels {
         Kernels {
             inner: Arc::new(Inner {
                 sandbox,
                 caps: Caps::new(cfg.max_per_owner, cfg.max_total),
                 cfg,
                 state: Mutex::new(State::default()),
-                audit,
             }),
         }
     }
@@ -323,11 +313,10 @@ impl Kernels {
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
-        self.start(owner, None, lang, ttl).await
+        self.start(owner, lang, ttl).await
     }
 
-    /// [`Kernels::create`] for `caller` (its user key owns the kernel), who
-    /// is named in the audit records of its evaluations.
+    /// [`Kernels::create`] for `caller` (its user key owns the kernel).
     pub async fn create_as(
         &self,
         caller: &Caller,
@@ -335,14 +324,12 @@ impl Kernels {
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
         let owner = caller.principal.user_key();
-        self.start(owner.as_str(), Some(caller.clone()), lang, ttl)
-            .await
+        self.start(owner.as_str(), lang, ttl).await
     }
 
     async fn start(
         &self,
         owner: &str,
-        caller: Option<Caller>,
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
@@ -392,7 +379,7 @@ impl Kernels {
             }),
             turn: Arc::new(tokio::sync::Mutex::new(())),
             seats: std::sync::atomic::AtomicUsize::new(0),
-            caller,
+            current: Mutex::new(None),
         });
         let info = session.info(cfg.max_age);
         let (park, ready) = session.kernel.start_times();
@@ -449,7 +436,7 @@ impl Kernels {
     }
 
     /// A jail source whose one jail is `session`'s kernel, for a run of the
-    /// one-shot pipeline (see [`crate::ExecRequest::jail`]): acquiring it
+    /// one-shot pipeline (see [`crate::Work::Seated`]): acquiring it
     /// empties the kernel's workspace for staging; running it evaluates the
     /// staged entry file in the kernel (a final expression's value is not
     /// shown, as in a fresh process; an exception's traceback goes to
@@ -501,25 +488,16 @@ impl Kernels {
 
     /// Evaluates `code` in `session` with a timeout of `timeout` (at most the
     /// configured one), waiting up to `busy_wait` for an evaluation in
-    /// progress. The evaluation runs on a task of its own: a caller that
-    /// goes away does not cut it short (the kernel's replies stay in step).
-    pub async fn exec(
+    /// progress; `cancel` (the run's, see [`crate::eval`]) interrupts it.
+    /// The evaluation runs on a task of its own: a caller that goes away
+    /// does not cut it short (the kernel's replies stay in step).
+    pub(crate) async fn evaluate(
         &self,
         session: Arc<Session>,
         code: String,
         timeout: Option<Duration>,
         sink: Option<OutputSink>,
-    ) -> Result<EvalResult, KernelsError> {
-        self.evaluate(session, code, timeout, sink, true).await
-    }
-
-    async fn evaluate(
-        &self,
-        session: Arc<Session>,
-        code: String,
-        timeout: Option<Duration>,
-        sink: Option<OutputSink>,
-        audited: bool,
+        cancel: Option<Cancel>,
     ) -> Result<EvalResult, KernelsError> {
         let cfg = &self.inner.cfg;
         if let Some(lost) = session.kernel.lost() {
@@ -535,13 +513,24 @@ impl Kernels {
             stdout_bytes: cfg.limits.stdout_bytes,
             stderr_bytes: cfg.limits.stderr_bytes,
         };
-        let audit = self.inner.audit.clone().filter(|_| audited);
+        let token = cancel.as_ref().map(|c| c.token().clone());
+        *lock(&session.current) = cancel;
         let task = tokio::spawn(async move {
-            let started_at = SystemTime::now();
-            let result = session.kernel.eval(&code, limits, sink.as_ref()).await;
-            if let Some(audit) = audit {
-                audit.record(&evaluation_record(&session, started_at, &result));
-            }
+            let eval = session.kernel.eval(&code, limits, sink.as_ref());
+            tokio::pin!(eval);
+            let result = match token {
+                Some(token) => tokio::select! {
+                    r = &mut eval => r,
+                    () = token.cancelled() => {
+                        // the interrupted evaluation still answers (or the
+                        // kernel is killed past its grace)
+                        session.kernel.interrupt().await;
+                        eval.await
+                    }
+                },
+                None => eval.await,
+            };
+            lock(&session.current).take();
             session.touch(true);
             session.release_if_lost();
             if let Err(KernelError::Lost(why)) = &result {
@@ -557,9 +546,18 @@ impl Kernels {
         Ok(result?)
     }
 
-    /// Interrupts the evaluation running in `session`, if any.
+    /// Interrupts the evaluation running in `session`, if any: the run
+    /// evaluating is cancelled (on request), which interrupts the kernel.
     pub async fn interrupt(&self, session: &Session) -> Result<(), KernelsError> {
-        if !session.kernel.interrupt().await {
+        let current = lock(&session.current).clone();
+        let alive = match current {
+            Some(run) => {
+                run.cancel(CancelReason::Requested);
+                session.kernel.lost().is_none()
+            }
+            None => session.kernel.interrupt().await,
+        };
+        if !alive {
             session.release_if_lost();
             return Err(KernelsError::Lost(
                 session.kernel.lost().unwrap_or(KernelLost::Closed),
@@ -839,7 +837,7 @@ impl Jail for SeatJail {
                 code,
                 Some(req.limits.wall_time),
                 req.output.clone(),
-                false,
+                None,
             );
             let result = tokio::select! {
                 r = exec => r,
@@ -850,76 +848,6 @@ impl Jail for SeatJail {
             };
             as_run_result(result, stderr_cap)
         })
-    }
-}
-
-/// The audit record of one evaluation in `session`'s kernel.
-fn evaluation_record(
-    session: &Session,
-    started_at: SystemTime,
-    result: &Result<EvalResult, KernelError>,
-) -> AuditRecord {
-    let unix_ms = |t: SystemTime| {
-        t.duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    };
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    // a kernel a face started without saying who: its owner key
-    let (tenant, user_id, identified) = match &session.caller {
-        Some(c) => (
-            c.principal.tenant.clone(),
-            c.principal.user_id.clone(),
-            c.identified,
-        ),
-        None => (String::new(), session.owner.clone(), false),
-    };
-    let ok = result.as_ref().ok();
-    AuditRecord {
-        event: "evaluation",
-        run_id: Nanoid::random().as_str().to_owned(),
-        session_id: Some(session.id.as_str().to_owned()),
-        request_id: None,
-        tenant,
-        user_id,
-        identified,
-        lang: session.lang,
-        status: if ok.is_some() { "finished" } else { "failed" },
-        exit_code: None,
-        signal: None,
-        run_status: ok.and_then(|r| {
-            if r.timed_out {
-                Some("TO")
-            } else {
-                r.error.as_ref().map(|_| "RE")
-            }
-        }),
-        error: match result {
-            Ok(r) => r
-                .error
-                .as_ref()
-                .map(|e| format!("{}: {}", e.ename, e.evalue)),
-            Err(e) => Some(e.to_string()),
-        },
-        created_at_ms: unix_ms(started_at),
-        finished_at_ms: unix_ms(SystemTime::now()),
-        compile: None,
-        run: ok.map(|r| AuditUsage {
-            wall_ms: ms(r.wall_time),
-            cpu_ms: r.cpu_time.map(ms),
-            memory_peak_bytes: r.memory_peak,
-        }),
-        files_in: Vec::new(),
-        files_out: ok
-            .map(|r| {
-                r.files
-                    .iter()
-                    .map(|f| AuditFile {
-                        name: f.path.clone(),
-                        bytes: f.size,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
     }
 }
 

@@ -16,6 +16,7 @@
 //!   host's tools and stays alive, paused, while the host runs them.
 //! - [`kernels`]: live kernels (Kiln's sessions API): idle TTL, caps, one
 //!   evaluation at a time, slots of their own.
+//! - [`eval`]: a kernel's evaluation as a run ([`Work::Eval`]).
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 //! - [`workers`]: kernels by name, started on first use (seed 004's
@@ -23,6 +24,7 @@
 
 pub mod caps;
 mod egress;
+pub mod eval;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;

@@ -455,12 +455,10 @@ pub async fn programmatic(
         files: parsed.files,
         timeout_ms: parsed.timeout_ms,
         outputs: Outputs::NewSession,
-        tools: Some(Arc::clone(&bridge)),
-        jail: None,
     };
     let watch = state.runs.start(
         caller,
-        req,
+        kiln_exec::Work::Programmatic(req, Arc::clone(&bridge)),
         StartOptions {
             // the run outlives each request: it waits for the next one
             detach: true,
