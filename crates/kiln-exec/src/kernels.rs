@@ -36,24 +36,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use kiln_core::access::Caller;
-use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits, Nanoid, RelPath};
 pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, OutputStream};
-use kiln_sandbox::{
-    EvalLimits, Kernel, KernelError, KernelStart, ParkSpec, Sandbox, Slot, node_kernel_park,
-    python_kernel_park,
-};
+use kiln_sandbox::{EvalLimits, KernelError, Sandbox};
 
 use crate::caps::{CapError, CapGuard, Caps};
+use crate::kernel_host::{HostedKernel, KernelHost, SandboxHost};
 use crate::runs::{Cancel, CancelReason};
 use crate::workspace::{EntryKind, Workspace};
 use kiln_core::ExitStatus;
 use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
 use tokio_util::sync::CancellationToken;
-
-/// The templates a `py` kernel may fork, in order of preference: the data
-/// stack without the rich one's fork and exit cost, then the others.
-const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
 
 /// The registry's settings.
 #[derive(Debug, Clone)]
@@ -154,9 +147,8 @@ pub struct Session {
     created: Instant,
     created_at: SystemTime,
     ttl: Duration,
-    kernel: Kernel,
-    /// Its uid slot, released as soon as the kernel is gone.
-    slot: Mutex<Option<Slot>>,
+    /// The kernel, holding its uid slot until it is gone.
+    kernel: Box<dyn HostedKernel>,
     /// Its place under the owner's and the node's caps, given back as soon
     /// as the kernel is gone (lost, closed or expired).
     cap: Mutex<Option<CapGuard>>,
@@ -185,16 +177,12 @@ impl Session {
     /// Host path of the session's `/mnt/data` (for `workspace.rs` only);
     /// `None` once the kernel is gone.
     pub fn workspace(&self) -> Option<std::path::PathBuf> {
-        lock(&self.slot)
-            .as_ref()
-            .map(|_| self.kernel.workspace().to_path_buf())
+        self.kernel.workspace().map(|(path, _)| path)
     }
 
     /// The uid and gid files written for the jail must belong to.
     pub fn file_owner(&self) -> Option<(u32, u32)> {
-        lock(&self.slot)
-            .as_ref()
-            .map(|s| (s.host_uid(), s.host_gid()))
+        self.kernel.workspace().map(|(_, owner)| owner)
     }
 
     pub fn id(&self) -> &Nanoid {
@@ -244,7 +232,7 @@ impl Session {
         if self.kernel.lost().is_some() {
             lock(&self.cap).take();
             if self.seats.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-                lock(&self.slot).take();
+                self.kernel.release();
             }
         }
     }
@@ -274,7 +262,7 @@ pub struct Kernels {
 }
 
 struct Inner {
-    sandbox: Sandbox,
+    host: Arc<dyn KernelHost>,
     cfg: KernelsConfig,
     state: Mutex<State>,
     /// Live kernels (and kernels being started) per owner and on the node.
@@ -291,9 +279,14 @@ impl std::fmt::Debug for Kernels {
 
 impl Kernels {
     pub fn new(sandbox: Sandbox, cfg: KernelsConfig) -> Kernels {
+        Kernels::hosted(SandboxHost::new(sandbox), cfg)
+    }
+
+    /// A registry of kernels `host` starts.
+    pub fn hosted(host: Arc<dyn KernelHost>, cfg: KernelsConfig) -> Kernels {
         Kernels {
             inner: Arc::new(Inner {
-                sandbox,
+                host,
                 caps: Caps::new(cfg.max_per_owner, cfg.max_total),
                 cfg,
                 state: Mutex::new(State::default()),
@@ -337,30 +330,17 @@ impl Kernels {
         let language = Language::resolve(lang)
             .filter(|l| matches!(l.name(), "py" | "js"))
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
-        let (park, argv, template) = self.kernel_program(language)?;
+        self.inner.host.can_start(language)?;
         lock(&self.inner.state).forget_lost();
         let cap = self.inner.caps.acquire(owner).map_err(|e| match e {
             CapError::Principal(n) => KernelsError::OwnerCap(n),
             CapError::Total(n) => KernelsError::NodeFull(n),
         })?;
-        let mut limits = cfg.limits.clone();
-        // the evaluation timeouts are the registry's; the jail's own wall and
-        // CPU clocks only bound the kernel's life
-        limits.wall_time = cfg.max_age + Duration::from_secs(60);
-        limits.cpu_time = limits.wall_time;
-        let slot = self.inner.sandbox.acquire_slot().await;
-        let start = KernelStart {
-            park,
-            argv,
-            env: language.environment(&cfg.limits),
-            limits,
-        };
         let kernel = self
             .inner
-            .sandbox
-            .start_kernel(&slot, start)
-            .await
-            .map_err(|e| KernelsError::Kernel(e.to_string()))?;
+            .host
+            .start(language, cfg.limits.clone(), cfg.max_age)
+            .await?;
         let now = SystemTime::now();
         let session = Arc::new(Session {
             id: Nanoid::random(),
@@ -370,7 +350,6 @@ impl Kernels {
             created_at: now,
             ttl: ttl.map_or(cfg.idle_ttl, |t| t.min(cfg.idle_ttl)),
             kernel,
-            slot: Mutex::new(Some(slot)),
             cap: Mutex::new(Some(cap)),
             clock: Mutex::new(Clock {
                 last_used: Instant::now(),
@@ -382,57 +361,16 @@ impl Kernels {
             current: Mutex::new(None),
         });
         let info = session.info(cfg.max_age);
-        let (park, ready) = session.kernel.start_times();
         lock(&self.inner.state)
             .sessions
             .insert(session.id.clone(), session);
         metrics::gauge!("kiln_sessions_live").set(self.live() as f64);
         tracing::info!(
             session = %info.id,
-            template,
-            park_ms = park.as_secs_f64() * 1000.0,
-            ready_ms = ready.as_secs_f64() * 1000.0,
+            lang = info.lang,
             "session started"
         );
         Ok(info)
-    }
-
-    /// How a kernel of `language` is parked and started, and the template
-    /// it forks (`py`) or `node` (`js`, a pre-started node like a warm `js`
-    /// jail's, in the same environment).
-    fn kernel_program(
-        &self,
-        language: Language,
-    ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
-        let cfg = &self.inner.cfg;
-        match &language.spec().warm {
-            Some(WarmRecipe::Embedded { interpreter, .. }) => {
-                let template = PY_KERNEL_TEMPLATES
-                    .iter()
-                    .find(|t| self.inner.sandbox.has_zygote(t))
-                    .ok_or_else(|| {
-                        KernelsError::Unavailable("no Python fork-server is running".to_owned())
-                    })?;
-                let argv = vec![
-                    (*interpreter).to_owned(),
-                    "-u".to_owned(),
-                    format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
-                ];
-                Ok((python_kernel_park(template), argv, template))
-            }
-            Some(WarmRecipe::Prestart { .. }) => {
-                let node = language.spec().run[0];
-                if !std::path::Path::new(node).is_file() {
-                    return Err(KernelsError::Unavailable(format!(
-                        "{node} is not installed"
-                    )));
-                }
-                let park = node_kernel_park(node, language.environment(&cfg.limits));
-                let argv = park.argv.clone();
-                Ok((park, argv, "node"))
-            }
-            None => Err(KernelsError::Language(language.name().to_owned())),
-        }
     }
 
     /// A jail source whose one jail is `session`'s kernel, for a run of the
@@ -481,9 +419,7 @@ impl Kernels {
     /// Whether a `py` kernel can be started now (the Python fork-server
     /// is up); `false` while it is still preloading.
     pub fn ready(&self) -> bool {
-        PY_KERNEL_TEMPLATES
-            .iter()
-            .any(|t| self.inner.sandbox.has_zygote(t))
+        self.inner.host.ready()
     }
 
     /// Evaluates `code` in `session` with a timeout of `timeout` (at most the
@@ -936,5 +872,9 @@ async fn blocking<T: Send + 'static>(
 async fn close(session: &Session) {
     session.kernel.close().await;
     lock(&session.cap).take();
-    lock(&session.slot).take();
+    session.kernel.release();
 }
+
+#[cfg(test)]
+#[path = "kernels_tests.rs"]
+mod tests;

@@ -17,6 +17,8 @@
 //! - [`kernels`]: live kernels (Kiln's sessions API): idle TTL, caps, one
 //!   evaluation at a time, slots of their own.
 //! - [`eval`]: a kernel's evaluation as a run ([`Work::Eval`]).
+//! - [`kernel_host`]: what [`kernels`] needs from the sandbox, as a seam
+//!   (the sandbox's kernels, or a fake in the registry's unit tests).
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 //! - [`workers`]: kernels by name, started on first use (seed 004's
@@ -25,6 +27,7 @@
 pub mod caps;
 mod egress;
 pub mod eval;
+pub mod kernel_host;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;
