@@ -43,6 +43,7 @@ use kiln_sandbox::{EvalLimits, KernelError, Sandbox};
 use crate::caps::{CapError, CapGuard, Caps};
 use crate::kernel_host::{HostedKernel, KernelHost, SandboxHost};
 use crate::runs::{Cancel, CancelReason};
+use crate::turns::Turn;
 use crate::workspace::{EntryKind, Workspace};
 use kiln_core::ExitStatus;
 use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
@@ -154,7 +155,7 @@ pub struct Session {
     cap: Mutex<Option<CapGuard>>,
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
-    turn: Arc<tokio::sync::Mutex<()>>,
+    turn: Turn,
     /// The cancel side of the run evaluating now, if any: the session's
     /// interrupt cancels it.
     current: Mutex<Option<Cancel>>,
@@ -209,7 +210,7 @@ impl Session {
             expires_at: idle_end.min(age_end),
             last_used_at: clock.last_used_at,
             evaluations: clock.evaluations,
-            busy: self.turn.try_lock().is_err(),
+            busy: self.turn.busy(),
             lost: self.kernel.lost(),
         }
     }
@@ -356,7 +357,7 @@ impl Kernels {
                 last_used_at: now,
                 evaluations: 0,
             }),
-            turn: Arc::new(tokio::sync::Mutex::new(())),
+            turn: Turn::default(),
             seats: std::sync::atomic::AtomicUsize::new(0),
             current: Mutex::new(None),
         });
@@ -412,7 +413,7 @@ impl Kernels {
         lock(&self.inner.state)
             .sessions
             .values()
-            .filter(|s| s.kernel.lost().is_none() && s.turn.try_lock().is_err())
+            .filter(|s| s.kernel.lost().is_none() && s.turn.busy())
             .count()
     }
 
@@ -439,7 +440,9 @@ impl Kernels {
         if let Some(lost) = session.kernel.lost() {
             return Err(KernelsError::Lost(lost));
         }
-        let turn = tokio::time::timeout(cfg.busy_wait, Arc::clone(&session.turn).lock_owned())
+        let turn = session
+            .turn
+            .take(cfg.busy_wait)
             .await
             .map_err(|_| KernelsError::Busy)?;
         session.touch(false);
@@ -636,7 +639,7 @@ impl Kernels {
             let ids: Vec<Nanoid> = state
                 .sessions
                 .values()
-                .filter(|s| s.expired(now, max_age) && s.turn.try_lock().is_ok())
+                .filter(|s| s.expired(now, max_age) && !s.turn.busy())
                 .map(|s| s.id.clone())
                 .collect();
             ids.iter()

@@ -19,6 +19,8 @@
 //! - [`eval`]: a kernel's evaluation as a run ([`Work::Eval`]).
 //! - [`kernel_host`]: what [`kernels`] needs from the sandbox, as a seam
 //!   (the sandbox's kernels, or a fake in the registry's unit tests).
+//! - [`turns`]: one at a time, the busy rule of every registry (kernels,
+//!   runtime sessions).
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 //! - [`workers`]: kernels by name, started on first use (seed 004's
@@ -34,6 +36,7 @@ pub mod plan;
 pub mod ptc;
 pub mod runs;
 pub mod sessions;
+pub mod turns;
 pub mod types;
 pub mod walker;
 pub mod workers;

@@ -18,15 +18,15 @@
 //! and its calls take turns ([`FileSessions::take_turn`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::turns::{Taken, Turns};
 use kiln_core::Nanoid;
 use kiln_core::access::Caller;
 use kiln_core::id::is_resource_id;
 use kiln_store::{Store, StoreError};
 use sha2::{Digest, Sha256};
-use tokio::sync::OwnedMutexGuard;
 
 /// Why a session name is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,8 +39,8 @@ pub struct FileSessions {
     store: Store,
     ttl: Duration,
     last_used: Mutex<HashMap<Nanoid, Instant>>,
-    /// One lock per workspace whose calls take turns (runtime sessions).
-    turns: Mutex<HashMap<Nanoid, Arc<tokio::sync::Mutex<()>>>>,
+    /// A turn per workspace whose calls take turns (runtime sessions).
+    turns: Turns<Nanoid>,
 }
 
 /// The namespaces of derived workspaces: a seed-000 session and a runtime
@@ -49,9 +49,7 @@ const FILE_SESSION: &[u8] = b"kiln file session\0";
 const RUNTIME_SESSION: &[u8] = b"kiln runtime session\0";
 
 /// Another call of the same runtime session held it past the wait.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("runtime session is busy")]
-pub struct Busy;
+pub use crate::turns::Busy;
 
 /// LibreChat's runtime session id: `rt_` + the first 40 hex digits of
 /// sha256(`tenant \0 user \0 hint`), or of the JSON array of the three when
@@ -82,7 +80,7 @@ impl FileSessions {
             store,
             ttl,
             last_used: Mutex::new(HashMap::new()),
-            turns: Mutex::new(HashMap::new()),
+            turns: Turns::default(),
         }
     }
 
@@ -143,21 +141,8 @@ impl FileSessions {
 
     /// Waits up to `wait` for the workspace's turn: one call at a time.
     /// The turn lasts as long as the guard.
-    pub async fn take_turn(
-        &self,
-        id: &Nanoid,
-        wait: Duration,
-    ) -> Result<OwnedMutexGuard<()>, Busy> {
-        let lock = self
-            .turns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.clone())
-            .or_default()
-            .clone();
-        tokio::time::timeout(wait, lock.lock_owned())
-            .await
-            .map_err(|_| Busy)
+    pub async fn take_turn(&self, id: &Nanoid, wait: Duration) -> Result<Taken, Busy> {
+        self.turns.take(id, wait).await
     }
 
     async fn open_id(&self, caller: &Caller, id: Nanoid) -> Result<Nanoid, OpenError> {
@@ -200,11 +185,7 @@ impl FileSessions {
     /// Empties every session idle longer than the TTL as of `now`; returns
     /// how many files it deleted.
     pub async fn sweep_at(&self, now: Instant) -> Result<u64, StoreError> {
-        // locks nobody holds or waits for
-        self.turns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, l| Arc::strong_count(l) > 1);
+        self.turns.forget_unused();
         let idle: Vec<Nanoid> = self
             .lock()
             .iter()

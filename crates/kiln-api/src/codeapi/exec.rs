@@ -267,7 +267,7 @@ async fn open_runtime(
 ) -> Result<
     (
         Runtime,
-        tokio::sync::OwnedMutexGuard<()>,
+        kiln_exec::turns::Taken,
         Option<kiln_exec::JailOverride>,
     ),
     ApiError,

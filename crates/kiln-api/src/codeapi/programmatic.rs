@@ -28,7 +28,6 @@
 //! principal 403, an expired one or one whose run is gone 404.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,6 +41,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kiln_core::{Language, Principal};
 use kiln_exec::caps::{CapError, CapGuard, Caps};
 use kiln_exec::ptc::{Bridge, BridgeFailure, PtcLimits, ResumeError, Resumed, ToolDef, ToolResult};
+use kiln_exec::turns::Turn;
 use kiln_exec::{ExecError, ExecRequest, ExecResult, Outputs, RunHandle, StartOptions, Stream};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
@@ -109,8 +109,8 @@ struct Execution {
     owner: String,
     /// What the answers call `session_id` until the run has its outputs.
     session_id: String,
-    /// A continuation is being served.
-    busy: AtomicBool,
+    /// Held while a request (the first, or a continuation) is served.
+    busy: Turn,
     /// Its place under the caps, given back when the run ends.
     place: Mutex<Option<CapGuard>>,
     progress: Mutex<Progress>,
@@ -473,10 +473,12 @@ pub async fn programmatic(
         run,
         bridge,
         owner,
-        busy: AtomicBool::new(true),
+        busy: Turn::default(),
         place: Mutex::new(Some(place)),
         progress: Mutex::default(),
     });
+    // served by this request until it answers (a fresh turn is free)
+    let busy = exec.busy.try_take();
     lock(&ptc.executions).insert(exec.run.id().as_str().to_owned(), Arc::clone(&exec));
     // the place is given back when the run ends, whoever is watching
     let ended = Arc::clone(&exec);
@@ -484,7 +486,6 @@ pub async fn programmatic(
         ended.run.outcome().await;
         ended.release();
     });
-    let busy = Busy(&exec.busy);
     let (status, body) = advance(&ptc, &exec, &guard.cancel).await;
     drop(busy);
     let mut resp = (status, Json(body)).into_response();
@@ -654,15 +655,6 @@ fn is_call_id(s: &str) -> bool {
         .is_some_and(|d| (3..=6).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Marks an execution's continuation done, however the handler ends.
-struct Busy<'a>(&'a AtomicBool);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
 async fn continuation(
     ptc: &Programmatic,
     owner: &str,
@@ -688,13 +680,12 @@ async fn continuation(
         Some(e) if exp >= unix_now() && e.owner == owner => e,
         _ => return plain(StatusCode::NOT_FOUND, "Execution not found or expired"),
     };
-    if exec.busy.swap(true, Ordering::SeqCst) {
+    let Some(_busy) = exec.busy.try_take() else {
         return plain(
             StatusCode::CONFLICT,
             "Another continuation is already in flight for this execution",
         );
-    }
-    let _busy = Busy(&exec.busy);
+    };
     match exec.bridge.resume(results.clone()) {
         Ok(Resumed::Delivered) => {}
         Ok(Resumed::Repeated) => {
