@@ -31,7 +31,6 @@
 //!   kernel is replaced at the next call (its files persist, its variables
 //!   do not).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -41,6 +40,7 @@ pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, 
 use kiln_sandbox::{EvalLimits, KernelError, Sandbox};
 
 use crate::caps::{CapError, CapGuard, Caps};
+use crate::expiring::Expiring;
 use crate::kernel_host::{HostedKernel, KernelHost, SandboxHost};
 use crate::runs::{Cancel, CancelReason};
 use crate::turns::Turn;
@@ -134,8 +134,9 @@ pub struct SessionInfo {
     pub lost: Option<KernelLost>,
 }
 
+/// What a face shows of a session's use (its expiry runs on the
+/// registry's [`Expiring`] clock).
 struct Clock {
-    last_used: Instant,
     last_used_at: SystemTime,
     evaluations: u64,
 }
@@ -217,14 +218,8 @@ impl Session {
 
     fn touch(&self, evaluated: bool) {
         let mut clock = lock(&self.clock);
-        clock.last_used = Instant::now();
         clock.last_used_at = SystemTime::now();
         clock.evaluations += u64::from(evaluated);
-    }
-
-    fn expired(&self, now: Instant, max_age: Duration) -> bool {
-        let idle = now.saturating_duration_since(lock(&self.clock).last_used);
-        idle >= self.ttl || now.saturating_duration_since(self.created) >= max_age
     }
 
     /// Releases the slot (and with it the workspace) once the kernel is
@@ -239,23 +234,6 @@ impl Session {
     }
 }
 
-#[derive(Default)]
-struct State {
-    sessions: HashMap<Nanoid, Arc<Session>>,
-}
-
-impl State {
-    /// Gives back the cap places of kernels that died since (a lost
-    /// kernel counts against no cap).
-    fn forget_lost(&self) {
-        for s in self.sessions.values() {
-            if s.kernel.lost().is_some() {
-                lock(&s.cap).take();
-            }
-        }
-    }
-}
-
 /// The registry of this node's kernels. Cheap to clone.
 #[derive(Clone)]
 pub struct Kernels {
@@ -265,7 +243,8 @@ pub struct Kernels {
 struct Inner {
     host: Arc<dyn KernelHost>,
     cfg: KernelsConfig,
-    state: Mutex<State>,
+    /// The sessions, with their idle TTL and maximum age.
+    sessions: Expiring<Nanoid, Arc<Session>>,
     /// Live kernels (and kernels being started) per owner and on the node.
     caps: Caps,
 }
@@ -273,7 +252,7 @@ struct Inner {
 impl std::fmt::Debug for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernels")
-            .field("sessions", &lock(&self.inner.state).sessions.len())
+            .field("sessions", &self.inner.sessions.len())
             .finish()
     }
 }
@@ -289,8 +268,8 @@ impl Kernels {
             inner: Arc::new(Inner {
                 host,
                 caps: Caps::new(cfg.max_per_owner, cfg.max_total),
+                sessions: Expiring::new(cfg.idle_ttl, cfg.max_age),
                 cfg,
-                state: Mutex::new(State::default()),
             }),
         }
     }
@@ -332,7 +311,7 @@ impl Kernels {
             .filter(|l| matches!(l.name(), "py" | "js"))
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
         self.inner.host.can_start(language)?;
-        lock(&self.inner.state).forget_lost();
+        self.forget_lost();
         let cap = self.inner.caps.acquire(owner).map_err(|e| match e {
             CapError::Principal(n) => KernelsError::OwnerCap(n),
             CapError::Total(n) => KernelsError::NodeFull(n),
@@ -353,7 +332,6 @@ impl Kernels {
             kernel,
             cap: Mutex::new(Some(cap)),
             clock: Mutex::new(Clock {
-                last_used: Instant::now(),
                 last_used_at: now,
                 evaluations: 0,
             }),
@@ -362,9 +340,8 @@ impl Kernels {
             current: Mutex::new(None),
         });
         let info = session.info(cfg.max_age);
-        lock(&self.inner.state)
-            .sessions
-            .insert(session.id.clone(), session);
+        let ttl = Some(session.ttl);
+        self.inner.sessions.insert(session.id.clone(), session, ttl);
         metrics::gauge!("kiln_sessions_live").set(self.live() as f64);
         tracing::info!(
             session = %info.id,
@@ -391,11 +368,7 @@ impl Kernels {
     /// The session `id`, whoever owns it (the face checks the owner with
     /// the access rule).
     pub fn get(&self, id: &Nanoid) -> Result<Arc<Session>, KernelsError> {
-        lock(&self.inner.state)
-            .sessions
-            .get(id)
-            .cloned()
-            .ok_or(KernelsError::NotFound)
+        self.inner.sessions.get(id).ok_or(KernelsError::NotFound)
     }
 
     pub fn info(&self, session: &Session) -> SessionInfo {
@@ -404,15 +377,32 @@ impl Kernels {
 
     /// Live kernels on this node (and kernels being started).
     pub fn live(&self) -> usize {
-        lock(&self.inner.state).forget_lost();
+        self.forget_lost();
         self.inner.caps.held()
+    }
+
+    /// Gives back the cap places of kernels that died since (a lost
+    /// kernel counts against no cap).
+    fn forget_lost(&self) {
+        for s in self.inner.sessions.values() {
+            if s.kernel.lost().is_some() {
+                lock(&s.cap).take();
+            }
+        }
+    }
+
+    /// Marks `session` used now (`evaluated`: by one more evaluation).
+    fn touch(&self, session: &Session, evaluated: bool) {
+        session.touch(evaluated);
+        self.inner.sessions.touch(&session.id);
     }
 
     /// Live kernels on this node running an evaluation now.
     pub fn busy(&self) -> usize {
-        lock(&self.inner.state)
+        self.inner
             .sessions
             .values()
+            .iter()
             .filter(|s| s.kernel.lost().is_none() && s.turn.busy())
             .count()
     }
@@ -445,7 +435,7 @@ impl Kernels {
             .take(cfg.busy_wait)
             .await
             .map_err(|_| KernelsError::Busy)?;
-        session.touch(false);
+        self.touch(&session, false);
         let limits = EvalLimits {
             timeout: timeout.map_or(cfg.limits.wall_time, |t| t.min(cfg.limits.wall_time)),
             grace: cfg.grace,
@@ -454,6 +444,7 @@ impl Kernels {
         };
         let token = cancel.as_ref().map(|c| c.token().clone());
         *lock(&session.current) = cancel;
+        let kernels = self.clone();
         let task = tokio::spawn(async move {
             let eval = session.kernel.eval(&code, limits, sink.as_ref());
             tokio::pin!(eval);
@@ -470,7 +461,7 @@ impl Kernels {
                 None => eval.await,
             };
             lock(&session.current).take();
-            session.touch(true);
+            kernels.touch(&session, true);
             session.release_if_lost();
             if let Err(KernelError::Lost(why)) = &result {
                 tracing::warn!(session = %session.id, reason = %why, "session lost");
@@ -612,15 +603,15 @@ impl Kernels {
     /// Every session this node holds (live or lost, not yet forgotten),
     /// oldest first: the operator's view, whoever owns them.
     pub fn list(&self) -> Vec<Arc<Session>> {
-        let mut all: Vec<Arc<Session>> =
-            lock(&self.inner.state).sessions.values().cloned().collect();
+        let mut all = self.inner.sessions.values();
         all.sort_by_key(|s| s.created);
         all
     }
 
     /// Closes and forgets `id`.
     pub async fn delete(&self, id: &Nanoid) -> Result<(), KernelsError> {
-        let session = lock(&self.inner.state)
+        let session = self
+            .inner
             .sessions
             .remove(id)
             .ok_or(KernelsError::NotFound)?;
@@ -633,19 +624,15 @@ impl Kernels {
     /// age; returns how many.
     pub async fn sweep(&self) -> usize {
         let now = Instant::now();
-        let max_age = self.inner.cfg.max_age;
-        let expired: Vec<Arc<Session>> = {
-            let mut state = lock(&self.inner.state);
-            let ids: Vec<Nanoid> = state
-                .sessions
-                .values()
-                .filter(|s| s.expired(now, max_age) && !s.turn.busy())
-                .map(|s| s.id.clone())
-                .collect();
-            ids.iter()
-                .filter_map(|id| state.sessions.remove(id))
-                .collect()
-        };
+        // an evaluation in progress holds its kernel (and will touch it)
+        let expired: Vec<Arc<Session>> = self
+            .inner
+            .sessions
+            .expired(now)
+            .into_iter()
+            .filter(|(_, s)| !s.turn.busy())
+            .filter_map(|(id, _)| self.inner.sessions.remove_expired(&id, now))
+            .collect();
         for s in &expired {
             tracing::info!(session = %s.id, "session expired");
             close(s).await;
@@ -658,11 +645,7 @@ impl Kernels {
 
     /// Closes every session (shutdown).
     pub async fn close_all(&self) {
-        let all: Vec<Arc<Session>> = lock(&self.inner.state)
-            .sessions
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let all = self.inner.sessions.drain();
         for s in &all {
             close(s).await;
         }

@@ -19,6 +19,8 @@
 //! - [`eval`]: a kernel's evaluation as a run ([`Work::Eval`]).
 //! - [`kernel_host`]: what [`kernels`] needs from the sandbox, as a seam
 //!   (the sandbox's kernels, or a fake in the registry's unit tests).
+//! - [`expiring`]: the one expiry rule (idle TTL, maximum age) of every
+//!   registry (kernels, file sessions).
 //! - [`turns`]: one at a time, the busy rule of every registry (kernels,
 //!   runtime sessions).
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
@@ -29,6 +31,7 @@
 pub mod caps;
 mod egress;
 pub mod eval;
+pub mod expiring;
 pub mod kernel_host;
 pub mod kernels;
 pub mod pipeline;

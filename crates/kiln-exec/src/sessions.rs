@@ -17,10 +17,9 @@
 //! hint)) is a workspace derived in its own namespace ([`FileSessions::open_runtime`]),
 //! and its calls take turns ([`FileSessions::take_turn`]).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::expiring::Expiring;
 use crate::turns::{Taken, Turns};
 use kiln_core::Nanoid;
 use kiln_core::access::Caller;
@@ -38,7 +37,8 @@ pub struct BadSessionName;
 pub struct FileSessions {
     store: Store,
     ttl: Duration,
-    last_used: Mutex<HashMap<Nanoid, Instant>>,
+    /// When each session was last used (the idle TTL's clock).
+    used: Expiring<Nanoid, ()>,
     /// A turn per workspace whose calls take turns (runtime sessions).
     turns: Turns<Nanoid>,
 }
@@ -79,7 +79,7 @@ impl FileSessions {
         FileSessions {
             store,
             ttl,
-            last_used: Mutex::new(HashMap::new()),
+            used: Expiring::new(ttl, Duration::MAX),
             turns: Turns::default(),
         }
     }
@@ -135,7 +135,7 @@ impl FileSessions {
         hint: &str,
     ) -> Result<(Nanoid, bool), OpenError> {
         let id = Self::runtime_storage_id(caller, hint)?;
-        let reused = self.lock().contains_key(&id);
+        let reused = self.used.contains(&id);
         Ok((self.open_id(caller, id).await?, reused))
     }
 
@@ -175,38 +175,22 @@ impl FileSessions {
 
     /// Marks a session used now.
     pub fn touch(&self, id: &Nanoid) {
-        self.lock().insert(id.clone(), Instant::now());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Nanoid, Instant>> {
-        self.last_used.lock().unwrap_or_else(|p| p.into_inner())
+        self.used.insert(id.clone(), (), None);
     }
 
     /// Empties every session idle longer than the TTL as of `now`; returns
     /// how many files it deleted.
     pub async fn sweep_at(&self, now: Instant) -> Result<u64, StoreError> {
         self.turns.forget_unused();
-        let idle: Vec<Nanoid> = self
-            .lock()
-            .iter()
-            .filter(|(_, t)| now.saturating_duration_since(**t) >= self.ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
         let mut deleted = 0;
-        for id in idle {
+        for (id, ()) in self.used.expired(now) {
             for o in self.store.list(&id).await? {
                 if self.store.delete(&id, &o.file_id).await? {
                     deleted += 1;
                 }
             }
             // used again meanwhile: keep its mark
-            let mut map = self.lock();
-            if map
-                .get(&id)
-                .is_some_and(|t| now.saturating_duration_since(*t) >= self.ttl)
-            {
-                map.remove(&id);
-            }
+            self.used.remove_expired(&id, now);
         }
         Ok(deleted)
     }
@@ -340,7 +324,7 @@ mod tests {
         // "old" was last used 61 s before the sweep, "fresh" just now
         let now = Instant::now() + Duration::from_secs(61);
         sessions.touch(&fresh);
-        sessions.lock().insert(fresh.clone(), now);
+        sessions.used.touch_at(&fresh, now);
         assert_eq!(sessions.sweep_at(now).await.unwrap(), 1);
         assert!(store.list(&old).await.unwrap().is_empty());
         assert_eq!(store.list(&fresh).await.unwrap().len(), 1);
