@@ -325,7 +325,9 @@ async fn cancelling_an_evaluations_run_interrupts_its_kernel_and_the_state_stays
     let w = start("block");
     host.kernel(0).evaluating.notified().await;
     w.cancel();
-    let outcome = w.outcome().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(5), w.outcome())
+        .await
+        .expect("a cancel interrupts the kernel");
     let r = outcome
         .as_ref()
         .as_ref()
@@ -340,7 +342,10 @@ async fn cancelling_an_evaluations_run_interrupts_its_kernel_and_the_state_stays
     let w = start("block");
     host.kernel(0).evaluating.notified().await;
     kernels.interrupt(&s).await.unwrap();
-    assert!(w.outcome().await.as_ref().as_ref().unwrap().cancelled);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), w.outcome())
+        .await
+        .expect("the session's interrupt ends the run evaluating");
+    assert!(outcome.as_ref().as_ref().unwrap().cancelled);
     assert_eq!(host.kernel(0).interrupts.load(Ordering::SeqCst), 2);
     // the kernel lives on; a busy kernel fails its run with the kernel's error
     let blocker = start("block");
