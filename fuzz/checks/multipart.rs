@@ -34,7 +34,7 @@ use futures::future::BoxFuture;
 use http_body_util::BodyExt as _;
 use kiln_api::{ApiConfig, AppState, HealthInfo};
 use kiln_core::{Nanoid, RelPath};
-use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute, RunContext};
+use kiln_exec::{ExecError, ExecResult, Execute, RunContext, Work};
 use kiln_store::{Store, StoreConfig};
 use serde_json::Value;
 use tower::ServiceExt as _;
@@ -168,7 +168,7 @@ impl Execute for NoExec {
     fn execute<'a>(
         &'a self,
         _run: &'a RunContext,
-        _req: ExecRequest,
+        _work: Work,
     ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
         async {
             Err(ExecError::BadRequest(

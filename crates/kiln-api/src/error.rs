@@ -361,6 +361,7 @@ fn exec_envelope(e: &ExecError) -> (StatusCode, Value) {
                 }),
             )
         }
+        ExecError::Kernel(e) => kernel_envelope(e),
         ExecError::RateLimited { retry_after } => {
             let secs = retry_seconds(*retry_after);
             (

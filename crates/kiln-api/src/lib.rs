@@ -47,6 +47,7 @@ pub mod compat;
 pub mod config;
 pub mod console;
 pub mod error;
+pub mod evals;
 pub mod hosts;
 pub mod identity;
 pub mod jwt;

@@ -166,7 +166,10 @@ impl From<ExecError> for ProxyError {
                 "unavailable",
                 "Request cancelled",
             ),
-            e @ (ExecError::Storage(_) | ExecError::Internal(_)) => ProxyError::internal(e),
+            // seed 000 evaluates in no kernel
+            e @ (ExecError::Storage(_) | ExecError::Internal(_) | ExecError::Kernel(_)) => {
+                ProxyError::internal(e)
+            }
         }
     }
 }
@@ -515,8 +518,6 @@ pub async fn run(
         files,
         timeout_ms,
         outputs: Outputs::Workspace(session.clone()),
-        tools: None,
-        jail: None,
         project: None,
     };
     let opts = StartOptions {

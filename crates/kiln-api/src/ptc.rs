@@ -5,7 +5,6 @@
 //! renders; no face module is imported here.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -15,6 +14,7 @@ use kiln_core::Principal;
 use kiln_exec::RunHandle;
 use kiln_exec::caps::{CapGuard, Caps};
 use kiln_exec::ptc::{Bridge, PtcLimits, ToolResult};
+use kiln_exec::turns::Turn;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -63,8 +63,8 @@ pub(crate) struct Execution {
     pub(crate) owner: String,
     /// What the answers call `session_id` until the run has its outputs.
     pub(crate) session_id: String,
-    /// A continuation is being served.
-    pub(crate) busy: AtomicBool,
+    /// Held while a request (the first, or a continuation) is served.
+    pub(crate) busy: Turn,
     /// Its place under the caps, given back when the run ends.
     pub(crate) place: Mutex<Option<CapGuard>>,
     pub(crate) progress: Mutex<Progress>,

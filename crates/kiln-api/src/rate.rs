@@ -228,8 +228,9 @@ pub fn code_key(caller: &kiln_core::access::Caller, peer: Option<SocketAddr>) ->
 
 /// Counts one start of code by `caller` in the one class every face that
 /// runs code shares ([`Class::Exec`]): the headers to stamp, or the 429.
-/// Faces whose runs go through `Runs::start` (which also counts the
-/// registry's per-caller limit) ask this.
+/// Every face that runs code asks this; its runs (kernel evaluations
+/// included) go through `Runs::start`, which also counts the registry's
+/// per-caller limit.
 pub async fn starts_code(
     state: &AppState,
     caller: &kiln_core::access::Caller,
@@ -239,19 +240,6 @@ pub async fn starts_code(
         .rates
         .check(Class::Exec, &code_key(caller, peer))
         .await
-}
-
-/// [`starts_code`] for code that runs outside the run registry (a live
-/// kernel's evaluation): also counted against the registry's per-caller
-/// limit, as a run would be.
-pub async fn evaluates_code(
-    state: &AppState,
-    caller: &kiln_core::access::Caller,
-    peer: Option<SocketAddr>,
-) -> Result<Option<Verdict>, ApiError> {
-    let verdict = starts_code(state, caller, peer).await?;
-    state.runs.admit(caller).map_err(ApiError::Exec)?;
-    Ok(verdict)
 }
 
 /// The key a request is counted under before its body is read: the

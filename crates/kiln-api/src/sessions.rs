@@ -15,7 +15,6 @@
 //! the one access rule (no claim) with the creator's user key, exactly as
 //! the runs API does.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{EvalResult, Kernels, KernelsError, OutputSink, Session, SessionInfo};
+use kiln_exec::kernels::{EvalResult, Kernels, KernelsError, Session, SessionInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -134,6 +133,9 @@ pub struct EvalUsage {
 /// The answer of an evaluation.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ExecView {
+    /// The run this evaluation was (`GET /v1/runs/{run_id}` and its
+    /// events know it, with its usage).
+    pub run_id: String,
     /// `ok`, `error` (the code raised) or `timeout` (interrupted by the
     /// timeout; the state is kept).
     pub status: String,
@@ -147,17 +149,13 @@ pub struct ExecView {
     pub usage: EvalUsage,
 }
 
-impl From<&EvalResult> for ExecView {
-    fn from(r: &EvalResult) -> Self {
+impl ExecView {
+    /// The answer of the evaluation `r` the run `run_id` made.
+    pub fn of(run_id: &kiln_core::Nanoid, r: &EvalResult) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let status = if r.timed_out {
-            "timeout"
-        } else if r.error.is_some() {
-            "error"
-        } else {
-            "ok"
-        };
+        let status = crate::evals::status(r);
         ExecView {
+            run_id: run_id.as_str().to_owned(),
             status: status.to_owned(),
             stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
@@ -408,47 +406,46 @@ pub async fn exec(
         t => t.map(Duration::from_millis),
     };
     let (caller, _) = owner_of(&state, &identity, &headers)?;
-    let verdict = crate::rate::evaluates_code(&state, &caller, peer.0).await?;
-    let kernels = kernels(&state)?.clone();
+    let verdict = crate::rate::starts_code(&state, &caller, peer.0).await?;
+    let kernels = kernels(&state)?;
+    let watch = crate::evals::start(
+        &state, &headers, caller, kernels, session, body.code, timeout,
+    )?;
     if !crate::sse::wants_events(&headers) {
-        let result = kernels.exec(session, body.code, timeout, None).await?;
-        let mut resp = Json(ExecView::from(&result)).into_response();
+        let result = crate::evals::finish(&watch).await?;
+        let mut resp = Json(ExecView::of(watch.id(), &result)).into_response();
+        crate::sse::insert_run_id(resp.headers_mut(), &watch);
         if let Some(v) = verdict {
             crate::rate::stamp(resp.headers_mut(), &v);
         }
         return Ok(resp);
     }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    let out = tx.clone();
-    let sink = OutputSink::new(move |stream, data| {
-        let name = stream.name();
-        let text = String::from_utf8_lossy(data);
-        let _ = out.send(
+    let run = watch.handle().clone();
+    let events = crate::evals::events(
+        watch,
+        |stream, text| {
             Event::default()
-                .event(name)
-                .data(serde_json::json!({ "text": text }).to_string()),
-        );
-    });
-    tokio::spawn(async move {
-        let last = match kernels.exec(session, body.code, timeout, Some(sink)).await {
-            Ok(r) => Event::default()
-                .event("result")
-                .data(serde_json::to_string(&ExecView::from(&r)).unwrap_or_default()),
-            Err(e) => {
-                let (status, mut body) = ApiError::Session(e).status_and_body();
-                if let Some(obj) = body.as_object_mut() {
-                    obj.insert("status".into(), status.as_u16().into());
+                .event(stream.as_str())
+                .data(serde_json::json!({ "text": text }).to_string())
+        },
+        |run, answer| {
+            vec![match answer {
+                Ok(r) => Event::default()
+                    .event("result")
+                    .data(serde_json::to_string(&ExecView::of(run.id(), &r)).unwrap_or_default()),
+                Err(e) => {
+                    let (status, mut body) = e.status_and_body();
+                    if let Some(obj) = body.as_object_mut() {
+                        obj.insert("status".into(), status.as_u16().into());
+                    }
+                    Event::default().event("error").data(body.to_string())
                 }
-                Event::default().event("error").data(body.to_string())
-            }
-        };
-        let _ = tx.send(last);
-    });
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        let ev = rx.recv().await?;
-        Some((Ok::<_, Infallible>(ev), rx))
-    });
-    Ok(crate::sse::response(events))
+            }]
+        },
+    );
+    let mut resp = crate::sse::response(events);
+    crate::sse::insert_run_id(resp.headers_mut(), &run);
+    Ok(resp)
 }
 
 /// `POST /sessions/{session_id}/interrupt`.

@@ -27,9 +27,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use futures::stream;
-use kiln_exec::{
-    ExecError, ExecResult, OutputFile, RunEvent, RunHandle, Stream as Out, Subscriber,
-};
+use kiln_exec::{ExecError, ExecResult, OutputFile, RunEvent, RunHandle, Subscriber};
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -132,9 +130,13 @@ where
     resp
 }
 
-/// Sets [`RUN_ID`].
+/// The run id header every face sets, its own API's and the others'.
+pub const X_RUN_ID: HeaderName = HeaderName::from_static("x-run-id");
+
+/// Sets [`RUN_ID`] and [`X_RUN_ID`].
 pub fn insert_run_id(h: &mut HeaderMap, run: &RunHandle) {
     if let Ok(v) = HeaderValue::from_str(run.id().as_str()) {
+        h.insert(X_RUN_ID, v.clone());
         h.insert(RUN_ID, v);
     }
 }
@@ -169,13 +171,7 @@ impl<K> Cursor<K> {
             RunEvent::Started { step } => {
                 data("started", &json!({ "run_id": id, "step": step.as_str() }))
             }
-            RunEvent::Output { stream, text } => {
-                let name = match stream {
-                    Out::Stdout => "stdout",
-                    Out::Stderr => "stderr",
-                };
-                data(name, &json!({ "text": text }))
-            }
+            RunEvent::Output { stream, text } => data(stream.as_str(), &json!({ "text": text })),
             RunEvent::File(f) => data("file", &self.face.file(&self.run, &f).await),
             RunEvent::Done(outcome) => {
                 self.done = true;

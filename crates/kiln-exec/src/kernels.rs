@@ -15,6 +15,10 @@
 //!   than `max_age` is closed by [`Kernels::sweep`].
 //! - One evaluation at a time: a second call waits up to `busy_wait`,
 //!   then [`KernelsError::Busy`] (409).
+//! - Every evaluation is a run ([`crate::eval`], started through
+//!   [`crate::Runs::start`]): its output, cancel (the session's interrupt
+//!   cancels the run in progress, which interrupts the kernel), usage and
+//!   audit record are the run's.
 //! - A kernel that died (out of memory, unresponsive, exited) stays listed
 //!   as lost, and every later call says why, until it is deleted or
 //!   expires; its slot and workspace are released at once.
@@ -27,29 +31,23 @@
 //!   kernel is replaced at the next call (its files persist, its variables
 //!   do not).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use kiln_core::access::Caller;
-use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits, Nanoid, RelPath};
 pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, OutputStream};
-use kiln_sandbox::{
-    EvalLimits, Kernel, KernelError, KernelStart, ParkSpec, Sandbox, Slot, node_kernel_park,
-    python_kernel_park,
-};
+use kiln_sandbox::{EvalLimits, KernelError, Sandbox};
 
 use crate::caps::{CapError, CapGuard, Caps};
-use crate::runs::{AuditFile, AuditRecord, AuditSink, AuditUsage};
+use crate::expiring::Expiring;
+use crate::kernel_host::{HostedKernel, KernelHost, SandboxHost};
+use crate::runs::{Cancel, CancelReason};
+use crate::turns::Turn;
 use crate::workspace::{EntryKind, Workspace};
 use kiln_core::ExitStatus;
 use kiln_sandbox::{BoxFuture, Jail, Jails, RunRequest, RunResult, SandboxError};
 use tokio_util::sync::CancellationToken;
-
-/// The templates a `py` kernel may fork, in order of preference: the data
-/// stack without the rich one's fork and exit cost, then the others.
-const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
 
 /// The registry's settings.
 #[derive(Debug, Clone)]
@@ -88,7 +86,7 @@ impl Default for KernelsConfig {
 }
 
 /// Why a call failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelsError {
     #[error("unsupported session language {0:?}: sessions run py or js")]
     Language(String),
@@ -136,8 +134,9 @@ pub struct SessionInfo {
     pub lost: Option<KernelLost>,
 }
 
+/// What a face shows of a session's use (its expiry runs on the
+/// registry's [`Expiring`] clock).
 struct Clock {
-    last_used: Instant,
     last_used_at: SystemTime,
     evaluations: u64,
 }
@@ -150,18 +149,17 @@ pub struct Session {
     created: Instant,
     created_at: SystemTime,
     ttl: Duration,
-    kernel: Kernel,
-    /// Its uid slot, released as soon as the kernel is gone.
-    slot: Mutex<Option<Slot>>,
+    /// The kernel, holding its uid slot until it is gone.
+    kernel: Box<dyn HostedKernel>,
     /// Its place under the owner's and the node's caps, given back as soon
     /// as the kernel is gone (lost, closed or expired).
     cap: Mutex<Option<CapGuard>>,
     clock: Mutex<Clock>,
     /// Held for the whole of an evaluation.
-    turn: Arc<tokio::sync::Mutex<()>>,
-    /// Who created it, when a face said so ([`Kernels::create_as`]): the
-    /// identity its evaluations are audited under.
-    caller: Option<Caller>,
+    turn: Turn,
+    /// The cancel side of the run evaluating now, if any: the session's
+    /// interrupt cancels it.
+    current: Mutex<Option<Cancel>>,
     /// Runs of the pipeline using the kernel ([`Kernels::seat`]): its
     /// workspace stays until they are done with it, even once it is lost
     /// (their harvest must not take the files for deleted).
@@ -181,16 +179,12 @@ impl Session {
     /// Host path of the session's `/mnt/data` (for `workspace.rs` only);
     /// `None` once the kernel is gone.
     pub fn workspace(&self) -> Option<std::path::PathBuf> {
-        lock(&self.slot)
-            .as_ref()
-            .map(|_| self.kernel.workspace().to_path_buf())
+        self.kernel.workspace().map(|(path, _)| path)
     }
 
     /// The uid and gid files written for the jail must belong to.
     pub fn file_owner(&self) -> Option<(u32, u32)> {
-        lock(&self.slot)
-            .as_ref()
-            .map(|s| (s.host_uid(), s.host_gid()))
+        self.kernel.workspace().map(|(_, owner)| owner)
     }
 
     pub fn id(&self) -> &Nanoid {
@@ -217,21 +211,15 @@ impl Session {
             expires_at: idle_end.min(age_end),
             last_used_at: clock.last_used_at,
             evaluations: clock.evaluations,
-            busy: self.turn.try_lock().is_err(),
+            busy: self.turn.busy(),
             lost: self.kernel.lost(),
         }
     }
 
     fn touch(&self, evaluated: bool) {
         let mut clock = lock(&self.clock);
-        clock.last_used = Instant::now();
         clock.last_used_at = SystemTime::now();
         clock.evaluations += u64::from(evaluated);
-    }
-
-    fn expired(&self, now: Instant, max_age: Duration) -> bool {
-        let idle = now.saturating_duration_since(lock(&self.clock).last_used);
-        idle >= self.ttl || now.saturating_duration_since(self.created) >= max_age
     }
 
     /// Releases the slot (and with it the workspace) once the kernel is
@@ -240,24 +228,7 @@ impl Session {
         if self.kernel.lost().is_some() {
             lock(&self.cap).take();
             if self.seats.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-                lock(&self.slot).take();
-            }
-        }
-    }
-}
-
-#[derive(Default)]
-struct State {
-    sessions: HashMap<Nanoid, Arc<Session>>,
-}
-
-impl State {
-    /// Gives back the cap places of kernels that died since (a lost
-    /// kernel counts against no cap).
-    fn forget_lost(&self) {
-        for s in self.sessions.values() {
-            if s.kernel.lost().is_some() {
-                lock(&s.cap).take();
+                self.kernel.release();
             }
         }
     }
@@ -270,43 +241,35 @@ pub struct Kernels {
 }
 
 struct Inner {
-    sandbox: Sandbox,
+    host: Arc<dyn KernelHost>,
     cfg: KernelsConfig,
-    state: Mutex<State>,
+    /// The sessions, with their idle TTL and maximum age.
+    sessions: Expiring<Nanoid, Arc<Session>>,
     /// Live kernels (and kernels being started) per owner and on the node.
     caps: Caps,
-    /// Where each evaluation's audit record goes (the runs' sink).
-    audit: Option<Arc<dyn AuditSink>>,
 }
 
 impl std::fmt::Debug for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernels")
-            .field("sessions", &lock(&self.inner.state).sessions.len())
+            .field("sessions", &self.inner.sessions.len())
             .finish()
     }
 }
 
 impl Kernels {
     pub fn new(sandbox: Sandbox, cfg: KernelsConfig) -> Kernels {
-        Kernels::audited(sandbox, cfg, None)
+        Kernels::hosted(SandboxHost::new(sandbox), cfg)
     }
 
-    /// [`Kernels::new`] whose evaluations ([`Kernels::exec`]) each leave
-    /// an `evaluation` record in `audit` (runs of the pipeline in a
-    /// [`Kernels::seat`] are audited as runs instead).
-    pub fn audited(
-        sandbox: Sandbox,
-        cfg: KernelsConfig,
-        audit: Option<Arc<dyn AuditSink>>,
-    ) -> Kernels {
+    /// A registry of kernels `host` starts.
+    pub fn hosted(host: Arc<dyn KernelHost>, cfg: KernelsConfig) -> Kernels {
         Kernels {
             inner: Arc::new(Inner {
-                sandbox,
+                host,
                 caps: Caps::new(cfg.max_per_owner, cfg.max_total),
+                sessions: Expiring::new(cfg.idle_ttl, cfg.max_age),
                 cfg,
-                state: Mutex::new(State::default()),
-                audit,
             }),
         }
     }
@@ -323,11 +286,10 @@ impl Kernels {
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
-        self.start(owner, None, lang, ttl).await
+        self.start(owner, lang, ttl).await
     }
 
-    /// [`Kernels::create`] for `caller` (its user key owns the kernel), who
-    /// is named in the audit records of its evaluations.
+    /// [`Kernels::create`] for `caller` (its user key owns the kernel).
     pub async fn create_as(
         &self,
         caller: &Caller,
@@ -335,14 +297,12 @@ impl Kernels {
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
         let owner = caller.principal.user_key();
-        self.start(owner.as_str(), Some(caller.clone()), lang, ttl)
-            .await
+        self.start(owner.as_str(), lang, ttl).await
     }
 
     async fn start(
         &self,
         owner: &str,
-        caller: Option<Caller>,
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
@@ -350,30 +310,17 @@ impl Kernels {
         let language = Language::resolve(lang)
             .filter(|l| matches!(l.name(), "py" | "js"))
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
-        let (park, argv, template) = self.kernel_program(language)?;
-        lock(&self.inner.state).forget_lost();
+        self.inner.host.can_start(language)?;
+        self.forget_lost();
         let cap = self.inner.caps.acquire(owner).map_err(|e| match e {
             CapError::Principal(n) => KernelsError::OwnerCap(n),
             CapError::Total(n) => KernelsError::NodeFull(n),
         })?;
-        let mut limits = cfg.limits.clone();
-        // the evaluation timeouts are the registry's; the jail's own wall and
-        // CPU clocks only bound the kernel's life
-        limits.wall_time = cfg.max_age + Duration::from_secs(60);
-        limits.cpu_time = limits.wall_time;
-        let slot = self.inner.sandbox.acquire_slot().await;
-        let start = KernelStart {
-            park,
-            argv,
-            env: language.environment(&cfg.limits),
-            limits,
-        };
         let kernel = self
             .inner
-            .sandbox
-            .start_kernel(&slot, start)
-            .await
-            .map_err(|e| KernelsError::Kernel(e.to_string()))?;
+            .host
+            .start(language, cfg.limits.clone(), cfg.max_age)
+            .await?;
         let now = SystemTime::now();
         let session = Arc::new(Session {
             id: Nanoid::random(),
@@ -383,73 +330,29 @@ impl Kernels {
             created_at: now,
             ttl: ttl.map_or(cfg.idle_ttl, |t| t.min(cfg.idle_ttl)),
             kernel,
-            slot: Mutex::new(Some(slot)),
             cap: Mutex::new(Some(cap)),
             clock: Mutex::new(Clock {
-                last_used: Instant::now(),
                 last_used_at: now,
                 evaluations: 0,
             }),
-            turn: Arc::new(tokio::sync::Mutex::new(())),
+            turn: Turn::default(),
             seats: std::sync::atomic::AtomicUsize::new(0),
-            caller,
+            current: Mutex::new(None),
         });
         let info = session.info(cfg.max_age);
-        let (park, ready) = session.kernel.start_times();
-        lock(&self.inner.state)
-            .sessions
-            .insert(session.id.clone(), session);
+        let ttl = Some(session.ttl);
+        self.inner.sessions.insert(session.id.clone(), session, ttl);
         metrics::gauge!("kiln_sessions_live").set(self.live() as f64);
         tracing::info!(
             session = %info.id,
-            template,
-            park_ms = park.as_secs_f64() * 1000.0,
-            ready_ms = ready.as_secs_f64() * 1000.0,
+            lang = info.lang,
             "session started"
         );
         Ok(info)
     }
 
-    /// How a kernel of `language` is parked and started, and the template
-    /// it forks (`py`) or `node` (`js`, a pre-started node like a warm `js`
-    /// jail's, in the same environment).
-    fn kernel_program(
-        &self,
-        language: Language,
-    ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
-        let cfg = &self.inner.cfg;
-        match &language.spec().warm {
-            Some(WarmRecipe::Embedded { interpreter, .. }) => {
-                let template = PY_KERNEL_TEMPLATES
-                    .iter()
-                    .find(|t| self.inner.sandbox.has_zygote(t))
-                    .ok_or_else(|| {
-                        KernelsError::Unavailable("no Python fork-server is running".to_owned())
-                    })?;
-                let argv = vec![
-                    (*interpreter).to_owned(),
-                    "-u".to_owned(),
-                    format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
-                ];
-                Ok((python_kernel_park(template), argv, template))
-            }
-            Some(WarmRecipe::Prestart { .. }) => {
-                let node = language.spec().run[0];
-                if !std::path::Path::new(node).is_file() {
-                    return Err(KernelsError::Unavailable(format!(
-                        "{node} is not installed"
-                    )));
-                }
-                let park = node_kernel_park(node, language.environment(&cfg.limits));
-                let argv = park.argv.clone();
-                Ok((park, argv, "node"))
-            }
-            None => Err(KernelsError::Language(language.name().to_owned())),
-        }
-    }
-
     /// A jail source whose one jail is `session`'s kernel, for a run of the
-    /// one-shot pipeline (see [`crate::ExecRequest::jail`]): acquiring it
+    /// one-shot pipeline (see [`crate::Work::Seated`]): acquiring it
     /// empties the kernel's workspace for staging; running it evaluates the
     /// staged entry file in the kernel (a final expression's value is not
     /// shown, as in a fresh process; an exception's traceback goes to
@@ -465,11 +368,7 @@ impl Kernels {
     /// The session `id`, whoever owns it (the face checks the owner with
     /// the access rule).
     pub fn get(&self, id: &Nanoid) -> Result<Arc<Session>, KernelsError> {
-        lock(&self.inner.state)
-            .sessions
-            .get(id)
-            .cloned()
-            .ok_or(KernelsError::NotFound)
+        self.inner.sessions.get(id).ok_or(KernelsError::NotFound)
     }
 
     pub fn info(&self, session: &Session) -> SessionInfo {
@@ -478,71 +377,91 @@ impl Kernels {
 
     /// Live kernels on this node (and kernels being started).
     pub fn live(&self) -> usize {
-        lock(&self.inner.state).forget_lost();
+        self.forget_lost();
         self.inner.caps.held()
+    }
+
+    /// Gives back the cap places of kernels that died since (a lost
+    /// kernel counts against no cap).
+    fn forget_lost(&self) {
+        for s in self.inner.sessions.values() {
+            if s.kernel.lost().is_some() {
+                lock(&s.cap).take();
+            }
+        }
+    }
+
+    /// Marks `session` used now (`evaluated`: by one more evaluation).
+    fn touch(&self, session: &Session, evaluated: bool) {
+        session.touch(evaluated);
+        self.inner.sessions.touch(&session.id);
     }
 
     /// Live kernels on this node running an evaluation now.
     pub fn busy(&self) -> usize {
-        lock(&self.inner.state)
+        self.inner
             .sessions
             .values()
-            .filter(|s| s.kernel.lost().is_none() && s.turn.try_lock().is_err())
+            .iter()
+            .filter(|s| s.kernel.lost().is_none() && s.turn.busy())
             .count()
     }
 
     /// Whether a `py` kernel can be started now (the Python fork-server
     /// is up); `false` while it is still preloading.
     pub fn ready(&self) -> bool {
-        PY_KERNEL_TEMPLATES
-            .iter()
-            .any(|t| self.inner.sandbox.has_zygote(t))
+        self.inner.host.ready()
     }
 
     /// Evaluates `code` in `session` with a timeout of `timeout` (at most the
     /// configured one), waiting up to `busy_wait` for an evaluation in
-    /// progress. The evaluation runs on a task of its own: a caller that
-    /// goes away does not cut it short (the kernel's replies stay in step).
-    pub async fn exec(
+    /// progress; `cancel` (the run's, see [`crate::eval`]) interrupts it.
+    /// The evaluation runs on a task of its own: a caller that goes away
+    /// does not cut it short (the kernel's replies stay in step).
+    pub(crate) async fn evaluate(
         &self,
         session: Arc<Session>,
         code: String,
         timeout: Option<Duration>,
         sink: Option<OutputSink>,
-    ) -> Result<EvalResult, KernelsError> {
-        self.evaluate(session, code, timeout, sink, true).await
-    }
-
-    async fn evaluate(
-        &self,
-        session: Arc<Session>,
-        code: String,
-        timeout: Option<Duration>,
-        sink: Option<OutputSink>,
-        audited: bool,
+        cancel: Option<Cancel>,
     ) -> Result<EvalResult, KernelsError> {
         let cfg = &self.inner.cfg;
         if let Some(lost) = session.kernel.lost() {
             return Err(KernelsError::Lost(lost));
         }
-        let turn = tokio::time::timeout(cfg.busy_wait, Arc::clone(&session.turn).lock_owned())
+        let turn = session
+            .turn
+            .take(cfg.busy_wait)
             .await
             .map_err(|_| KernelsError::Busy)?;
-        session.touch(false);
+        self.touch(&session, false);
         let limits = EvalLimits {
             timeout: timeout.map_or(cfg.limits.wall_time, |t| t.min(cfg.limits.wall_time)),
             grace: cfg.grace,
             stdout_bytes: cfg.limits.stdout_bytes,
             stderr_bytes: cfg.limits.stderr_bytes,
         };
-        let audit = self.inner.audit.clone().filter(|_| audited);
+        let token = cancel.as_ref().map(|c| c.token().clone());
+        *lock(&session.current) = cancel;
+        let kernels = self.clone();
         let task = tokio::spawn(async move {
-            let started_at = SystemTime::now();
-            let result = session.kernel.eval(&code, limits, sink.as_ref()).await;
-            if let Some(audit) = audit {
-                audit.record(&evaluation_record(&session, started_at, &result));
-            }
-            session.touch(true);
+            let eval = session.kernel.eval(&code, limits, sink.as_ref());
+            tokio::pin!(eval);
+            let result = match token {
+                Some(token) => tokio::select! {
+                    r = &mut eval => r,
+                    () = token.cancelled() => {
+                        // the interrupted evaluation still answers (or the
+                        // kernel is killed past its grace)
+                        session.kernel.interrupt().await;
+                        eval.await
+                    }
+                },
+                None => eval.await,
+            };
+            lock(&session.current).take();
+            kernels.touch(&session, true);
             session.release_if_lost();
             if let Err(KernelError::Lost(why)) = &result {
                 tracing::warn!(session = %session.id, reason = %why, "session lost");
@@ -557,9 +476,18 @@ impl Kernels {
         Ok(result?)
     }
 
-    /// Interrupts the evaluation running in `session`, if any.
+    /// Interrupts the evaluation running in `session`, if any: the run
+    /// evaluating is cancelled (on request), which interrupts the kernel.
     pub async fn interrupt(&self, session: &Session) -> Result<(), KernelsError> {
-        if !session.kernel.interrupt().await {
+        let current = lock(&session.current).clone();
+        let alive = match current {
+            Some(run) => {
+                run.cancel(CancelReason::Requested);
+                session.kernel.lost().is_none()
+            }
+            None => session.kernel.interrupt().await,
+        };
+        if !alive {
             session.release_if_lost();
             return Err(KernelsError::Lost(
                 session.kernel.lost().unwrap_or(KernelLost::Closed),
@@ -675,15 +603,15 @@ impl Kernels {
     /// Every session this node holds (live or lost, not yet forgotten),
     /// oldest first: the operator's view, whoever owns them.
     pub fn list(&self) -> Vec<Arc<Session>> {
-        let mut all: Vec<Arc<Session>> =
-            lock(&self.inner.state).sessions.values().cloned().collect();
+        let mut all = self.inner.sessions.values();
         all.sort_by_key(|s| s.created);
         all
     }
 
     /// Closes and forgets `id`.
     pub async fn delete(&self, id: &Nanoid) -> Result<(), KernelsError> {
-        let session = lock(&self.inner.state)
+        let session = self
+            .inner
             .sessions
             .remove(id)
             .ok_or(KernelsError::NotFound)?;
@@ -696,19 +624,15 @@ impl Kernels {
     /// age; returns how many.
     pub async fn sweep(&self) -> usize {
         let now = Instant::now();
-        let max_age = self.inner.cfg.max_age;
-        let expired: Vec<Arc<Session>> = {
-            let mut state = lock(&self.inner.state);
-            let ids: Vec<Nanoid> = state
-                .sessions
-                .values()
-                .filter(|s| s.expired(now, max_age) && s.turn.try_lock().is_ok())
-                .map(|s| s.id.clone())
-                .collect();
-            ids.iter()
-                .filter_map(|id| state.sessions.remove(id))
-                .collect()
-        };
+        // an evaluation in progress holds its kernel (and will touch it)
+        let expired: Vec<Arc<Session>> = self
+            .inner
+            .sessions
+            .expired(now)
+            .into_iter()
+            .filter(|(_, s)| !s.turn.busy())
+            .filter_map(|(id, _)| self.inner.sessions.remove_expired(&id, now))
+            .collect();
         for s in &expired {
             tracing::info!(session = %s.id, "session expired");
             close(s).await;
@@ -721,11 +645,7 @@ impl Kernels {
 
     /// Closes every session (shutdown).
     pub async fn close_all(&self) {
-        let all: Vec<Arc<Session>> = lock(&self.inner.state)
-            .sessions
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let all = self.inner.sessions.drain();
         for s in &all {
             close(s).await;
         }
@@ -839,7 +759,7 @@ impl Jail for SeatJail {
                 code,
                 Some(req.limits.wall_time),
                 req.output.clone(),
-                false,
+                None,
             );
             let result = tokio::select! {
                 r = exec => r,
@@ -850,76 +770,6 @@ impl Jail for SeatJail {
             };
             as_run_result(result, stderr_cap)
         })
-    }
-}
-
-/// The audit record of one evaluation in `session`'s kernel.
-fn evaluation_record(
-    session: &Session,
-    started_at: SystemTime,
-    result: &Result<EvalResult, KernelError>,
-) -> AuditRecord {
-    let unix_ms = |t: SystemTime| {
-        t.duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    };
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    // a kernel a face started without saying who: its owner key
-    let (tenant, user_id, identified) = match &session.caller {
-        Some(c) => (
-            c.principal.tenant.clone(),
-            c.principal.user_id.clone(),
-            c.identified,
-        ),
-        None => (String::new(), session.owner.clone(), false),
-    };
-    let ok = result.as_ref().ok();
-    AuditRecord {
-        event: "evaluation",
-        run_id: Nanoid::random().as_str().to_owned(),
-        session_id: Some(session.id.as_str().to_owned()),
-        request_id: None,
-        tenant,
-        user_id,
-        identified,
-        lang: session.lang,
-        status: if ok.is_some() { "finished" } else { "failed" },
-        exit_code: None,
-        signal: None,
-        run_status: ok.and_then(|r| {
-            if r.timed_out {
-                Some("TO")
-            } else {
-                r.error.as_ref().map(|_| "RE")
-            }
-        }),
-        error: match result {
-            Ok(r) => r
-                .error
-                .as_ref()
-                .map(|e| format!("{}: {}", e.ename, e.evalue)),
-            Err(e) => Some(e.to_string()),
-        },
-        created_at_ms: unix_ms(started_at),
-        finished_at_ms: unix_ms(SystemTime::now()),
-        compile: None,
-        run: ok.map(|r| AuditUsage {
-            wall_ms: ms(r.wall_time),
-            cpu_ms: r.cpu_time.map(ms),
-            memory_peak_bytes: r.memory_peak,
-        }),
-        files_in: Vec::new(),
-        files_out: ok
-            .map(|r| {
-                r.files
-                    .iter()
-                    .map(|f| AuditFile {
-                        name: f.path.clone(),
-                        bytes: f.size,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
     }
 }
 
@@ -1008,5 +858,9 @@ async fn blocking<T: Send + 'static>(
 async fn close(session: &Session) {
     session.kernel.close().await;
     lock(&session.cap).take();
-    lock(&session.slot).take();
+    session.kernel.release();
 }
+
+#[cfg(test)]
+#[path = "kernels_tests.rs"]
+mod tests;

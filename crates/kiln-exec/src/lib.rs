@@ -18,6 +18,13 @@
 //!   evaluation at a time, slots of their own.
 //! - [`projects`]: persistent project directories (a `/workspace` of a
 //!   principal's that survives runs and restarts, with a storage budget).
+//! - [`eval`]: a kernel's evaluation as a run ([`Work::Eval`]).
+//! - [`kernel_host`]: what [`kernels`] needs from the sandbox, as a seam
+//!   (the sandbox's kernels, or a fake in the registry's unit tests).
+//! - [`expiring`]: the one expiry rule (idle TTL, maximum age) of every
+//!   registry (kernels, file sessions).
+//! - [`turns`]: one at a time, the busy rule of every registry (kernels,
+//!   runtime sessions).
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 //! - [`workers`]: kernels by name, started on first use (seed 004's
@@ -25,6 +32,9 @@
 
 pub mod caps;
 mod egress;
+pub mod eval;
+pub mod expiring;
+pub mod kernel_host;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;
@@ -32,6 +42,7 @@ pub mod projects;
 pub mod ptc;
 pub mod runs;
 pub mod sessions;
+pub mod turns;
 pub mod types;
 pub mod walker;
 pub mod workers;

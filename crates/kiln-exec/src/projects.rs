@@ -49,7 +49,6 @@ use std::sync::Arc;
 use kiln_core::Nanoid;
 use kiln_core::access::Caller;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
-use tokio::sync::OwnedMutexGuard;
 
 use crate::sessions::{BadSessionName, FileSessions};
 use crate::workspace::{BENEATH, Entry, Workspace};
@@ -131,7 +130,7 @@ impl Project {
 pub struct ProjectBinding {
     pub projects: Projects,
     pub project: Project,
-    pub turn: Option<Arc<OwnedMutexGuard<()>>>,
+    pub turn: Option<Arc<crate::turns::Taken>>,
     /// Environment the run step gets on top of its language's (e.g.
     /// LibreChat's `LIBRECHAT_CODE_DATA_DIR`).
     pub env: Vec<(String, String)>,

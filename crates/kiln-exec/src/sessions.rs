@@ -17,16 +17,15 @@
 //! hint)) is a workspace derived in its own namespace ([`FileSessions::open_runtime`]),
 //! and its calls take turns ([`FileSessions::take_turn`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::expiring::Expiring;
+use crate::turns::{Taken, Turns};
 use kiln_core::Nanoid;
 use kiln_core::access::Caller;
 use kiln_core::id::is_resource_id;
 use kiln_store::{Store, StoreError};
 use sha2::{Digest, Sha256};
-use tokio::sync::OwnedMutexGuard;
 
 /// Why a session name is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,9 +37,10 @@ pub struct BadSessionName;
 pub struct FileSessions {
     store: Store,
     ttl: Duration,
-    last_used: Mutex<HashMap<Nanoid, Instant>>,
-    /// One lock per workspace whose calls take turns (runtime sessions).
-    turns: Mutex<HashMap<Nanoid, Arc<tokio::sync::Mutex<()>>>>,
+    /// When each session was last used (the idle TTL's clock).
+    used: Expiring<Nanoid, ()>,
+    /// A turn per workspace whose calls take turns (runtime sessions).
+    turns: Turns<Nanoid>,
 }
 
 /// The namespaces of derived workspaces: a seed-000 session and a runtime
@@ -49,9 +49,7 @@ const FILE_SESSION: &[u8] = b"kiln file session\0";
 const RUNTIME_SESSION: &[u8] = b"kiln runtime session\0";
 
 /// Another call of the same runtime session held it past the wait.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("runtime session is busy")]
-pub struct Busy;
+pub use crate::turns::Busy;
 
 /// LibreChat's runtime session id: `rt_` + the first 40 hex digits of
 /// sha256(`tenant \0 user \0 hint`), or of the JSON array of the three when
@@ -81,8 +79,8 @@ impl FileSessions {
         FileSessions {
             store,
             ttl,
-            last_used: Mutex::new(HashMap::new()),
-            turns: Mutex::new(HashMap::new()),
+            used: Expiring::new(ttl, Duration::MAX),
+            turns: Turns::default(),
         }
     }
 
@@ -143,27 +141,14 @@ impl FileSessions {
         hint: &str,
     ) -> Result<(Nanoid, bool), OpenError> {
         let id = Self::runtime_storage_id(caller, hint)?;
-        let reused = self.lock().contains_key(&id);
+        let reused = self.used.contains(&id);
         Ok((self.open_id(caller, id).await?, reused))
     }
 
     /// Waits up to `wait` for the workspace's turn: one call at a time.
     /// The turn lasts as long as the guard.
-    pub async fn take_turn(
-        &self,
-        id: &Nanoid,
-        wait: Duration,
-    ) -> Result<OwnedMutexGuard<()>, Busy> {
-        let lock = self
-            .turns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.clone())
-            .or_default()
-            .clone();
-        tokio::time::timeout(wait, lock.lock_owned())
-            .await
-            .map_err(|_| Busy)
+    pub async fn take_turn(&self, id: &Nanoid, wait: Duration) -> Result<Taken, Busy> {
+        self.turns.take(id, wait).await
     }
 
     async fn open_id(&self, caller: &Caller, id: Nanoid) -> Result<Nanoid, OpenError> {
@@ -196,42 +181,22 @@ impl FileSessions {
 
     /// Marks a session used now.
     pub fn touch(&self, id: &Nanoid) {
-        self.lock().insert(id.clone(), Instant::now());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Nanoid, Instant>> {
-        self.last_used.lock().unwrap_or_else(|p| p.into_inner())
+        self.used.insert(id.clone(), (), None);
     }
 
     /// Empties every session idle longer than the TTL as of `now`; returns
     /// how many files it deleted.
     pub async fn sweep_at(&self, now: Instant) -> Result<u64, StoreError> {
-        // locks nobody holds or waits for
-        self.turns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, l| Arc::strong_count(l) > 1);
-        let idle: Vec<Nanoid> = self
-            .lock()
-            .iter()
-            .filter(|(_, t)| now.saturating_duration_since(**t) >= self.ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
+        self.turns.forget_unused();
         let mut deleted = 0;
-        for id in idle {
+        for (id, ()) in self.used.expired(now) {
             for o in self.store.list(&id).await? {
                 if self.store.delete(&id, &o.file_id).await? {
                     deleted += 1;
                 }
             }
             // used again meanwhile: keep its mark
-            let mut map = self.lock();
-            if map
-                .get(&id)
-                .is_some_and(|t| now.saturating_duration_since(*t) >= self.ttl)
-            {
-                map.remove(&id);
-            }
+            self.used.remove_expired(&id, now);
         }
         Ok(deleted)
     }
@@ -365,7 +330,7 @@ mod tests {
         // "old" was last used 61 s before the sweep, "fresh" just now
         let now = Instant::now() + Duration::from_secs(61);
         sessions.touch(&fresh);
-        sessions.lock().insert(fresh.clone(), now);
+        sessions.used.touch_at(&fresh, now);
         assert_eq!(sessions.sweep_at(now).await.unwrap(), 1);
         assert!(store.list(&old).await.unwrap().is_empty());
         assert_eq!(store.list(&fresh).await.unwrap().len(), 1);

@@ -18,14 +18,6 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Where the outputs are stored.
     pub outputs: Outputs,
-    /// Programmatic tool calling: the program gets the bridge's tools and
-    /// pauses while the host runs them (see [`crate::ptc`]). Such a run
-    /// gets a jail built for it with a tool channel, and no services.
-    pub tools: Option<std::sync::Arc<crate::ptc::Bridge>>,
-    /// Where its jail comes from when not the executor's own source: a
-    /// live kernel's seat ([`crate::kernels::Kernels::seat`]) for LibreChat's
-    /// stateful profile with live state. Such a run gets no services.
-    pub jail: Option<JailOverride>,
     /// A persistent project bound at `/workspace`, the program's working
     /// directory (see [`crate::projects`]): checked out into the run's
     /// jail, committed back after the run. Such a run gets a jail built for
@@ -33,7 +25,50 @@ pub struct ExecRequest {
     pub project: Option<crate::projects::ProjectBinding>,
 }
 
-/// A jail source for one request (see [`ExecRequest::jail`]).
+/// What a run does: the value [`crate::Runs::start`] takes.
+#[derive(Debug)]
+pub enum Work {
+    /// A program in a fresh jail of the executor's own source (the one-shot
+    /// pipeline).
+    Fresh(ExecRequest),
+    /// Programmatic tool calling: the program gets the bridge's tools and
+    /// pauses while the host runs them (see [`crate::ptc`]). Such a run
+    /// gets a jail built for it with a tool channel, and no services.
+    Programmatic(ExecRequest, std::sync::Arc<crate::ptc::Bridge>),
+    /// The one-shot pipeline in a jail of another source: a live kernel's
+    /// seat ([`crate::kernels::Kernels::seat`]) for LibreChat's stateful
+    /// profile with live state. Such a run gets no services.
+    Seated(ExecRequest, JailOverride),
+    /// Code evaluated in a live kernel (its state persists between
+    /// evaluations); see [`crate::eval`].
+    Eval(crate::eval::Eval),
+}
+
+impl Work {
+    /// The language it runs.
+    pub fn lang(&self) -> &'static str {
+        match self {
+            Work::Fresh(r) | Work::Programmatic(r, _) | Work::Seated(r, _) => r.lang.name(),
+            Work::Eval(e) => e.lang(),
+        }
+    }
+
+    /// Its source.
+    pub fn code(&self) -> &str {
+        match self {
+            Work::Fresh(r) | Work::Programmatic(r, _) | Work::Seated(r, _) => &r.code,
+            Work::Eval(e) => e.code(),
+        }
+    }
+}
+
+impl From<ExecRequest> for Work {
+    fn from(req: ExecRequest) -> Work {
+        Work::Fresh(req)
+    }
+}
+
+/// A jail source for one request (see [`Work::Seated`]).
 #[derive(Clone)]
 pub struct JailOverride(pub std::sync::Arc<dyn kiln_sandbox::Jails>);
 
@@ -130,8 +165,13 @@ pub struct ExecResult {
     pub wall_time: Duration,
     /// What each step used.
     pub usage: Usage,
-    /// The run was cancelled on request (its processes were killed).
+    /// The run was cancelled on request (its processes were killed; a
+    /// kernel's evaluation was interrupted).
     pub cancelled: bool,
+    /// A kernel's evaluation ([`Work::Eval`]): the kernel's own answer
+    /// (a final expression's value, the exception, the files it wrote),
+    /// which the faces of live kernels render.
+    pub evaluation: Option<std::sync::Arc<kiln_sandbox::EvalResult>>,
 }
 
 /// One entry of `files` in the result.
@@ -205,6 +245,10 @@ pub enum ExecError {
     /// Too many runs are waiting for their turn already (503).
     #[error("busy: retry in {}s", retry_after.as_secs())]
     Busy { retry_after: Duration },
+    /// A kernel's evaluation could not be made (busy kernel, lost kernel,
+    /// ...): the faces of live kernels answer as for their own errors.
+    #[error("{0}")]
+    Kernel(crate::kernels::KernelsError),
 }
 
 /// What the run registry needs from an executor: run one execution to its
@@ -214,6 +258,6 @@ pub trait Execute: Send + Sync + 'static {
     fn execute<'a>(
         &'a self,
         run: &'a crate::runs::RunContext,
-        req: ExecRequest,
+        work: Work,
     ) -> futures::future::BoxFuture<'a, Result<ExecResult, ExecError>>;
 }

@@ -146,14 +146,13 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let executor = Executor::new(store.clone(), Arc::new(jails.clone()), ec);
     let mut runs_config = config.runs();
     runs_config.audit = audit::sink(&config.audit_log).context("audit_log")?;
-    let audit_sink = runs_config.audit.clone();
     let runs = Runs::new(Arc::new(executor), runs_config);
     let sessions = Arc::new(FileSessions::new(
         store.clone(),
         Duration::from_secs(config.session_ttl_secs),
     ));
-    let kernels = (config.max_sessions > 0)
-        .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
+    let kernels =
+        (config.max_sessions > 0).then(|| Kernels::new(jails.sandbox().clone(), config.kernels()));
     let projects = kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
         dir: data.join("projects"),
         budget_bytes: config.project_budget_bytes,
@@ -1055,8 +1054,6 @@ pub async fn exec_file(
             files,
             timeout_ms: None,
             outputs: Outputs::NewSession,
-            tools: None,
-            jail: None,
             project: None,
         },
         job,

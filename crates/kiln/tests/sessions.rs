@@ -821,3 +821,173 @@ async fn kernel_evaluations_on_every_face_count_against_the_callers_exec_limits(
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["text"], "42", "{v}");
 }
+
+#[tokio::test]
+async fn kernel_evaluations_are_runs_their_owner_finds_with_events_and_usage() {
+    const KEY: &str = "evaluations-are-runs";
+    let s = common::kernel_server(KEY, |_| {}).await;
+    // the seed faces need the key; Kiln's API then does too
+    let client = || KeyedClient(client(), KEY);
+    let r = client()
+        .post(format!("{}/sessions", s.v1()))
+        .header("User-Id", "alice")
+        .json(&json!({"lang": "py"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Kiln's sessions API: the run id in the body and the header
+    let r = client()
+        .post(format!("{}/sessions/{id}/exec", s.v1()))
+        .header("User-Id", "alice")
+        .json(&json!({"code": "x = sum(range(3 * 10**6)); print('in a session')"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let header = r.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["stdout"], "in a session\n", "{v}");
+    assert_eq!(v["run_id"], header.as_str(), "{v}");
+    // seed 004's worker: the run id in the header (its body is the seed's)
+    let r = client()
+        .post(format!("{}/api/v1/execute?user_uuid=w1", s.base_url))
+        .header("X-Auth-Token", KEY)
+        .header("User-Id", "alice")
+        .json(&json!({"code": "print(6 * 7)"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let seed004 = r.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v.get("run_id").is_none(),
+        "seed 004's body is unchanged: {v}"
+    );
+    let get = |user: &'static str, path: String| {
+        client()
+            .get(format!("{}{path}", s.v1()))
+            .header("User-Id", user)
+            .send()
+    };
+    for (run, out) in [(header, "in a session\n"), (seed004, "42\n")] {
+        let r = get("alice", format!("/runs/{run}")).await.expect("send");
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["status"], "finished", "{v}");
+        assert_eq!(v["lang"], "py", "{v}");
+        assert_eq!(v["result"]["stdout"], out, "{v}");
+        let usage = &v["usage"]["run"];
+        assert!(usage["wall_time_ms"].as_u64().is_some(), "{v}");
+        assert!(usage["cpu_time_ms"].as_u64().is_some(), "{v}");
+        assert!(usage["memory_peak_bytes"].as_u64().unwrap() > 0, "{v}");
+        let r = get("alice", format!("/runs/{run}/events"))
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200);
+        let events = sse_events(r, Duration::from_secs(10)).await;
+        let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+        assert_eq!(names.first(), Some(&"started"), "{names:?}");
+        assert_eq!(names.last(), Some(&"result"), "{names:?}");
+        let printed: String = events
+            .iter()
+            .filter(|e| e.event.as_deref() == Some("stdout"))
+            .filter_map(|e| e.data["text"].as_str())
+            .collect();
+        assert_eq!(printed, out);
+        // the runs' one access rule: someone else's run is not theirs to see
+        for path in [format!("/runs/{run}"), format!("/runs/{run}/events")] {
+            let r = get("mallory", path).await.expect("send");
+            assert_eq!(r.status(), 403);
+        }
+    }
+    // a cancel of the run interrupts the kernel; the state stays
+    let r = client()
+        .post(format!("{}/sessions/{id}/exec", s.v1()))
+        .header("User-Id", "alice")
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "import time\nprint('waiting', flush=True)\ntime.sleep(60)"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let run = r.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let watch = tokio::spawn(sse_events(r, Duration::from_secs(20)));
+    wait_until_running(&s, KEY, &run).await;
+    let c = client()
+        .post(format!("{}/runs/{run}/cancel", s.v1()))
+        .header("User-Id", "alice")
+        .send()
+        .await
+        .expect("send");
+    assert!(c.status().is_success(), "{}", c.status());
+    let events = watch.await.expect("join");
+    let last = events.last().expect("events");
+    assert_eq!(last.event.as_deref(), Some("result"), "{events:?}");
+    assert_eq!(
+        last.data["error"]["ename"], "KeyboardInterrupt",
+        "{}",
+        last.data
+    );
+    assert_eq!(last.data["run_id"], run.as_str());
+    let v = get("alice", format!("/runs/{run}"))
+        .await
+        .expect("send")
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "cancelled", "{v}");
+    let v: Value = client()
+        .post(format!("{}/sessions/{id}/exec", s.v1()))
+        .header("User-Id", "alice")
+        .json(&json!({"code": "x"}))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["result"]["text"], "4499998500000", "the state stays: {v}");
+}
+
+/// Waits until the run `id` (of `alice`'s) runs, and a second more (its
+/// program is under way).
+async fn wait_until_running(s: &TestServer, key: &str, id: &str) {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v: Value = client()
+            .get(format!("{}/runs/{id}", s.v1()))
+            .header("X-API-Key", key)
+            .header("User-Id", "alice")
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        if v["status"] == "running" {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return;
+        }
+        assert!(Instant::now() < until, "the evaluation never ran: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client whose every request carries the API key.
+struct KeyedClient(reqwest::Client, &'static str);
+
+impl KeyedClient {
+    fn get(&self, url: String) -> reqwest::RequestBuilder {
+        self.0.get(url).header("X-API-Key", self.1)
+    }
+
+    fn post(&self, url: String) -> reqwest::RequestBuilder {
+        self.0.post(url).header("X-API-Key", self.1)
+    }
+}

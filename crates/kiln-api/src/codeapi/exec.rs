@@ -43,7 +43,7 @@ use kiln_core::scope::parse_version;
 use kiln_core::{Kind, Language, Nanoid, RelPath};
 use kiln_exec::{
     ExecError, ExecRequest, ExecResult, InputFile, InputRef, OutputFile, Outputs, RunHandle,
-    StartOptions,
+    StartOptions, Work,
 };
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -174,22 +174,27 @@ async fn run(
     mut parsed: ParsedExec,
 ) -> Result<Response, ApiError> {
     let detach = parsed.detach;
-    let (face, turn) = match parsed.runtime_hint.take() {
-        None => (CodeApi::default(), None),
+    let (face, turn, seat) = match parsed.runtime_hint.take() {
+        None => (CodeApi::default(), None, None),
         Some(hint) => {
-            let (runtime, turn) = open_runtime(&state, &mut parsed, &hint).await?;
+            let (runtime, turn, seat) = open_runtime(&state, &mut parsed, &hint).await?;
             (
                 CodeApi {
                     runtime: Some(Arc::new(runtime)),
                 },
                 Some(turn),
+                seat,
             )
         }
+    };
+    let work = match seat {
+        Some(seat) => Work::Seated(parsed.req, seat),
+        None => Work::Fresh(parsed.req),
     };
     let workspace = face.runtime.as_ref().map(|r| r.workspace.clone());
     let watch = state.runs.start(
         parsed.caller,
-        parsed.req,
+        work,
         StartOptions {
             detach,
             request_id: crate::middleware::request_id(headers),
@@ -257,7 +262,14 @@ async fn open_runtime(
     state: &AppState,
     parsed: &mut ParsedExec,
     hint: &str,
-) -> Result<(Runtime, tokio::sync::OwnedMutexGuard<()>), ApiError> {
+) -> Result<
+    (
+        Runtime,
+        kiln_exec::turns::Taken,
+        Option<kiln_exec::JailOverride>,
+    ),
+    ApiError,
+> {
     let storage = |e: &dyn std::fmt::Display| ApiError::Exec(ExecError::Storage(e.to_string()));
     let (workspace, reused) = state
         .sessions
@@ -302,6 +314,7 @@ async fn open_runtime(
     req.files = files;
     req.outputs = Outputs::Workspace(workspace.clone());
     let id = kiln_exec::sessions::runtime_session_id(&parsed.caller, hint);
+    let mut seat = None;
     if state.config.runtime_session_live
         && req.lang.name() == "py"
         && let Some(named) = &state.runtime_kernels
@@ -309,7 +322,7 @@ async fn open_runtime(
         let owner = parsed.caller.principal.user_key();
         let name = kiln_exec::workers::WorkerName::Runtime(id.clone());
         match named.get_or_start(owner.as_str(), &name, "py").await {
-            Ok((session, _)) => req.jail = Some(named.kernels().seat(session)),
+            Ok((session, _)) => seat = Some(named.kernels().seat(session)),
             Err(e) => tracing::warn!(
                 runtime_session = %id, error = %e,
                 "no live kernel for the runtime session: this call runs in a fresh process"
@@ -322,7 +335,7 @@ async fn open_runtime(
         workspace,
         sent,
     };
-    Ok((runtime, turn))
+    Ok((runtime, turn, seat))
 }
 
 /// How LibreChat's face shows a run.
@@ -430,8 +443,6 @@ pub fn parse_exec(
         files,
         timeout_ms: top.timeout_ms,
         outputs: Outputs::NewSession,
-        tools: None,
-        jail: None,
         project: None,
     };
     Ok(ParsedExec {
@@ -1002,6 +1013,7 @@ mod tests {
             wall_time: Duration::from_millis(1),
             usage: Default::default(),
             cancelled: false,
+            evaluation: None,
         };
         let face = CodeApi {
             runtime: Some(Arc::new(Runtime {
@@ -1051,6 +1063,7 @@ mod tests {
             wall_time: Duration::from_millis(1234),
             usage: Default::default(),
             cancelled: false,
+            evaluation: None,
         };
         let v = exec_response(&r);
         assert_eq!(v["code"], Value::Null);

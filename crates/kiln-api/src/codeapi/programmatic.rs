@@ -28,7 +28,6 @@
 //! principal 403, an expired one or one whose run is gone 404.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -40,7 +39,8 @@ use axum::response::{IntoResponse, Response};
 use kiln_core::Language;
 use kiln_exec::caps::CapError;
 use kiln_exec::ptc::{Bridge, BridgeFailure, ResumeError, Resumed, ToolDef, ToolResult};
-use kiln_exec::{ExecError, ExecRequest, ExecResult, Outputs, StartOptions, Stream};
+use kiln_exec::turns::Turn;
+use kiln_exec::{ExecError, ExecRequest, ExecResult, Outputs, StartOptions, Stream, Work};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
@@ -310,13 +310,15 @@ pub async fn programmatic(
         files: parsed.files,
         timeout_ms: parsed.timeout_ms,
         outputs: Outputs::NewSession,
-        tools: with_tools.then(|| Arc::clone(&bridge)),
-        jail: None,
         project,
     };
     let watch = state.runs.start(
         caller,
-        req,
+        if with_tools {
+            Work::Programmatic(req, Arc::clone(&bridge))
+        } else {
+            Work::Fresh(req)
+        },
         StartOptions {
             // the run outlives each request: it waits for the next one
             detach: true,
@@ -331,10 +333,12 @@ pub async fn programmatic(
         run,
         bridge,
         owner,
-        busy: AtomicBool::new(true),
+        busy: Turn::default(),
         place: Mutex::new(Some(place)),
         progress: Mutex::default(),
     });
+    // served by this request until it answers (a fresh turn is free)
+    let busy = exec.busy.try_take();
     lock(&ptc.executions).insert(exec.run.id().as_str().to_owned(), Arc::clone(&exec));
     // the place is given back when the run ends, whoever is watching
     let ended = Arc::clone(&exec);
@@ -342,7 +346,6 @@ pub async fn programmatic(
         ended.run.outcome().await;
         ended.release();
     });
-    let busy = Busy(&exec.busy);
     let (status, body) = advance(&ptc, &exec, &guard.cancel).await;
     drop(busy);
     let mut resp = (status, Json(body)).into_response();
@@ -512,15 +515,6 @@ fn is_call_id(s: &str) -> bool {
         .is_some_and(|d| (3..=6).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Marks an execution's continuation done, however the handler ends.
-struct Busy<'a>(&'a AtomicBool);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
 async fn continuation(
     ptc: &Programmatic,
     owner: &str,
@@ -546,13 +540,12 @@ async fn continuation(
         Some(e) if exp >= unix_now() && e.owner == owner => e,
         _ => return plain(StatusCode::NOT_FOUND, "Execution not found or expired"),
     };
-    if exec.busy.swap(true, Ordering::SeqCst) {
+    let Some(_busy) = exec.busy.try_take() else {
         return plain(
             StatusCode::CONFLICT,
             "Another continuation is already in flight for this execution",
         );
-    }
-    let _busy = Busy(&exec.busy);
+    };
     match exec.bridge.resume(results.clone()) {
         Ok(Resumed::Delivered) => {}
         Ok(Resumed::Repeated) => {

@@ -33,7 +33,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{OutputSink, Session};
+use kiln_exec::kernels::Session;
 use kiln_exec::workers::WorkerName;
 use serde::Deserialize;
 
@@ -173,68 +173,65 @@ pub async fn code(
         Some(_) => return Err(bad("timeout must be a positive number of seconds")),
     };
     let (caller, _) = caller(&state, &identity, &headers)?;
-    crate::rate::evaluates_code(&state, &caller, peer.0).await?;
+    crate::rate::starts_code(&state, &caller, peer.0).await?;
     let (session, id) = session(&state, &identity, &headers, body.session_id.as_deref()).await?;
-    let kernels = workers(&state)?.kernels().clone();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    let out = tx.clone();
+    let kernels = workers(&state)?.kernels();
+    let watch = crate::evals::start(
+        &state, &headers, caller, kernels, session, body.code, timeout,
+    )?;
+    let run = watch.handle().clone();
     let sid = id.clone();
-    let sink = OutputSink::new(move |stream, data| {
-        let name = stream.name();
-        let text = String::from_utf8_lossy(data);
-        let _ = out.send(event(
-            name,
-            serde_json::json!({ "type": name, "session_id": sid, "data": text }),
-        ));
-    });
-    tokio::spawn(async move {
-        match kernels.exec(session, body.code, timeout, Some(sink)).await {
-            Ok(r) => {
-                if let Some(v) = &r.value {
-                    let _ = tx.send(event(
-                        "result",
-                        serde_json::json!({ "type": "result", "session_id": id, "data": v }),
-                    ));
-                }
-                if let Some(e) = &r.error {
-                    let _ = tx.send(event(
+    let events = crate::evals::events(
+        watch,
+        move |stream, text| {
+            let name = stream.as_str();
+            event(
+                name,
+                serde_json::json!({ "type": name, "session_id": sid, "data": text }),
+            )
+        },
+        move |_, answer| {
+            let r = match answer {
+                Ok(r) => r,
+                Err(e) => {
+                    let fail: Fail = Fail::from(e);
+                    return vec![event(
                         "error",
                         serde_json::json!({
                             "type": "error", "session_id": id,
-                            "ename": e.ename, "evalue": e.evalue, "traceback": e.traceback,
+                            "status": fail.status.as_u16(), "message": fail.message,
                         }),
-                    ));
+                    )];
                 }
-                let status = if r.timed_out {
-                    "timeout"
-                } else if r.error.is_some() {
-                    "error"
-                } else {
-                    "ok"
-                };
-                let ms = u64::try_from(r.wall_time.as_millis()).unwrap_or(u64::MAX);
-                let _ = tx.send(event(
-                    "end",
-                    serde_json::json!({ "type": "end", "session_id": id, "status": status, "duration_ms": ms }),
+            };
+            let mut events = Vec::new();
+            if let Some(v) = &r.value {
+                events.push(event(
+                    "result",
+                    serde_json::json!({ "type": "result", "session_id": id, "data": v }),
                 ));
             }
-            Err(e) => {
-                let fail = Fail::from(e);
-                let _ = tx.send(event(
+            if let Some(e) = &r.error {
+                events.push(event(
                     "error",
                     serde_json::json!({
                         "type": "error", "session_id": id,
-                        "status": fail.status.as_u16(), "message": fail.message,
+                        "ename": e.ename, "evalue": e.evalue, "traceback": e.traceback,
                     }),
                 ));
             }
-        }
-    });
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        let ev = rx.recv().await?;
-        Some((Ok::<_, Infallible>(ev), rx))
-    });
-    Ok(crate::sse::response(events))
+            let status = crate::evals::status(&r);
+            let ms = u64::try_from(r.wall_time.as_millis()).unwrap_or(u64::MAX);
+            events.push(event(
+                "end",
+                serde_json::json!({ "type": "end", "session_id": id, "status": status, "duration_ms": ms }),
+            ));
+            events
+        },
+    );
+    let mut resp = crate::sse::response(events);
+    crate::sse::insert_run_id(resp.headers_mut(), &run);
+    Ok(resp)
 }
 
 #[derive(Debug, Default, Deserialize)]

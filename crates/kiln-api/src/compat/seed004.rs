@@ -246,14 +246,19 @@ pub async fn execute(
     let (caller, key) = crate::sessions::owner_of(&state, &identity, &headers)?;
     let owner = key.as_str().to_owned();
     let body: ExecuteBody = body(&state, &headers, raw).await?;
-    crate::rate::evaluates_code(&state, &caller, peer.0).await?;
+    crate::rate::starts_code(&state, &caller, peer.0).await?;
     let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
     let worker_id = session_id(workers, &session);
-    let result = workers
-        .kernels()
-        .exec(Arc::clone(&session), body.code, None, None)
-        .await;
-    let r = match result {
+    let watch = crate::evals::start(
+        &state,
+        &headers,
+        caller,
+        workers.kernels(),
+        Arc::clone(&session),
+        body.code,
+        None,
+    )?;
+    let r = match crate::evals::finish(&watch).await {
         Ok(r) if r.timed_out => {
             workers.release(&owner, &user).await;
             return Err(Fail::new(
@@ -265,7 +270,7 @@ pub async fn execute(
             ));
         }
         Ok(r) => r,
-        Err(KernelsError::Lost(why)) => {
+        Err(ApiError::Session(KernelsError::Lost(why))) => {
             workers.release(&owner, &user).await;
             return Err(Fail::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -279,7 +284,9 @@ pub async fn execute(
         result_text: result_text(&r),
         result_base64: figure(workers, &session, &r).await?,
     };
-    Ok(Json(answer).into_response())
+    let mut resp = Json(answer).into_response();
+    crate::sse::insert_run_id(resp.headers_mut(), &watch);
+    Ok(resp)
 }
 
 fn session_id(workers: &Workers, session: &Session) -> String {

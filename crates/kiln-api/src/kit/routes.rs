@@ -19,8 +19,9 @@ pub enum Class {
     /// Everything that starts code, on every face: `POST /exec`,
     /// `/exec/programmatic`, a live kernel's evaluation
     /// (`/sessions/{id}/exec`, seed 003's `/code`, seed 004's `/execute`),
-    /// MCP's `execute_code`. See [`crate::rate::starts_code`] and
-    /// [`crate::rate::evaluates_code`].
+    /// MCP's `execute_code`. See [`crate::rate::starts_code`] (every
+    /// such run, kernel evaluations included, then goes through
+    /// `Runs::start`, which counts the registry's per-caller limit).
     Exec,
     /// `POST /upload`, `POST /upload/batch`.
     Upload,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use futures::TryStreamExt as _;
-use kiln_core::access::Claim;
+use kiln_core::access::{Caller, Claim};
 use kiln_core::outcome::{ExitStatus, signal_name};
 use kiln_core::{Language, Nanoid, RelPath};
 use kiln_exec::kernels::{EvalResult, Session};
@@ -187,15 +187,10 @@ async fn execute(call: &Call<'_>, args: &Map<String, Value>) -> Result<Value, Ap
         call.identity,
         &[header_user_id(call.headers)?],
     )?;
+    crate::rate::starts_code(state, &caller, call.peer.0).await?;
     match session {
-        Some(id) => {
-            crate::rate::evaluates_code(state, &caller, call.peer.0).await?;
-            evaluate(call, id, args).await
-        }
-        None => {
-            crate::rate::starts_code(state, &caller, call.peer.0).await?;
-            run_once(call, args).await
-        }
+        Some(id) => evaluate(call, caller, id, args).await,
+        None => run_once(call, args).await,
     }
 }
 
@@ -334,8 +329,13 @@ async fn render_run(call: &Call<'_>, r: &ExecResult) -> Value {
     })
 }
 
-/// An evaluation in the caller's live kernel `id`.
-async fn evaluate(call: &Call<'_>, id: &str, args: &Map<String, Value>) -> Result<Value, ApiError> {
+/// An evaluation in the caller's live kernel `id` (a run of `caller`'s).
+async fn evaluate(
+    call: &Call<'_>,
+    caller: Caller,
+    id: &str,
+    args: &Map<String, Value>,
+) -> Result<Value, ApiError> {
     let state = call.state;
     let session = find(state, call.identity, call.headers, id)?;
     let kernels = kernels(state)?.clone();
@@ -360,9 +360,16 @@ async fn evaluate(call: &Call<'_>, id: &str, args: &Map<String, Value>) -> Resul
             .write_file(session.clone(), name, content.into())
             .await?;
     }
-    let r = kernels
-        .exec(session.clone(), code.to_owned(), timeout, None)
-        .await?;
+    let watch = crate::evals::start(
+        state,
+        call.headers,
+        caller,
+        &kernels,
+        session.clone(),
+        code.to_owned(),
+        timeout,
+    )?;
+    let r = crate::evals::finish(&watch).await?;
     Ok(render_eval(&kernels, &session, id, &r).await)
 }
 

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use kiln_api::{ApiConfig, AppState, HealthInfo, LanguageHealth};
 use kiln_core::outcome::ExitStatus;
 use kiln_core::{Language, Nanoid, Principal, RelPath, SessionKey};
-use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute, OutputFile, RunContext};
+use kiln_exec::{ExecError, ExecRequest, ExecResult, Execute, OutputFile, RunContext, Work};
 use kiln_store::{NewObject, Store, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -117,6 +117,7 @@ pub fn canned_result() -> ExecResult {
         wall_time: Duration::from_millis(42),
         usage: Default::default(),
         cancelled: false,
+        evaluation: None,
     }
 }
 
@@ -124,9 +125,15 @@ impl Execute for RecordingExec {
     fn execute<'a>(
         &'a self,
         run: &'a RunContext,
-        req: ExecRequest,
+        work: Work,
     ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
         async move {
+            let req = match work {
+                Work::Fresh(r) | Work::Programmatic(r, _) | Work::Seated(r, _) => r,
+                Work::Eval(_) => {
+                    return Err(ExecError::Internal("the double has no kernel".into()));
+                }
+            };
             self.calls
                 .lock()
                 .unwrap()

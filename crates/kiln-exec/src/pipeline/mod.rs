@@ -30,7 +30,7 @@ pub use outcome::{CANCELLED, classify, content_type};
 
 use crate::egress;
 use crate::runs::RunContext;
-use crate::types::{ExecError, ExecRequest, ExecResult, Execute, Outputs};
+use crate::types::{ExecError, ExecRequest, ExecResult, Execute, JailOverride, Outputs, Work};
 use crate::walker::{WalkLimits, hash_bytes};
 use crate::workspace::Workspace;
 
@@ -96,8 +96,16 @@ impl Executor {
         &self.inner.cfg
     }
 
-    /// The whole pipeline.
-    async fn run(&self, run: &RunContext, req: ExecRequest) -> Result<ExecResult, ExecError> {
+    /// The whole pipeline, for a program of its own (`tools`: a
+    /// programmatic run's bridge), in a jail of `jail` when given (a
+    /// kernel's seat), else of the executor's source.
+    async fn run(
+        &self,
+        run: &RunContext,
+        req: ExecRequest,
+        tools: Option<Arc<crate::ptc::Bridge>>,
+        jail: Option<JailOverride>,
+    ) -> Result<ExecResult, ExecError> {
         let inner = &*self.inner;
         let started = Instant::now();
         let lang = req.lang;
@@ -124,7 +132,7 @@ impl Executor {
             .cfg
             .egress
             .as_ref()
-            .filter(|_| req.tools.is_none() && req.jail.is_none() && req.project.is_none())
+            .filter(|_| tools.is_none() && jail.is_none() && req.project.is_none())
             .and_then(|gateway| {
                 let grant = egress::mint(
                     Some(gateway),
@@ -136,21 +144,21 @@ impl Executor {
             });
         let profile = match services {
             // a parked jail has its mounts already: none for a project
-            _ if req.tools.is_some() || req.project.is_some() => kiln_sandbox::COLD_PROFILE,
+            _ if tools.is_some() || req.project.is_some() => kiln_sandbox::COLD_PROFILE,
             Some(_) => kiln_sandbox::COLD_PROFILE,
             // py: the template its imports need
             None => lang.warm_profile_for(&req.code),
         };
 
         // the program: with tools, their surface in front of the code
-        let code = match &req.tools {
+        let code = match &tools {
             Some(bridge) => bridge.program(&req.code),
             None => req.code,
         };
 
         // workspace: a jail (parked, or built per step), the output
         // session, the staged files
-        let source = req.jail.as_ref().map_or(&*inner.jails, |o| &*o.0);
+        let source = jail.as_ref().map_or(&*inner.jails, |o| &*o.0);
         let mut jail = phase("acquire", async {
             tokio::select! {
                 j = source.acquire(profile) => j.map_err(step::sandbox_error),
@@ -190,7 +198,7 @@ impl Executor {
                 &req.args,
                 &limits,
                 services,
-                req.tools.as_ref(),
+                tools.as_ref(),
                 project.as_ref().map(|w| {
                     (
                         w.as_path(),
@@ -264,9 +272,14 @@ impl Execute for Executor {
     fn execute<'a>(
         &'a self,
         run: &'a RunContext,
-        req: ExecRequest,
+        work: Work,
     ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
-        Box::pin(self.run(run, req))
+        match work {
+            Work::Fresh(req) => Box::pin(self.run(run, req, None, None)),
+            Work::Programmatic(req, bridge) => Box::pin(self.run(run, req, Some(bridge), None)),
+            Work::Seated(req, seat) => Box::pin(self.run(run, req, None, Some(seat))),
+            Work::Eval(e) => Box::pin(e.run(run)),
+        }
     }
 }
 

@@ -93,6 +93,7 @@ pub(crate) fn finish(
         wall_time: r.wall_time,
         usage,
         cancelled: last.cancelled,
+        evaluation: None,
     }
 }
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::runs::{CancelReason, RunEvent, Step, Stream};
-use crate::types::{InputFile, InputRef};
+use crate::types::{InputFile, InputRef, Work};
 
 /// What a fake program does: acts on the workspace, writes through the
 /// request's sink, returns its result. `None`: hang until cancelled.
@@ -176,8 +176,6 @@ fn request(lang: &str, code: &str) -> ExecRequest {
         files: vec![],
         timeout_ms: None,
         outputs: Outputs::NewSession,
-        tools: None,
-        jail: None,
         project: None,
     }
 }
@@ -258,7 +256,7 @@ async fn a_run_stages_the_code_runs_it_and_stores_its_outputs() {
     let run = RunContext::standalone(alice(), "py");
     let r = f
         .exec
-        .execute(&run, request("py", "print('hi')"))
+        .execute(&run, Work::Fresh(request("py", "print('hi')")))
         .await
         .unwrap();
 
@@ -325,13 +323,16 @@ async fn plotting_code_gets_the_plot_hook_and_compiled_code_a_build_dir() {
     .await;
     let run = RunContext::standalone(alice(), "py");
     f.exec
-        .execute(&run, request("py", "import matplotlib.pyplot as plt"))
+        .execute(
+            &run,
+            Work::Fresh(request("py", "import matplotlib.pyplot as plt")),
+        )
         .await
         .unwrap();
     let run = RunContext::standalone(alice(), "c");
     let r = f
         .exec
-        .execute(&run, request("c", "int main(){}"))
+        .execute(&run, Work::Fresh(request("c", "int main(){}")))
         .await
         .unwrap();
     assert_eq!(r.stdout, "42\n");
@@ -377,7 +378,7 @@ async fn a_failed_compile_is_the_result_and_nothing_is_harvested() {
     let run = RunContext::standalone(alice(), "c");
     let r = f
         .exec
-        .execute(&run, request("c", "int main(){"))
+        .execute(&run, Work::Fresh(request("c", "int main(){")))
         .await
         .unwrap();
     assert_eq!(r.message.as_deref(), Some("Compilation failed"));
@@ -408,7 +409,7 @@ async fn inputs_are_inherited_modified_or_deleted() {
         user_ref(&s3, &gone, "gone.csv"),
     ];
     let run = RunContext::standalone(alice(), "py");
-    let r = f.exec.execute(&run, req).await.unwrap();
+    let r = f.exec.execute(&run, Work::Fresh(req)).await.unwrap();
     let by_name: HashMap<&str, &crate::types::OutputFile> =
         r.files.iter().map(|f| (f.name.as_str(), f)).collect();
     let k = by_name["keep.csv"];
@@ -427,7 +428,7 @@ async fn a_reference_the_caller_may_not_read_takes_no_jail() {
     let mut req = request("py", "pass");
     req.files = vec![user_ref(&sid, &fid, "secret.csv")];
     let run = RunContext::standalone(alice(), "py");
-    let e = f.exec.execute(&run, req).await.unwrap_err();
+    let e = f.exec.execute(&run, Work::Fresh(req)).await.unwrap_err();
     assert_eq!(e, ExecError::Unauthorized);
     assert_eq!(*f.jails.acquired.lock().unwrap(), 0);
     // a missing storage session is the same answer
@@ -435,7 +436,7 @@ async fn a_reference_the_caller_may_not_read_takes_no_jail() {
     req.files = vec![user_ref(&Nanoid::random(), &Nanoid::random(), "x.csv")];
     let run = RunContext::standalone(alice(), "py");
     assert_eq!(
-        f.exec.execute(&run, req).await.unwrap_err(),
+        f.exec.execute(&run, Work::Fresh(req)).await.unwrap_err(),
         ExecError::Unauthorized
     );
 }
@@ -502,10 +503,13 @@ async fn a_cancel_on_request_ends_with_a_result_and_a_disconnect_with_nothing() 
     ])
     .await;
     let run = RunContext::standalone(alice(), "py");
-    let (r, ()) = tokio::join!(f.exec.execute(&run, request("py", "loop")), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        run_cancel(&run, CancelReason::Requested);
-    });
+    let (r, ()) = tokio::join!(
+        f.exec.execute(&run, Work::Fresh(request("py", "loop"))),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            run_cancel(&run, CancelReason::Requested);
+        }
+    );
     let r = r.unwrap();
     assert!(r.cancelled);
     assert_eq!(r.message.as_deref(), Some(CANCELLED));
@@ -518,10 +522,13 @@ async fn a_cancel_on_request_ends_with_a_result_and_a_disconnect_with_nothing() 
     assert!(r.files.iter().any(|f| f.name == "partial.txt"));
 
     let run = RunContext::standalone(alice(), "py");
-    let (r, ()) = tokio::join!(f.exec.execute(&run, request("py", "loop")), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        run_cancel(&run, CancelReason::Disconnected);
-    });
+    let (r, ()) = tokio::join!(
+        f.exec.execute(&run, Work::Fresh(request("py", "loop"))),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            run_cancel(&run, CancelReason::Disconnected);
+        }
+    );
     assert_eq!(r.unwrap_err(), ExecError::Cancelled);
 }
 
@@ -541,7 +548,7 @@ async fn kiln_stopping_a_program_is_said_on_stderr_and_streamed_too() {
     let run = RunContext::standalone(alice(), "py");
     let r = f
         .exec
-        .execute(&run, request("py", "while 1: pass"))
+        .execute(&run, Work::Fresh(request("py", "while 1: pass")))
         .await
         .unwrap();
     assert_eq!(r.status, Some(RunStatus::Timeout));
@@ -590,7 +597,7 @@ async fn into_a_workspace_session_outputs_replace_and_deletions_delete() {
     ];
     req.outputs = Outputs::Workspace(sid.clone());
     let run = RunContext::standalone(alice(), "py");
-    let r = f.exec.execute(&run, req).await.unwrap();
+    let r = f.exec.execute(&run, Work::Fresh(req)).await.unwrap();
     assert_eq!(r.session_id, sid);
     let mut left: Vec<(String, u64)> = f
         .store
@@ -612,7 +619,7 @@ async fn into_a_workspace_session_outputs_replace_and_deletions_delete() {
     let bob = Caller::identified("local", "bob");
     let run = RunContext::standalone(bob, "py");
     assert_eq!(
-        f.exec.execute(&run, req).await.unwrap_err(),
+        f.exec.execute(&run, Work::Fresh(req)).await.unwrap_err(),
         ExecError::Unauthorized
     );
 }
@@ -632,7 +639,7 @@ async fn a_link_planted_over_an_input_directory_reveals_nothing_about_the_host()
     let mut req = request("py", "pass");
     req.files = vec![user_ref(&sid, &fid, "in/data.csv")];
     let run = RunContext::standalone(alice(), "py");
-    let r = f.exec.execute(&run, req).await.unwrap();
+    let r = f.exec.execute(&run, Work::Fresh(req)).await.unwrap();
     assert_eq!(r.deleted_files, ["in/data.csv"]);
     assert!(r.files.is_empty(), "{:?}", r.files);
 }

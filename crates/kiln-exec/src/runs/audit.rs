@@ -35,8 +35,8 @@ pub struct AuditUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditRecord {
     /// The kind of record (a stable field to route on): `run`, or
-    /// `evaluation` (an evaluation in a session's kernel, see
-    /// [`crate::kernels`]; `run_id` is then the evaluation's own id).
+    /// `evaluation` (a run that evaluated code in a session's kernel, see
+    /// [`crate::eval`]).
     pub event: &'static str,
     pub run_id: String,
     /// `evaluation`: the session whose kernel evaluated it.
@@ -119,9 +119,13 @@ impl AuditRecord {
             None => (None, None),
         };
         AuditRecord {
-            event: "run",
+            event: if rec.kernel.is_some() {
+                "evaluation"
+            } else {
+                "run"
+            },
             run_id: rec.id.as_str().to_owned(),
-            session_id: None,
+            session_id: rec.kernel.as_ref().map(|k| k.as_str().to_owned()),
             request_id: rec.request_id.clone(),
             tenant: principal.tenant.clone(),
             user_id: principal.user_id.clone(),
@@ -131,7 +135,15 @@ impl AuditRecord {
             exit_code,
             signal,
             run_status: ok.and_then(|r| r.status).map(|s| s.code()),
-            error: outcome.as_ref().err().map(ToString::to_string),
+            // an evaluation's exception is its error too
+            error: match outcome {
+                Err(e) => Some(e.to_string()),
+                Ok(r) => r
+                    .evaluation
+                    .as_ref()
+                    .and_then(|e| e.error.as_ref())
+                    .map(|e| format!("{}: {}", e.ename, e.evalue)),
+            },
             created_at_ms: unix_ms(rec.created),
             finished_at_ms: unix_ms(rec.times().finished.unwrap_or_else(SystemTime::now)),
             compile: ok.and_then(|r| r.usage.compile.as_ref()).map(usage),

@@ -47,6 +47,16 @@ pub enum Stream {
     Stderr = 1,
 }
 
+impl Stream {
+    /// `stdout` or `stderr`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
 /// What a subscriber sees, in order.
 ///
 /// `non_exhaustive`: later kinds of runs may add events.

@@ -16,12 +16,14 @@
 //! A run that pauses for tool calls (programmatic tool calling) carries a
 //! [`crate::ptc::Bridge`] in its request: the bridge, not the registry,
 //! holds its rounds and `resume`, and its wall clock stops while paused
-//! (`kiln_sandbox::PauseClock`). Room for what comes next, without
-//! redesign: a live kernel's evaluations are runs whose `Execute`
-//! talks to a long-lived jail; an egress grant is minted when a run starts
-//! and revoked when it ends (the run's id names its owner); and a run id
-//! stays node-local (several nodes forward to the owner, the node that
-//! holds the run's record).
+//! (`kiln_sandbox::PauseClock`). What a run does is a value, [`Work`]: a
+//! program in a fresh jail, a programmatic run, the pipeline in a kernel's
+//! seat (handed to the [`Execute`]r), or an evaluation in a live kernel
+//! ([`crate::eval`], which the registry runs itself: it takes no queue
+//! turn). An egress grant is minted when a run starts and revoked when it
+//! ends (the run's id names its owner); and a run id stays node-local
+//! (several nodes forward to the owner, the node that holds the run's
+//! record).
 
 mod audit;
 pub mod log;
@@ -46,7 +48,7 @@ pub use log::{CHUNK, EventLog, RunEvent, Step, Stream, Subscriber};
 pub use queue::{QueueClosed, QueuePermit, RunQueue};
 pub use rate::RateLimit;
 
-use crate::types::{ExecError, ExecRequest, ExecResult, Execute, OutputFile};
+use crate::types::{ExecError, ExecResult, Execute, OutputFile, Work};
 
 /// Why a run was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +180,8 @@ struct Record {
     /// The program's source, as the operator's view of the run shows it
     /// (at most [`KEPT_CODE_BYTES`]).
     code: KeptCode,
+    /// The live kernel's session an evaluation ran in ([`Work::Eval`]).
+    kernel: Option<Nanoid>,
 }
 
 /// Most bytes of a run's source its record keeps (the rest is cut at a
@@ -223,6 +227,7 @@ impl Record {
         caller: Caller,
         lang: &'static str,
         code: KeptCode,
+        kernel: Option<Nanoid>,
         opts: StartOptions,
         cancel: Cancel,
     ) -> Arc<Record> {
@@ -243,6 +248,7 @@ impl Record {
             request_id,
             files: Mutex::default(),
             code,
+            kernel,
         })
     }
 
@@ -281,6 +287,7 @@ impl RunContext {
                 caller,
                 lang,
                 KeptCode::of(""),
+                None,
                 StartOptions::default(),
                 Cancel::default(),
             ),
@@ -314,6 +321,12 @@ impl RunContext {
         self.record.cancel.cancel(reason);
     }
 
+    /// The run's cancel side, for whoever may cancel it from elsewhere (a
+    /// kernel's interrupt cancels the evaluation it runs).
+    pub fn cancel_side(&self) -> Cancel {
+        self.record.cancel.clone()
+    }
+
     /// The run's event log.
     pub fn log(&self) -> &Arc<EventLog> {
         &self.record.log
@@ -332,8 +345,13 @@ impl RunContext {
         Ok(permit)
     }
 
-    /// A step begins.
+    /// A step begins (the run is running from the first on, if it took no
+    /// queue turn).
     pub fn started(&self, step: Step) {
+        self.record
+            .times()
+            .started
+            .get_or_insert_with(SystemTime::now);
         self.record.log.push(RunEvent::Started { step });
     }
 
@@ -371,6 +389,16 @@ impl RunContext {
             .collect();
         inputs.sort_by(|a, b| a.name.cmp(&b.name));
         self.record.files().inputs = inputs;
+    }
+
+    /// Reports files the run wrote that are not stored (a kernel's
+    /// workspace files), for the audit log.
+    pub fn outputs_written(&self, files: impl IntoIterator<Item = (String, u64)>) {
+        self.record.files().outputs.extend(
+            files
+                .into_iter()
+                .map(|(name, bytes)| AuditFile { name, bytes }),
+        );
     }
 }
 
@@ -563,6 +591,8 @@ struct Inner {
     closed: AtomicBool,
     /// Runs not ended yet, for [`Runs::wait_idle`].
     active: AtomicUsize,
+    /// Of those, kernel evaluations (they take no queue turn).
+    evaluating: AtomicUsize,
     idle: Notify,
 }
 
@@ -592,6 +622,7 @@ impl Runs {
                 kill_all: CancellationToken::new(),
                 closed: AtomicBool::new(false),
                 active: AtomicUsize::new(0),
+                evaluating: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
         }
@@ -608,9 +639,10 @@ impl Runs {
     pub fn start(
         &self,
         caller: Caller,
-        req: ExecRequest,
+        work: impl Into<Work>,
         opts: StartOptions,
     ) -> Result<Watch, ExecError> {
+        let work = work.into();
         let inner = &self.inner;
         if inner.closed.load(Ordering::SeqCst) || inner.kill_all.is_cancelled() {
             return Err(ExecError::ShuttingDown);
@@ -622,10 +654,16 @@ impl Runs {
         self.admit(&caller)?;
         // the run's token also fires when everything is killed (shutdown)
         let cancel = Cancel::child_of(&inner.kill_all);
+        let kernel = match &work {
+            Work::Eval(e) => Some(e.session_id().clone()),
+            _ => None,
+        };
+        let evaluation = kernel.is_some();
         let record = Record::new(
             caller,
-            req.lang.name(),
-            KeptCode::of(&req.code),
+            work.lang(),
+            KeptCode::of(work.code()),
+            kernel,
             opts,
             cancel,
         );
@@ -634,6 +672,9 @@ impl Runs {
             .runs
             .insert(record.id.clone(), Arc::clone(&record));
         inner.active.fetch_add(1, Ordering::SeqCst);
+        if evaluation {
+            inner.evaluating.fetch_add(1, Ordering::SeqCst);
+        }
         metrics::gauge!("kiln_runs_active").increment(1.0);
 
         let ctx = RunContext {
@@ -644,7 +685,10 @@ impl Runs {
         let span = tracing::info_span!("run", run_id = %record.id, lang = record.lang);
         tokio::spawn(
             async move {
-                let execution = std::panic::AssertUnwindSafe(runs.inner.exec.execute(&ctx, req));
+                let execution = std::panic::AssertUnwindSafe(match work {
+                    Work::Eval(e) => e.run(&ctx).boxed(),
+                    work => runs.inner.exec.execute(&ctx, work),
+                });
                 let outcome = match execution.catch_unwind().await {
                     Ok(r) => r,
                     Err(panic) => {
@@ -665,6 +709,9 @@ impl Runs {
                     }
                     other => other,
                 };
+                if evaluation {
+                    runs.inner.evaluating.fetch_sub(1, Ordering::SeqCst);
+                }
                 runs.end(&ctx.record, outcome);
             }
             .instrument(span),
@@ -676,9 +723,7 @@ impl Runs {
 
     /// Counts one start of code by `caller` against the per-caller rate
     /// limit (`RateLimited` past it). [`Runs::start`] asks it for every
-    /// run; a face that runs code outside the registry (a live kernel's
-    /// evaluation) asks it too, so every way of running code shares the
-    /// caller's one budget.
+    /// run, kernel evaluations included.
     pub fn admit(&self, caller: &Caller) -> Result<(), ExecError> {
         match &self.inner.rate {
             Some(rate) => rate
@@ -700,6 +745,7 @@ impl Runs {
         let waiting = inner
             .active
             .load(Ordering::SeqCst)
+            .saturating_sub(inner.evaluating.load(Ordering::SeqCst))
             .saturating_sub(inner.queue.running());
         (waiting >= max).then(|| {
             let turns = waiting / inner.queue.capacity() + 1;

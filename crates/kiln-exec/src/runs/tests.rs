@@ -7,7 +7,7 @@ use kiln_core::outcome::ExitStatus;
 use kiln_core::{Language, Usage};
 
 use super::*;
-use crate::types::Outputs;
+use crate::types::{ExecRequest, Outputs};
 
 /// What the double does with a run.
 #[derive(Clone, Copy)]
@@ -39,6 +39,7 @@ fn result(stdout: &str, cancelled: bool) -> ExecResult {
         wall_time: Duration::from_millis(1),
         usage: Usage::default(),
         cancelled,
+        evaluation: None,
     }
 }
 
@@ -46,7 +47,7 @@ impl Execute for Double {
     fn execute<'a>(
         &'a self,
         run: &'a RunContext,
-        _req: ExecRequest,
+        _work: Work,
     ) -> BoxFuture<'a, Result<ExecResult, ExecError>> {
         Box::pin(async move {
             self.runs.fetch_add(1, Ordering::SeqCst);
@@ -90,8 +91,6 @@ fn req() -> ExecRequest {
         files: vec![],
         timeout_ms: None,
         outputs: Outputs::NewSession,
-        tools: None,
-        jail: None,
         project: None,
     }
 }

@@ -1,0 +1,225 @@
+//! What the kernel registry ([`crate::kernels::Kernels`]) needs from the
+//! sandbox, as a seam: start a kernel, evaluate in it, interrupt it, its
+//! workspace, close it. [`SandboxHost`] is the real one (a long-lived jail
+//! under a uid slot of its own, `kiln_sandbox::Kernel`); the registry's unit
+//! tests use a fake, as the pipeline's use a fake `Jails`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kiln_core::lang::WarmRecipe;
+use kiln_core::{Language, Limits};
+use kiln_sandbox::{
+    BoxFuture, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart, OutputSink,
+    ParkSpec, Sandbox, Slot, node_kernel_park, python_kernel_park,
+};
+
+use crate::kernels::KernelsError;
+
+/// The templates a `py` kernel may fork, in order of preference: the data
+/// stack without the rich one's fork and exit cost, then the others.
+const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
+
+/// Where kernels come from.
+pub trait KernelHost: Send + Sync + 'static {
+    /// Whether a kernel of `language` could start now (`Unavailable` or
+    /// `Language` if not); asked before any cap is taken.
+    fn can_start(&self, language: Language) -> Result<(), KernelsError>;
+
+    /// Starts a kernel of `language` under `limits` (those of one
+    /// evaluation; the kernel's own clocks run for `max_age` and a minute).
+    fn start(
+        &self,
+        language: Language,
+        limits: Limits,
+        max_age: Duration,
+    ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>>;
+
+    /// Whether a `py` kernel can be started now.
+    fn ready(&self) -> bool;
+}
+
+/// One live kernel, as the registry uses it.
+pub trait HostedKernel: Send + Sync + 'static {
+    /// Evaluates `code`, showing its output to `sink` as it arrives.
+    fn eval<'a>(
+        &'a self,
+        code: &'a str,
+        limits: EvalLimits,
+        sink: Option<&'a OutputSink>,
+    ) -> BoxFuture<'a, Result<EvalResult, KernelError>>;
+
+    /// Interrupts the evaluation in progress, if any; `false` when the
+    /// kernel is gone.
+    fn interrupt(&self) -> BoxFuture<'_, bool>;
+
+    /// Why the kernel is gone, once it is.
+    fn lost(&self) -> Option<KernelLost>;
+
+    /// Kills the kernel.
+    fn close(&self) -> BoxFuture<'_, ()>;
+
+    /// The host path of its `/mnt/data` and the uid and gid files written
+    /// there must belong to, while it holds its slot.
+    fn workspace(&self) -> Option<(PathBuf, (u32, u32))>;
+
+    /// Gives back its slot, and with it the workspace.
+    fn release(&self);
+
+    /// Memory the kernel holds now, bytes.
+    fn memory_now(&self) -> Option<u64>;
+}
+
+/// Kernels as jails of the sandbox.
+pub struct SandboxHost {
+    sandbox: Sandbox,
+}
+
+impl SandboxHost {
+    pub fn new(sandbox: Sandbox) -> Arc<SandboxHost> {
+        Arc::new(SandboxHost { sandbox })
+    }
+
+    /// How a kernel of `language` is parked and started, and the template
+    /// it forks (`py`) or `node` (`js`, a pre-started node like a warm `js`
+    /// jail's, in the same environment).
+    fn program(
+        &self,
+        language: Language,
+        limits: &Limits,
+    ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
+        match &language.spec().warm {
+            Some(WarmRecipe::Embedded { interpreter, .. }) => {
+                let template = PY_KERNEL_TEMPLATES
+                    .iter()
+                    .find(|t| self.sandbox.has_zygote(t))
+                    .ok_or_else(|| {
+                        KernelsError::Unavailable("no Python fork-server is running".to_owned())
+                    })?;
+                let argv = vec![
+                    (*interpreter).to_owned(),
+                    "-u".to_owned(),
+                    format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
+                ];
+                Ok((python_kernel_park(template), argv, template))
+            }
+            Some(WarmRecipe::Prestart { .. }) => {
+                let node = language.spec().run[0];
+                if !std::path::Path::new(node).is_file() {
+                    return Err(KernelsError::Unavailable(format!(
+                        "{node} is not installed"
+                    )));
+                }
+                let park = node_kernel_park(node, language.environment(limits));
+                let argv = park.argv.clone();
+                Ok((park, argv, "node"))
+            }
+            None => Err(KernelsError::Language(language.name().to_owned())),
+        }
+    }
+}
+
+impl KernelHost for SandboxHost {
+    fn can_start(&self, language: Language) -> Result<(), KernelsError> {
+        self.program(language, &Limits::default()).map(|_| ())
+    }
+
+    fn start(
+        &self,
+        language: Language,
+        limits: Limits,
+        max_age: Duration,
+    ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
+        Box::pin(async move {
+            let (park, argv, template) = self.program(language, &limits)?;
+            let slot = self.sandbox.acquire_slot().await;
+            // the evaluation timeouts are the registry's; the jail's own wall
+            // and CPU clocks only bound the kernel's life
+            let mut life = limits.clone();
+            life.wall_time = max_age + Duration::from_secs(60);
+            life.cpu_time = life.wall_time;
+            let start = KernelStart {
+                park,
+                argv,
+                env: language.environment(&limits),
+                limits: life,
+            };
+            let kernel = self
+                .sandbox
+                .start_kernel(&slot, start)
+                .await
+                .map_err(|e| KernelsError::Kernel(e.to_string()))?;
+            let (park, ready) = kernel.start_times();
+            tracing::info!(
+                template,
+                park_ms = park.as_secs_f64() * 1000.0,
+                ready_ms = ready.as_secs_f64() * 1000.0,
+                "kernel started"
+            );
+            Ok(Box::new(JailKernel {
+                kernel,
+                slot: Mutex::new(Some(slot)),
+            }) as Box<dyn HostedKernel>)
+        })
+    }
+
+    fn ready(&self) -> bool {
+        PY_KERNEL_TEMPLATES
+            .iter()
+            .any(|t| self.sandbox.has_zygote(t))
+    }
+}
+
+/// A kernel in a jail, and its uid slot (released as soon as the kernel is
+/// gone).
+struct JailKernel {
+    kernel: Kernel,
+    slot: Mutex<Option<Slot>>,
+}
+
+impl JailKernel {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Slot>> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl HostedKernel for JailKernel {
+    fn eval<'a>(
+        &'a self,
+        code: &'a str,
+        limits: EvalLimits,
+        sink: Option<&'a OutputSink>,
+    ) -> BoxFuture<'a, Result<EvalResult, KernelError>> {
+        Box::pin(self.kernel.eval(code, limits, sink))
+    }
+
+    fn interrupt(&self) -> BoxFuture<'_, bool> {
+        Box::pin(self.kernel.interrupt())
+    }
+
+    fn lost(&self) -> Option<KernelLost> {
+        self.kernel.lost()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.kernel.close())
+    }
+
+    fn workspace(&self) -> Option<(PathBuf, (u32, u32))> {
+        self.slot().as_ref().map(|s| {
+            (
+                self.kernel.workspace().to_path_buf(),
+                (s.host_uid(), s.host_gid()),
+            )
+        })
+    }
+
+    fn release(&self) {
+        self.slot().take();
+    }
+
+    fn memory_now(&self) -> Option<u64> {
+        self.kernel.memory_now()
+    }
+}
