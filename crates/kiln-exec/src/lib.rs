@@ -28,6 +28,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod ptc;
 pub mod runs;
+pub mod sandboxes;
 pub mod sessions;
 pub mod types;
 pub mod walker;
