@@ -499,6 +499,7 @@ pub async fn run(
         outputs: Outputs::Workspace(session.clone()),
         tools: None,
         jail: None,
+        project: None,
     };
     let opts = StartOptions {
         request_id: crate::middleware::request_id(&headers),

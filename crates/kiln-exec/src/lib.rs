@@ -16,6 +16,8 @@
 //!   host's tools and stays alive, paused, while the host runs them.
 //! - [`kernels`]: live kernels (Kiln's sessions API): idle TTL, caps, one
 //!   evaluation at a time, slots of their own.
+//! - [`projects`]: persistent project directories (a `/workspace` of a
+//!   principal's that survives runs and restarts, with a storage budget).
 //! - [`sessions`]: named file workspaces with an idle TTL (seed 000's
 //!   sessions).
 //! - [`workers`]: kernels by name, started on first use (seed 004's
@@ -26,6 +28,7 @@ mod egress;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;
+pub mod projects;
 pub mod ptc;
 pub mod runs;
 pub mod sandboxes;

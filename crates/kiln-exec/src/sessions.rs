@@ -100,7 +100,13 @@ impl FileSessions {
         Self::derive(RUNTIME_SESSION, caller, hint)
     }
 
-    fn derive(namespace: &[u8], caller: &Caller, name: &str) -> Result<Nanoid, BadSessionName> {
+    /// An id in `namespace` derived from `caller` and `name` (also the
+    /// projects' ids, see [`crate::projects`]).
+    pub(crate) fn derive(
+        namespace: &[u8],
+        caller: &Caller,
+        name: &str,
+    ) -> Result<Nanoid, BadSessionName> {
         if !is_resource_id(name) {
             return Err(BadSessionName);
         }

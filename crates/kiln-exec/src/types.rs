@@ -26,6 +26,11 @@ pub struct ExecRequest {
     /// live kernel's seat ([`crate::kernels::Kernels::seat`]) for LibreChat's
     /// stateful profile with live state. Such a run gets no services.
     pub jail: Option<JailOverride>,
+    /// A persistent project bound at `/workspace`, the program's working
+    /// directory (see [`crate::projects`]): checked out into the run's
+    /// jail, committed back after the run. Such a run gets a jail built for
+    /// it.
+    pub project: Option<crate::projects::ProjectBinding>,
 }
 
 /// A jail source for one request (see [`ExecRequest::jail`]).

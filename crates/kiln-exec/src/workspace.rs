@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 /// How every name inside a workspace is resolved.
-const BENEATH: ResolveFlags = ResolveFlags::BENEATH
+pub(crate) const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
@@ -298,6 +298,11 @@ impl Workspace {
     pub fn clear(&self) -> io::Result<()> {
         clear_dir(self.root.as_fd(), 0)
     }
+}
+
+/// Empties the directory `dir` like [`Workspace::clear`].
+pub(crate) fn clear_fd(dir: BorrowedFd<'_>) -> io::Result<()> {
+    clear_dir(dir, 0)
 }
 
 fn clear_dir(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {

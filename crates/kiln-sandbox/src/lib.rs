@@ -57,6 +57,10 @@ mod tree;
 mod warm;
 mod zygote;
 
+/// Where a run's persistent project ([`RunRequest::project`]) is bound in
+/// the jail, and the program's working directory then.
+pub const PROJECT_DIR: &str = "/workspace";
+
 pub use cgroup::CgroupSupport;
 pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
 pub use error::{KilledUsage, SandboxError};

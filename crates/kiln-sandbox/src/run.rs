@@ -32,6 +32,13 @@ pub struct RunRequest {
     /// slot's [`crate::Slot::workspace_parent`] (where the workspace quota
     /// applies), owned by the slot's `host_uid()`.
     pub workspace: PathBuf,
+    /// A persistent project's working copy, bound read-write at
+    /// [`crate::PROJECT_DIR`] (`/workspace`), which becomes the program's
+    /// working directory. Like `workspace`, a directory directly below the
+    /// slot's workspace parent (the same quota), owned by the slot's
+    /// `host_uid()`. `None`: no `/workspace`, the program starts in
+    /// `/mnt/data`. Never with a parked jail (its mounts exist already).
+    pub project: Option<PathBuf>,
     /// Program and arguments; `argv[0]` is an absolute path inside the jail.
     pub argv: Vec<String>,
     /// The complete environment (nothing of the host's is added).
@@ -58,6 +65,7 @@ impl Default for RunRequest {
     fn default() -> Self {
         RunRequest {
             workspace: PathBuf::new(),
+            project: None,
             argv: Vec::new(),
             env: Vec::new(),
             limits: Limits::default(),

@@ -150,33 +150,33 @@ pub(crate) fn validate_request(req: &RunRequest) -> Result<(), SandboxError> {
             return bad(format!("invalid environment variable {k:?}"));
         }
     }
-    if !req.workspace.is_absolute() {
-        return bad(format!(
-            "workspace {} is not absolute",
-            req.workspace.display()
-        ));
+    for dir in std::iter::once(&req.workspace).chain(&req.project) {
+        if !dir.is_absolute() {
+            return bad(format!("workspace {} is not absolute", dir.display()));
+        }
+        let meta =
+            std::fs::metadata(dir).map_err(|e| SandboxError::io("stat workspace", dir, e))?;
+        if !meta.is_dir() {
+            return bad(format!("workspace {} is not a directory", dir.display()));
+        }
+        check_searchable(dir)?;
     }
-    let meta = std::fs::metadata(&req.workspace)
-        .map_err(|e| SandboxError::io("stat workspace", &req.workspace, e))?;
-    if !meta.is_dir() {
-        return bad(format!(
-            "workspace {} is not a directory",
-            req.workspace.display()
-        ));
-    }
-    check_searchable(&req.workspace)
+    Ok(())
 }
 
-/// The workspace must be a directory directly below the slot's area, where
-/// the quota applies and which is emptied when the slot is released.
+/// The workspace (and a project's working copy) must be a directory
+/// directly below the slot's area, where the quota applies and which is
+/// emptied when the slot is released.
 fn check_workspace_location(req: &RunRequest, slot: &Slot) -> Result<(), SandboxError> {
     let parent = slot.workspace_parent();
-    if req.workspace.parent() != Some(parent.as_path()) {
-        return Err(SandboxError::Request(format!(
-            "workspace {} is not directly below the slot's workspace parent {}",
-            req.workspace.display(),
-            parent.display()
-        )));
+    for dir in std::iter::once(&req.workspace).chain(&req.project) {
+        if dir.parent() != Some(parent.as_path()) {
+            return Err(SandboxError::Request(format!(
+                "workspace {} is not directly below the slot's workspace parent {}",
+                dir.display(),
+                parent.display()
+            )));
+        }
     }
     Ok(())
 }
@@ -384,6 +384,7 @@ impl Sandbox {
             ro_binds: self.inner.cfg.ro_binds.clone(),
             etc_binds: self.inner.cfg.etc_binds.clone(),
             workspace: req.workspace.clone(),
+            project: req.project.clone(),
             argv: req.argv.clone(),
             env: req.env.clone(),
             id_base: slot.id_base(),
@@ -468,6 +469,7 @@ impl Sandbox {
         };
         let req = RunRequest {
             workspace,
+            project: None,
             argv: if park.mode == ParkMode::Prestart {
                 park.argv.clone()
             } else {
@@ -566,10 +568,10 @@ impl Sandbox {
             self.discard(jail).await;
             return Err(e);
         }
-        if req.network.is_some() || req.pause.is_some() {
+        if req.network.is_some() || req.pause.is_some() || req.project.is_some() {
             self.discard(jail).await;
             return Err(SandboxError::Request(
-                "a parked jail has no services channel and no pause clock: run it in a jail built for it".to_owned(),
+                "a parked jail has no services channel, pause clock or project: run it in a jail built for it".to_owned(),
             ));
         }
         let limits = JailLimits::from_limits(&req.limits);

@@ -34,6 +34,10 @@ pub struct JailSpec {
     pub etc_binds: Vec<String>,
     /// Host directory bound read-write at `/mnt/data`.
     pub workspace: PathBuf,
+    /// Host directory bound read-write at [`crate::PROJECT_DIR`], the
+    /// program's working directory; `None`: it starts in `/mnt/data`.
+    #[serde(default)]
+    pub project: Option<PathBuf>,
     /// Program and arguments; `argv[0]` is an absolute path inside the jail.
     pub argv: Vec<String>,
     /// The complete environment of the program.
@@ -85,6 +89,10 @@ impl JailSpec {
         use crate::sys::{scrub_path, scrub_string};
         scrub_path(std::mem::take(&mut self.root_dir));
         scrub_path(std::mem::take(&mut self.workspace));
+        // the program still needs to know there is one (its cwd)
+        if let Some(project) = self.project.replace(PathBuf::new()) {
+            scrub_path(project);
+        }
         std::mem::take(&mut self.ro_binds)
             .into_iter()
             .for_each(scrub_path);

@@ -381,3 +381,45 @@ async fn concurrent_runs_in_different_slots_are_isolated() {
     // Both overlapped in time.
     assert!(ra.wall_time.as_millis() >= 900 && rb.wall_time.as_millis() >= 900);
 }
+
+#[tokio::test]
+async fn a_project_is_the_working_directory_and_keeps_what_the_run_writes() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let ws = workspace(&slot);
+    let project = workspace(&slot);
+    std::fs::write(project.path.join("before.txt"), "from the host").unwrap();
+    let mut req = request(
+        &ws,
+        &[
+            "/bin/sh",
+            "-c",
+            "pwd; cat before.txt; echo; echo made > made.txt; echo data > /mnt/data/out.txt",
+        ],
+        limits(),
+    );
+    req.project = Some(project.path.clone());
+    let r = sb.run(&slot, req, CancellationToken::new()).await.unwrap();
+    assert_eq!(r.exit, ExitStatus::Code(0), "{}", stderr(&r));
+    assert_eq!(stdout(&r), "/workspace\nfrom the host\n");
+    assert_eq!(
+        std::fs::read_to_string(project.path.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path.join("out.txt")).unwrap(),
+        "data\n"
+    );
+
+    // a project outside the slot's area (no quota there) is refused
+    let outside = tempfile::tempdir().unwrap();
+    let mut req = request(&ws, &["/bin/true"], limits());
+    req.project = Some(outside.path().to_path_buf());
+    assert!(matches!(
+        sb.run(&slot, req, CancellationToken::new()).await,
+        Err(SandboxError::Request(_))
+    ));
+    // without a project the program starts in /mnt/data, with no /workspace
+    let r = sh(sb, &slot, "pwd; test -e /workspace && echo there").await;
+    assert_eq!(stdout(&r), "/mnt/data\n");
+}

@@ -989,6 +989,7 @@ pub async fn exec_file(
             outputs: Outputs::NewSession,
             tools: None,
             jail: None,
+            project: None,
         },
         job,
     )

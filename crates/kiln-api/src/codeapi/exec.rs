@@ -434,6 +434,7 @@ pub fn parse_exec(
         outputs: Outputs::NewSession,
         tools: None,
         jail: None,
+        project: None,
     };
     Ok(ParsedExec {
         caller,

@@ -457,6 +457,7 @@ pub async fn programmatic(
         outputs: Outputs::NewSession,
         tools: Some(Arc::clone(&bridge)),
         jail: None,
+        project: None,
     };
     let watch = state.runs.start(
         caller,

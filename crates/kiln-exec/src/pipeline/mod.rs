@@ -13,6 +13,7 @@
 mod authorize;
 mod harvest;
 mod outcome;
+mod project;
 mod stage;
 mod step;
 
@@ -123,7 +124,7 @@ impl Executor {
             .cfg
             .egress
             .as_ref()
-            .filter(|_| req.tools.is_none() && req.jail.is_none())
+            .filter(|_| req.tools.is_none() && req.jail.is_none() && req.project.is_none())
             .and_then(|gateway| {
                 let grant = egress::mint(
                     Some(gateway),
@@ -134,7 +135,8 @@ impl Executor {
                 Some((gateway, grant))
             });
         let profile = match services {
-            _ if req.tools.is_some() => kiln_sandbox::COLD_PROFILE,
+            // a parked jail has its mounts already: none for a project
+            _ if req.tools.is_some() || req.project.is_some() => kiln_sandbox::COLD_PROFILE,
             Some(_) => kiln_sandbox::COLD_PROFILE,
             // py: the template its imports need
             None => lang.warm_profile_for(&req.code),
@@ -167,6 +169,16 @@ impl Executor {
         )
         .await?;
         run.inputs_staged(staged.iter().map(|(name, s)| (name.clone(), s.size)));
+        let project = match &req.project {
+            Some(binding) => Some(
+                phase(
+                    "stage",
+                    project::check_out(binding, jail.workspace(), jail.owner()),
+                )
+                .await?,
+            ),
+            None => None,
+        };
 
         // run
         let steps = phase(
@@ -179,6 +191,12 @@ impl Executor {
                 &limits,
                 services,
                 req.tools.as_ref(),
+                project.as_ref().map(|w| {
+                    (
+                        w.as_path(),
+                        req.project.as_ref().map_or(&[][..], |b| &b.env[..]),
+                    )
+                }),
             ),
         )
         .await?;
@@ -203,11 +221,22 @@ impl Executor {
         } else {
             harvest::Harvest::default()
         };
+        // the project's working copy goes back before the slot is emptied
+        let committed = match (&req.project, &project) {
+            (Some(binding), Some(work)) if steps.run.is_some() => {
+                Some(phase("harvest", project::commit(binding, work)).await?)
+            }
+            _ => None,
+        };
         // releasing the slot empties the workspace
         drop(ws);
         drop(jail);
 
-        Ok(outcome::finish(run, session, lang, steps, harvest, started))
+        let mut result = outcome::finish(run, session, lang, steps, harvest, started);
+        if let Some(Err(refusal)) = committed {
+            project::refused(&mut result, &refusal);
+        }
+        Ok(result)
     }
 }
 

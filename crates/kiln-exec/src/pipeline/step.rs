@@ -3,9 +3,11 @@
 //! it is read; a compile step's output is kept for the result (it becomes
 //! the result only when compilation fails).
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kiln_core::lang::WORKSPACE;
 use kiln_core::outcome::ExitStatus;
 use kiln_core::{Language, Limits, StepUsage};
 use kiln_sandbox::{
@@ -57,7 +59,11 @@ pub(crate) struct Steps {
 /// gets the services channel; the grant is revoked when the step ends,
 /// however it ends. With `tools` (a programmatic run), the run step gets
 /// the tool channel instead and a wall clock that stops while the run
-/// waits for tool results.
+/// waits for tool results. With `project` (a project's working copy and the
+/// environment the face adds), the run step, and only it, gets the copy at
+/// `/workspace` as its working directory; the entry file is then named by
+/// its path in `/mnt/data`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_steps(
     jail: &mut dyn Jail,
     run: &RunContext,
@@ -66,6 +72,7 @@ pub(crate) async fn run_steps(
     limits: &Limits,
     services: Option<(&kiln_egress::Gateway, kiln_egress::Grant)>,
     tools: Option<&Arc<Bridge>>,
+    project: Option<(&Path, &[(String, String)])>,
 ) -> Result<Steps, ExecError> {
     // env and argv may depend on the limits (e.g. the JVM heap)
     let env = lang.environment(limits);
@@ -73,19 +80,29 @@ pub(crate) async fn run_steps(
     if let Some(argv) = lang.compile_argv(limits) {
         let mut cl = limits.clone();
         cl.wall_time = lang.spec().compile_timeout;
-        let c = one_step(jail, run, Step::Compile, argv, &env, cl, None, None).await?;
+        let c = one_step(jail, run, Step::Compile, argv, &env, cl, None, None, None).await?;
         let ok = c.succeeded();
         steps.compile = Some(c);
         if !ok {
             return Ok(steps);
         }
     }
-    let argv = lang.run_argv(args, limits);
+    let mut argv = lang.run_argv(args, limits);
+    let mut env = env;
+    if let Some((_, extra)) = project {
+        let entry = lang.spec().entry_file;
+        let own = argv.len() - args.len();
+        for a in argv.iter_mut().take(own) {
+            if a == entry {
+                *a = format!("{WORKSPACE}/{entry}");
+            }
+        }
+        env.extend(extra.iter().cloned());
+    }
     let channel = match services {
         Some((gateway, grant)) => Some(RunChannel::open(gateway, grant)?),
         None => None,
     };
-    let mut env = env;
     if let Some(c) = &channel {
         env.extend(c.env());
     }
@@ -111,6 +128,7 @@ pub(crate) async fn run_steps(
         limits.clone(),
         network,
         pause,
+        project.map(|(work, _)| work.to_path_buf()),
     )
     .await;
     if let Some(c) = channel {
@@ -141,6 +159,7 @@ async fn one_step(
     limits: Limits,
     network: Option<kiln_sandbox::JailNetwork>,
     pause: Option<kiln_sandbox::PauseClock>,
+    project: Option<PathBuf>,
 ) -> Result<StepRun, ExecError> {
     run.started(step);
     let written = Arc::new(Mutex::new(Written::default()));
@@ -169,6 +188,7 @@ async fn one_step(
         output: Some(sink),
         network,
         pause,
+        project,
         ..RunRequest::default()
     };
     let t0 = Instant::now();

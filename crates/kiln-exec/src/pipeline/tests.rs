@@ -178,6 +178,7 @@ fn request(lang: &str, code: &str) -> ExecRequest {
         outputs: Outputs::NewSession,
         tools: None,
         jail: None,
+        project: None,
     }
 }
 

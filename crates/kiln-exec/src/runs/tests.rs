@@ -92,6 +92,7 @@ fn req() -> ExecRequest {
         outputs: Outputs::NewSession,
         tools: None,
         jail: None,
+        project: None,
     }
 }
 

@@ -168,7 +168,12 @@ fn exec(
     // ... but only when leaving uid 0: make sure that is what happened.
     no_capabilities_left()?;
     umask(Mode::from_bits_truncate(0o022));
-    chdir("/mnt/data").map_err(|e| JailError::setup("chdir /mnt/data", e))?;
+    let cwd = if spec.project.is_some() {
+        crate::PROJECT_DIR
+    } else {
+        "/mnt/data"
+    };
+    chdir(cwd).map_err(|e| JailError::setup("chdir to the working directory", e))?;
 
     // A pre-started runtime reads the go message on its stdin.
     if spec.park == Some(ParkMode::Prestart) {

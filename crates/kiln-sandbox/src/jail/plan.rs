@@ -283,6 +283,20 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
         attrs: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
         only_if_dst_exists: false,
     });
+    // A persistent project's working copy, read-write.
+    if let Some(project) = &spec.project {
+        ops.push(Op::Dir {
+            path: p(crate::PROJECT_DIR),
+            mode: 0o755,
+        });
+        ops.push(Op::Bind {
+            src: Source::Host(project.clone()),
+            dst: p(crate::PROJECT_DIR),
+            recursive: false,
+            attrs: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            only_if_dst_exists: false,
+        });
+    }
 
     // Private /tmp: writable, never executable.
     let tmp = spec.limits.tmp_bytes;
@@ -376,7 +390,9 @@ pub fn landlock_rules(ops: &[Op]) -> Vec<(PathBuf, PathAccess)> {
                 src: Source::Host(_),
                 dst,
                 ..
-            } if dst == Path::new("/mnt/data") => Some((dst.clone(), PathAccess::ReadWrite)),
+            } if dst == Path::new("/mnt/data") || dst == Path::new(crate::PROJECT_DIR) => {
+                Some((dst.clone(), PathAccess::ReadWrite))
+            }
             Op::Dir { path, .. } if path == Path::new("/etc") => {
                 Some((path.clone(), PathAccess::ReadExec))
             }
@@ -444,6 +460,7 @@ mod tests {
                 "absent".into(),
             ],
             workspace: p("/data/ws/1"),
+            project: None,
             argv: vec!["/bin/true".into()],
             env: vec![],
             id_base: 200_000,
@@ -541,6 +558,28 @@ mod tests {
         let devices: Vec<PathBuf> = DEVICES.iter().map(|d| Path::new("/dev").join(d)).collect();
         let non_device: Vec<_> = writable.iter().filter(|d| !devices.contains(d)).collect();
         assert_eq!(non_device, vec![&p("/mnt/data")]);
+    }
+
+    #[test]
+    fn a_project_is_bound_read_write_at_workspace_and_reachable_by_landlock() {
+        let mut sp = spec();
+        sp.project = Some(p("/data/ws/p1"));
+        let ops = build(&sp, &merged_usr_host());
+        assert!(ops.contains(&Op::Bind {
+            src: Source::Host(p("/data/ws/p1")),
+            dst: p("/workspace"),
+            recursive: false,
+            attrs: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            only_if_dst_exists: false,
+        }));
+        assert!(
+            landlock_rules(&ops).contains(&(p("/workspace"), PathAccess::ReadWrite)),
+            "landlock lets the program write its project"
+        );
+        // without a project there is no /workspace at all
+        let plain = build(&spec(), &merged_usr_host());
+        assert!(!plain.iter().any(|o| matches!(o,
+            Op::Dir { path, .. } | Op::Bind { dst: path, .. } if path == Path::new("/workspace"))));
     }
 
     #[test]
