@@ -260,6 +260,12 @@ pub struct AppState {
     /// Server-side URL transfers under `config.url_fetch`; `None` when the
     /// HTTP client could not be built.
     pub fetcher: Option<kiln_exec::Fetcher>,
+    /// Persistent project directories (a bridge sandbox's `/workspace`);
+    /// `None`: the faces that need one answer 503.
+    pub projects: Option<kiln_exec::projects::Projects>,
+    /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None`: the routes
+    /// answer 503.
+    pub sandboxes: Option<kiln_exec::sandboxes::Sandboxes>,
 }
 
 impl AppState {
@@ -291,6 +297,8 @@ impl AppState {
             workers: None,
             runtime_kernels: None,
             fetcher: None,
+            projects: None,
+            sandboxes: None,
         }
     }
 

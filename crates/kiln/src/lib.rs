@@ -45,6 +45,11 @@ pub struct Kiln {
     pub sessions: Arc<FileSessions>,
     /// Live kernels (`/v1/sessions`); `None` when `max_sessions` is 0.
     pub kernels: Option<Kernels>,
+    /// Persistent project directories (`<data>/projects`).
+    pub projects: kiln_exec::projects::Projects,
+    /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None` when
+    /// `bridge_sandboxes_max` is 0.
+    pub sandboxes: Option<kiln_exec::sandboxes::Sandboxes>,
     pub languages: Vec<kiln_api::LanguageHealth>,
 }
 
@@ -141,6 +146,12 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let kernels = (config.max_sessions > 0)
         .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
     let languages = probe_languages().await;
+    let projects = kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
+        dir: data.join("projects"),
+        budget_bytes: config.project_budget_mb.saturating_mul(1024 * 1024),
+    })
+    .with_context(|| format!("create {}", data.join("projects").display()))?;
+    let sandboxes = config.sandboxes().map(kiln_exec::sandboxes::Sandboxes::new);
     Ok(Kiln {
         config,
         store,
@@ -148,6 +159,8 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         runs,
         sessions,
         kernels,
+        projects,
+        sandboxes,
         languages,
     })
 }
@@ -369,6 +382,8 @@ pub async fn serve(
         workers: None,
         runtime_kernels: None,
         fetcher: None,
+        projects: Some(kiln.projects.clone()),
+        sandboxes: kiln.sandboxes.clone(),
     }
     .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
@@ -461,6 +476,25 @@ pub async fn serve(
         })
     });
 
+    // idle bridge sandboxes are removed with their projects
+    let sandbox_sweep = kiln.sandboxes.clone().map(|sandboxes| {
+        let (stop, projects) = (shutdown.clone(), kiln.projects.clone());
+        tokio::spawn(async move {
+            loop {
+                for s in sandboxes.sweep() {
+                    match projects.delete(s.creator(), &s.project_name()).await {
+                        Ok(_) => info!(sandbox = %s.id().as_str(), "idle sandbox removed"),
+                        Err(e) => warn!(sandbox = %s.id().as_str(), error = %e, "removing an idle sandbox's project failed"),
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        })
+    });
+
     let grace = Duration::from_secs(kiln.config.shutdown_grace_secs);
     // when the shutdown began (its grace period ends `grace` later)
     let began: Arc<OnceLock<tokio::time::Instant>> = Arc::default();
@@ -522,6 +556,9 @@ pub async fn serve(
         }
     }
     if let Some(t) = kernel_sweep {
+        t.abort();
+    }
+    if let Some(t) = sandbox_sweep {
         t.abort();
     }
     if let Some(kernels) = &kiln.kernels {
