@@ -423,3 +423,41 @@ async fn a_sandbox_holds_at_most_its_storage_budget() {
     assert_eq!(r.bytes().await.unwrap().len(), 100_000);
     s.stop().await.expect("stop");
 }
+
+#[tokio::test]
+async fn an_idle_sandbox_is_removed_with_its_workspace() {
+    let s = server_with(|c| {
+        c.api_key = Some(KEY.into());
+        c.bridge_idle_ttl_secs = 1;
+    })
+    .await;
+    let id = create(&s, "alice").await;
+    let r = call(
+        &s,
+        Method::PUT,
+        &format!("/{id}/file/workspace/a.txt"),
+        "alice",
+    )
+    .body("kept until idle")
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let projects = s.data_dir.path().join("projects");
+    let count = || std::fs::read_dir(&projects).map_or(0, Iterator::count);
+    assert_eq!(count(), 1, "the sandbox's project exists");
+    // the sweep runs every few seconds; the sandbox expired after 1 s
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while count() > 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the idle sandbox's project is still there"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (st, _) = status_and_json(call(&s, Method::GET, &format!("/{id}/running"), "alice")).await;
+    assert_eq!(st, 404);
+    // its place is free again: a principal at its cap can create anew
+    create(&s, "alice").await;
+    s.stop().await.expect("stop");
+}
