@@ -62,6 +62,9 @@ pub const KIND_RUN: &str = "run";
 pub const KIND_RUNTIME: &str = "runtime";
 /// A seed-004 worker (a user's live kernel), by its `user_uuid`.
 pub const KIND_WORKER: &str = "worker";
+/// A LibreChat attached workspace's project (on the node whose data dir
+/// holds it).
+pub const KIND_PROJECT: &str = "project";
 
 /// This node among several.
 #[derive(Clone)]
@@ -302,6 +305,9 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
             Ok(read) => read,
             Err(e) => return e.into_response(),
         };
+        if let Some(key) = crate::codeapi::workspace::routing_key(&parts.headers, &bytes) {
+            return affinity(state, cluster, KIND_PROJECT, &key, parts, bytes, next).await;
+        }
         let target = continuation_run(&bytes).map(Target::Run);
         req = Request::from_parts(parts, Body::from(bytes));
         target

@@ -260,8 +260,8 @@ pub struct AppState {
     /// Server-side URL transfers under `config.url_fetch`; `None` when the
     /// HTTP client could not be built.
     pub fetcher: Option<kiln_exec::Fetcher>,
-    /// Persistent project directories (a bridge sandbox's `/workspace`);
-    /// `None`: the faces that need one answer 503.
+    /// Persistent project directories (LibreChat's attached workspaces, a
+    /// bridge sandbox's `/workspace`); `None`: such calls answer 503.
     pub projects: Option<kiln_exec::projects::Projects>,
     /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None`: the routes
     /// answer 503.

@@ -416,3 +416,36 @@ async fn a_seed004_body_is_bounded_by_the_json_limit_not_the_upload_limit() {
     let body: Value = r.json().await.unwrap();
     assert!(body["detail"].is_string(), "seed 004's envelope: {body}");
 }
+
+/// `(x-kiln-node, x-kiln-via)` of a `bash_tool` call of workspace `ws`
+/// sent to `base`.
+async fn workspace_call(base: &str, ws: &str) -> (String, Option<String>) {
+    let body = json!({"lang": "bash", "code": "ls", "tools": [],
+                      "workspace_instance_id": "ab".repeat(32)});
+    let url = format!("{base}/v1/exec/programmatic");
+    let r = post(&url, &[("x-librechat-code-workspace-id", ws)], body).await;
+    let header = |h: &str| Some(r.headers().get(h)?.to_str().ok()?.to_owned());
+    (
+        header("x-kiln-node").unwrap_or_default(),
+        header("x-kiln-via"),
+    )
+}
+
+#[tokio::test]
+async fn an_attached_workspace_call_goes_to_the_node_that_holds_its_project() {
+    let (store, _dir) = store().await;
+    let a = node(&store, "node-a", None).await;
+    let b = node(&store, "node-b", None).await;
+    // the first call makes node A the project's owner
+    assert_eq!(
+        workspace_call(&a.base, "proj-1").await,
+        ("node-a".into(), None)
+    );
+    // a later call reaching B is served by A (the project's files are there)
+    assert_eq!(
+        workspace_call(&b.base, "proj-1").await,
+        ("node-a".into(), Some("node-b".into()))
+    );
+    // another workspace is not tied to A
+    assert_eq!(workspace_call(&b.base, "proj-2").await.0, "node-b");
+}

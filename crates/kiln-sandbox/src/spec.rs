@@ -89,9 +89,9 @@ impl JailSpec {
         use crate::sys::{scrub_path, scrub_string};
         scrub_path(std::mem::take(&mut self.root_dir));
         scrub_path(std::mem::take(&mut self.workspace));
-        // the program still needs to know there is one (its cwd)
-        if let Some(project) = self.project.replace(PathBuf::new()) {
-            scrub_path(project);
+        // the program still needs to know whether there is one (its cwd)
+        if let Some(project) = self.project.as_mut() {
+            scrub_path(std::mem::take(project));
         }
         std::mem::take(&mut self.ro_binds)
             .into_iter()

@@ -188,6 +188,11 @@ pub struct Config {
     pub session_ttl_secs: u64,
     /// Seed 000's API: most files one run may name in `files`.
     pub max_run_files: usize,
+    /// Persistent projects (LibreChat's attached workspaces): bytes of
+    /// files one project may hold (`<data_dir>/projects`). A run that
+    /// leaves its project larger keeps nothing of its changes. What one run
+    /// can write is also bounded by its slot's `workspace_bytes`.
+    pub project_budget_bytes: u64,
     /// LibreChat's stateful profile: `stateless` (`runtime_session_hint`
     /// ignored), `affinity` (a hint names a runtime session whose
     /// `/mnt/data` persists) or `strict` (a hint is required).
@@ -215,9 +220,6 @@ pub struct Config {
     /// How long an evaluation interrupted by its timeout may take to come
     /// back before its kernel is killed (the session is then lost), seconds.
     pub session_interrupt_grace_secs: u64,
-    /// Persistent project directories (a bridge sandbox's `/workspace`):
-    /// bytes of files one project may hold, MiB.
-    pub project_budget_mb: u64,
     /// Sandbox bridge (`/v1/sandbox`, docs/bridge.md): sandboxes one user
     /// may hold at once; past it, 429.
     pub bridge_sandboxes_per_user: usize,
@@ -392,6 +394,7 @@ impl Default for Config {
             rate_cancel: "600/min".to_owned(),
             session_ttl_secs: 3600,
             max_run_files: 10,
+            project_budget_bytes: kiln_exec::projects::DEFAULT_BUDGET_BYTES,
             runtime_session_mode: "affinity".to_owned(),
             runtime_session_live: false,
             max_sessions: 3,
@@ -400,7 +403,6 @@ impl Default for Config {
             session_max_age_secs: 8 * 3600,
             session_busy_wait_ms: 2000,
             session_interrupt_grace_secs: 3,
-            project_budget_mb: 1024,
             bridge_sandboxes_per_user: 4,
             bridge_sandboxes_max: 64,
             bridge_idle_ttl_secs: 3600,
@@ -527,15 +529,15 @@ impl Config {
             bail!("rate_limit_window_secs must be at least 1 when rate_limit_runs is set");
         }
         self.rate_rules()?;
+        if self.project_budget_bytes == 0 {
+            bail!("project_budget_bytes must be at least 1");
+        }
         if self.session_ttl_secs == 0 {
             bail!("session_ttl_secs must be at least 1");
         }
         self.runtime_session_mode()?;
         if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
             bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
-        }
-        if self.project_budget_mb == 0 {
-            bail!("project_budget_mb must be at least 1");
         }
         if self.bridge_sandboxes_per_user == 0 || self.bridge_idle_ttl_secs == 0 {
             bail!("bridge_sandboxes_per_user and bridge_idle_ttl_secs must be at least 1");

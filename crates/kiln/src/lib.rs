@@ -45,7 +45,7 @@ pub struct Kiln {
     pub sessions: Arc<FileSessions>,
     /// Live kernels (`/v1/sessions`); `None` when `max_sessions` is 0.
     pub kernels: Option<Kernels>,
-    /// Persistent project directories (`<data>/projects`).
+    /// Persistent project directories (`<data_dir>/projects`).
     pub projects: kiln_exec::projects::Projects,
     /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None` when
     /// `bridge_sandboxes_max` is 0.
@@ -145,12 +145,12 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     ));
     let kernels = (config.max_sessions > 0)
         .then(|| Kernels::audited(jails.sandbox().clone(), config.kernels(), audit_sink));
-    let languages = probe_languages().await;
     let projects = kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
         dir: data.join("projects"),
-        budget_bytes: config.project_budget_mb.saturating_mul(1024 * 1024),
+        budget_bytes: config.project_budget_bytes,
     })
-    .with_context(|| format!("create {}", data.join("projects").display()))?;
+    .context("projects dir")?;
+    let languages = probe_languages().await;
     let sandboxes = config.sandboxes().map(kiln_exec::sandboxes::Sandboxes::new);
     Ok(Kiln {
         config,

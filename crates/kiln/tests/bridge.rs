@@ -361,7 +361,7 @@ async fn commands_stream_their_output_and_end_with_the_protocols_event() {
 async fn a_sandbox_holds_at_most_its_storage_budget() {
     let s = server_with(|c| {
         c.api_key = Some(KEY.into());
-        c.project_budget_mb = 1;
+        c.project_budget_bytes = 1024 * 1024;
     })
     .await;
     let id = create(&s, "alice").await;

@@ -4,7 +4,8 @@
 //! Starts a server on 127.0.0.1:0 and runs the Node test suite in `tests/e2e/`
 //! (`node --test`) with `KILN_URL` pointing at it; that suite drives
 //! `execute_code` and `bash_tool` through the package's ToolNode exactly as a
-//! LibreChat agent does. The Node project is installed by `scripts/test.sh`
+//! LibreChat agent does, and `bash_tool` attached to a persistent project
+//! (`librechat-workspaces.test.mjs`). The Node project is installed by `scripts/test.sh`
 //! (`npm ci` in `tests/e2e`). Without it this test skips with a message — unless
 //! `CI` is set, where a missing Node project is a failure.
 

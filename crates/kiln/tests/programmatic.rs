@@ -31,9 +31,7 @@ async fn post(
     if let Some(id) = request_id {
         req = req.header("X-LibreChat-Code-Request-ID", id);
     }
-    let r = req.send().await.expect("send");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+    status_json(req).await
 }
 
 /// Continues `answer`'s execution as alice with `results`.
@@ -366,13 +364,14 @@ async fn requests_are_validated_with_the_contracts_messages() {
             json!({"tools": t}),
             "code is required and must be a non-empty string",
         ),
+        // `tools: []` is a plain execution (issue 26), see workspaces.rs
         (
-            json!({"code": "x", "tools": []}),
-            "tools must be a non-empty array of at most 100 tools",
+            json!({"code": "x"}),
+            "tools must be an array of at most 100 tools",
         ),
         (
             json!({"code": "x", "tools": (0..101).map(|i| tool(&format!("t{i}"))).collect::<Vec<_>>()}),
-            "tools must be a non-empty array of at most 100 tools",
+            "tools must be an array of at most 100 tools",
         ),
         (
             json!({"code": "x", "tools": t, "lang": "js"}),

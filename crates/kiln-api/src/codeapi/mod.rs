@@ -8,3 +8,4 @@ pub mod files;
 pub mod health;
 pub mod programmatic;
 pub mod upload;
+pub mod workspace;

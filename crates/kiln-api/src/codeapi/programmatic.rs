@@ -227,7 +227,7 @@ fn owner_of(p: &Principal) -> String {
     hex::encode(&d.as_ref()[..16])
 }
 
-fn plain(status: StatusCode, msg: &str) -> Response {
+pub(crate) fn plain(status: StatusCode, msg: &str) -> Response {
     (status, Json(json!({ "error": msg }))).into_response()
 }
 
@@ -310,7 +310,8 @@ pub struct ProgrammaticBody {
     /// Initial request: the program (Python with top-level `await tool(...)`,
     /// or bash with one shell function per tool).
     code: Option<String>,
-    /// Initial request: the tools the program may call (1-100).
+    /// Initial request: the tools the program may call (0-100; none: a
+    /// plain execution answered `completed` or `error`).
     tools: Option<Vec<ToolBody>>,
     /// `python` (default) or `bash`; `language` wins over `lang`.
     lang: Option<String>,
@@ -325,6 +326,12 @@ pub struct ProgrammaticBody {
     continuation_token: Option<String>,
     /// Continuation: one result per call of the last round.
     tool_results: Option<Vec<ToolResultBody>>,
+    /// LibreChat's attached workspace instance (64 lowercase hex digits,
+    /// with the `X-LibreChat-Code-Workspace-ID` header): the run starts in
+    /// the caller's persistent project of that workspace, `/workspace`;
+    /// `LIBRECHAT_CODE_DATA_DIR` (`/mnt/data`) holds this call's injected
+    /// files and artifacts.
+    workspace_instance_id: Option<String>,
 }
 
 #[derive(Debug, ToSchema)]
@@ -365,6 +372,7 @@ const FIELDS: &[&str] = &[
     "user_id",
     "continuation_token",
     "tool_results",
+    super::workspace::INSTANCE_FIELD,
 ];
 
 /// The handler.
@@ -374,15 +382,18 @@ const FIELDS: &[&str] = &[
     operation_id = "exec_programmatic",
     tag = "LibreChat",
     summary = "Run code that calls the host's tools (programmatic tool calling)",
-    description = "Initial request (`code`, `tools`) or continuation (`continuation_token`, `tool_results`). The program stays alive and paused while the host runs its tool calls; the answer is `tool_call_required` (a round of calls and a signed continuation token), `completed` or `error`. Paused time does not count against `timeout`.",
+    description = "Initial request (`code`, `tools`) or continuation (`continuation_token`, `tool_results`). The program stays alive and paused while the host runs its tool calls; the answer is `tool_call_required` (a round of calls and a signed continuation token), `completed` or `error`. Paused time does not count against `timeout`. `tools: []` is a plain execution. With `X-LibreChat-Code-Workspace-ID` (LibreChat's attached workspace) the program starts in the caller's persistent project of that workspace and `workspace_instance_id`, `/workspace`; `LIBRECHAT_CODE_DATA_DIR` (`/mnt/data`) holds the call's injected files and artifacts.",
     request_body = ProgrammaticBody,
+    params(
+        ("X-LibreChat-Code-Workspace-ID" = Option<String>, Header, description = "LibreChat's attached workspace, `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`: run in the caller's persistent project of it"),
+    ),
     responses(
         (status = 200, description = "`tool_call_required`, `completed` or `error`"),
         (status = 400, description = "Invalid body or token", body = crate::error::ErrorBody),
         (status = 403, description = "The execution belongs to another principal", body = crate::error::ErrorBody),
         (status = 404, description = "Execution not found or expired", body = crate::error::ErrorBody),
-        (status = 409, description = "A conflicting result, a continuation already in flight, or a request id in use", body = crate::error::ErrorBody),
-        (status = 503, description = "Too many programmatic executions, or shutting down", body = crate::error::ErrorBody),
+        (status = 409, description = "A conflicting result, a continuation already in flight, a request id in use, or the attached workspace busy with another execution", body = crate::error::ErrorBody),
+        (status = 503, description = "Too many programmatic executions, attached workspaces not enabled, or shutting down", body = crate::error::ErrorBody),
     )
 )]
 pub async fn programmatic(
@@ -418,6 +429,7 @@ pub async fn programmatic(
         return Ok(continuation(&ptc, &owner, &obj, &guard.cancel).await);
     }
     let parsed = parse_initial(&mut obj)?;
+    let attached = super::workspace::requested(&headers, &obj)?;
     let verdict = starts_code(&state, &caller, peer.0).await?;
     let place = match ptc.caps.acquire(&owner) {
         Ok(place) => place,
@@ -447,6 +459,15 @@ pub async fn programmatic(
             return Ok(resp);
         }
     };
+    let project = match attached {
+        Some(w) => match super::workspace::bind(&state, &caller, w).await {
+            Ok(binding) => Some(binding),
+            Err(resp) => return Ok(resp),
+        },
+        None => None,
+    };
+    // no tools: a plain execution (in the programmatic response shape)
+    let with_tools = !parsed.tools.is_empty();
     let bridge = Bridge::new(parsed.lang, parsed.tools, ptc.settings.limits.clone());
     let req = ExecRequest {
         lang: parsed.lang,
@@ -455,9 +476,9 @@ pub async fn programmatic(
         files: parsed.files,
         timeout_ms: parsed.timeout_ms,
         outputs: Outputs::NewSession,
-        tools: Some(Arc::clone(&bridge)),
+        tools: with_tools.then(|| Arc::clone(&bridge)),
         jail: None,
-        project: None,
+        project,
     };
     let watch = state.runs.start(
         caller,
@@ -562,10 +583,10 @@ fn parse_initial(obj: &mut Map<String, Value>) -> Result<Initial, ApiError> {
 
 fn parse_tools(v: Option<&Value>, lang: Language) -> Result<Vec<ToolDef>, ApiError> {
     let items = match v {
-        Some(Value::Array(items)) if !items.is_empty() && items.len() <= MAX_TOOLS => items,
+        Some(Value::Array(items)) if items.len() <= MAX_TOOLS => items,
         _ => {
             return Err(bad(format!(
-                "tools must be a non-empty array of at most {MAX_TOOLS} tools"
+                "tools must be an array of at most {MAX_TOOLS} tools"
             )));
         }
     };
@@ -852,6 +873,11 @@ fn final_body(exec: &Execution, r: &ExecResult) -> Value {
                 Some("Out of memory".to_owned())
             }
             (Some(RunStatus::Internal), _) => Some("Execution failed or timed out".to_owned()),
+            // a program that succeeded but whose project changes were
+            // refused (over the budget): the reason is the message
+            (Some(RunStatus::RuntimeError), ExitStatus::Code(0)) if r.message.is_some() => {
+                r.message.clone()
+            }
             (Some(_), ExitStatus::Code(c)) => Some(format!("Sandbox exited with code {c}")),
             (Some(_), ExitStatus::Signal(s)) => Some(format!("Sandbox exited with code -{s}")),
         }

@@ -85,6 +85,13 @@ pub async fn json_of(req: reqwest::RequestBuilder) -> Value {
     req.send().await.expect("send").json().await.expect("json")
 }
 
+/// Sends `req`: the answer's status and JSON body (`null` when not JSON).
+pub async fn status_json(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let r = req.send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
 /// POST /v1/exec and return (status, json).
 pub async fn exec_raw(s: &TestServer, body: Value) -> (u16, Value) {
     let r = client()

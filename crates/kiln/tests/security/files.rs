@@ -189,3 +189,47 @@ async fn downloads_are_never_sniffed_into_html() {
     }
     assert_healthy().await;
 }
+
+/// One call of the attacker's attached workspace (LibreChat's `bash_tool`
+/// with a project): its `stdout`, after `status: "completed"`.
+async fn in_project(code: &str) -> String {
+    let r = client()
+        .post(format!("{}/exec/programmatic", shared().v1))
+        .header("User-Id", "attacker")
+        .header("X-LibreChat-Code-Workspace-ID", "links")
+        .json(&serde_json::json!({"lang": "bash", "code": code, "tools": []}))
+        .send()
+        .await
+        .expect("server unreachable during attack");
+    let v: serde_json::Value = r.json().await.unwrap_or_default();
+    assert_eq!(v["status"], "completed", "{v}");
+    out(&v).to_owned()
+}
+
+#[tokio::test]
+async fn links_planted_in_a_project_are_kept_as_links_never_followed_by_the_host() {
+    // a secret on the host, at a path the jail cannot see
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("secret.txt"), "HOST-SECRET-7d1e").unwrap();
+    let secret = host.path().join("secret.txt");
+    let planted = format!(
+        "ln -sfn {} leak; ln -sfn {} hostdir; echo planted",
+        secret.display(),
+        host.path().display()
+    );
+    assert_eq!(in_project(&planted).await, "planted\n");
+    // after the commit (the host copied the project) and a fresh check-out
+    let seen = in_project(
+        "cat leak hostdir/secret.txt 2>/dev/null; test -L leak && test -L hostdir && echo links",
+    )
+    .await;
+    assert!(!seen.contains("HOST-SECRET"), "host file leaked: {seen}");
+    assert_eq!(seen, "links\n");
+    // nothing was written through the links either
+    assert_eq!(
+        std::fs::read_dir(host.path()).unwrap().count(),
+        1,
+        "the host dir gained files"
+    );
+    assert_healthy().await;
+}
