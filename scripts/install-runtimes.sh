@@ -55,8 +55,9 @@ PACKAGES_r=(
   r-cran-jsonlite
 )
 # bash: the shell plus what LibreChat runs in it (cat, sha256sum via coreutils; jq for bash PTC).
-# (curl: the egress services are plain HTTP on $KILN_SERVICES_URL)
-PACKAGES_bash=(bash coreutils jq curl)
+# (curl: the egress services are plain HTTP on $KILN_SERVICES_URL; ripgrep: the sandbox
+# bridge's coding tools search with `rg`, see docs/bridge.md)
+PACKAGES_bash=(bash coreutils jq curl ripgrep)
 # Shared by all runtimes.
 PACKAGES_common=(ca-certificates)
 # Only with --with-npm. NodeSource's nodejs bundles npm and conflicts with Debian's npm

@@ -276,9 +276,12 @@ pub struct AppState {
     /// Server-side URL transfers under `config.url_fetch`; `None` when the
     /// HTTP client could not be built.
     pub fetcher: Option<kiln_exec::Fetcher>,
-    /// Persistent project directories (LibreChat's attached workspaces);
-    /// `None`: such calls answer 503.
+    /// Persistent project directories (LibreChat's attached workspaces, a
+    /// bridge sandbox's `/workspace`); `None`: such calls answer 503.
     pub projects: Option<kiln_exec::projects::Projects>,
+    /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None`: the routes
+    /// answer 503.
+    pub sandboxes: Option<kiln_exec::sandboxes::Sandboxes>,
 }
 
 impl AppState {
@@ -311,6 +314,7 @@ impl AppState {
             runtime_kernels: None,
             fetcher: None,
             projects: None,
+            sandboxes: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! | Kiln's sessions (live kernels) | `POST /sessions`, `GET|DELETE /sessions/{session_id}`, `POST /sessions/{session_id}/exec`, `POST /sessions/{session_id}/interrupt`, `GET /sessions/{session_id}/files`, `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | [`sessions`] |
 //! | Seed 000 (proxy) | `POST /librechat/runs`, `POST|GET /librechat/files`, `GET|DELETE /librechat/files/{file_id}`, `GET /librechat/health` | [`proxy`] |
 //! | Operations | `GET /metrics`, `GET /openapi.json` (root only); `GET /admin/status`, `GET /admin/runs[/{run_id}[/files/{file_id}]]`, `GET /admin/egress`, `GET /admin/kernels`, `DELETE /admin/kernels/{session_id}` (behind the operator's API key; a user's token is refused) | [`codeapi::health`], [`openapi`], [`admin`] |
+//! | Sandbox bridge (Cloudflare's protocol) | `POST /sandbox`, `DELETE /sandbox/{id}`, `GET /sandbox/{id}/running`, `POST /sandbox/{id}/exec` (SSE), `GET|PUT /sandbox/{id}/file/{path}` | [`bridge`] |
 //! | MCP (streamable HTTP) | `POST|DELETE /mcp` (tools `execute_code`, `create_session`, `close_session`; `resources/read` of their outputs) | [`mcp`] |
 //! | Console | `GET /console/` and its assets (root only; off with `console = false`) | [`console`] |
 //! | Seed 004 (stateful gateway) | `POST /api/v1/execute`, `POST /api/v1/release`, `GET /api/v1/status`, `POST|DELETE /api/v1/files`, `POST /api/v1/files/export` (root only; off with `seed004_api = false`) | [`compat::seed004`] |
@@ -41,6 +42,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod bridge;
 pub mod cluster;
 pub mod codeapi;
 pub mod compat;
@@ -157,6 +159,17 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
             state.clone(),
             middleware::auth,
         ));
+    let bridge = OpenApiRouter::new()
+        .routes(routes!(bridge::create))
+        .routes(routes!(bridge::delete))
+        .routes(routes!(bridge::running))
+        .routes(routes!(bridge::exec))
+        .routes(routes!(bridge::read_file, bridge::write_file))
+        .layer(upload_limit)
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ));
     // the operator's view: the operator's credential, never a user's token
     let admin = OpenApiRouter::new()
         .routes(routes!(admin::status))
@@ -194,6 +207,7 @@ pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(admin)
         .merge(seed)
         .merge(sessions)
+        .merge(bridge)
         .merge(mcp)
         .routes(routes!(health::health))
         .routes(routes!(proxy::health))

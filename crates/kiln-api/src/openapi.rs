@@ -131,6 +131,10 @@ pub fn document(api: OpenApi, root: OpenApi) -> OpenApi {
             "The Model Context Protocol endpoint (streamable HTTP, JSON-RPC): tools over runs and live kernels; see docs/mcp.md",
         ),
         tag(
+            "Sandbox bridge",
+            "Cloudflare's sandbox bridge protocol (LibreChat's `cloudflare-sandbox` engine): persistent `/workspace`s where each command is a run; see docs/bridge.md",
+        ),
+        tag(
             "Seed 000",
             "The code-interpreter-proxy API of seed 000, under /v1/librechat",
         ),

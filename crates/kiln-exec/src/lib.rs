@@ -41,6 +41,7 @@ pub mod plan;
 pub mod projects;
 pub mod ptc;
 pub mod runs;
+pub mod sandboxes;
 pub mod sessions;
 pub mod turns;
 pub mod types;

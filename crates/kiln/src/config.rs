@@ -225,6 +225,15 @@ pub struct Config {
     /// How long an evaluation interrupted by its timeout may take to come
     /// back before its kernel is killed (the session is then lost), seconds.
     pub session_interrupt_grace_secs: u64,
+    /// Sandbox bridge (`/v1/sandbox`, docs/bridge.md): sandboxes one user
+    /// may hold at once; past it, 429.
+    pub bridge_sandboxes_per_user: usize,
+    /// Sandbox bridge: sandboxes this node holds at once; past it, 503. 0
+    /// turns the bridge off.
+    pub bridge_sandboxes_max: usize,
+    /// Sandbox bridge: a sandbox unused this long is removed with its
+    /// `/workspace`, seconds.
+    pub bridge_idle_ttl_secs: u64,
     /// Serve seed 004's stateful gateway at `/api/v1` (one live kernel
     /// per `user_uuid`; needs `max_sessions` > 0).
     pub seed004_api: bool,
@@ -401,6 +410,9 @@ impl Default for Config {
             session_max_age_secs: 8 * 3600,
             session_busy_wait_ms: 2000,
             session_interrupt_grace_secs: 3,
+            bridge_sandboxes_per_user: 4,
+            bridge_sandboxes_max: 64,
+            bridge_idle_ttl_secs: 3600,
             seed004_api: true,
             runtime_api_prefix: "/runtime".to_owned(),
             url_fetch_allow_private: false,
@@ -512,6 +524,9 @@ impl Config {
         self.runtime_session_mode()?;
         if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
             bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
+        }
+        if self.bridge_sandboxes_per_user == 0 || self.bridge_idle_ttl_secs == 0 {
+            bail!("bridge_sandboxes_per_user and bridge_idle_ttl_secs must be at least 1");
         }
         if self.runtime_session_live && self.max_sessions == 0 {
             bail!("runtime_session_live needs live kernels: max_sessions must be at least 1");

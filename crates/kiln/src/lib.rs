@@ -48,6 +48,9 @@ pub struct Kiln {
     pub kernels: Option<Kernels>,
     /// Persistent project directories (`<data_dir>/projects`).
     pub projects: kiln_exec::projects::Projects,
+    /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None` when
+    /// `bridge_sandboxes_max` is 0.
+    pub sandboxes: Option<kiln_exec::sandboxes::Sandboxes>,
     pub languages: Vec<kiln_api::LanguageHealth>,
     /// The runtime image jails run from (`runtime_image`); `None`: the host's `/usr`.
     pub image: Option<runtime::jail::ImageRef>,
@@ -159,14 +162,16 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     })
     .context("projects dir")?;
     let languages = probe_languages(image.as_ref().map(|i| i.root.as_path())).await;
+    let sandboxes = config.sandboxes().map(kiln_exec::sandboxes::Sandboxes::new);
     Ok(Kiln {
-        projects,
         config,
         store,
         jails,
         runs,
         sessions,
         kernels,
+        projects,
+        sandboxes,
         languages,
         image,
     })
@@ -394,6 +399,7 @@ pub async fn serve(
         runtime_kernels: None,
         fetcher: None,
         projects: Some(kiln.projects.clone()),
+        sandboxes: kiln.sandboxes.clone(),
     }
     .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());
@@ -486,6 +492,25 @@ pub async fn serve(
         })
     });
 
+    // idle bridge sandboxes are removed with their projects
+    let sandbox_sweep = kiln.sandboxes.clone().map(|sandboxes| {
+        let (stop, projects) = (shutdown.clone(), kiln.projects.clone());
+        tokio::spawn(async move {
+            loop {
+                for s in sandboxes.sweep() {
+                    match projects.delete(s.creator(), &s.project_name()).await {
+                        Ok(_) => info!(sandbox = %s.id().as_str(), "idle sandbox removed"),
+                        Err(e) => warn!(sandbox = %s.id().as_str(), error = %e, "removing an idle sandbox's project failed"),
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        })
+    });
+
     let grace = Duration::from_secs(kiln.config.shutdown_grace_secs);
     // when the shutdown began (its grace period ends `grace` later)
     let began: Arc<OnceLock<tokio::time::Instant>> = Arc::default();
@@ -547,6 +572,9 @@ pub async fn serve(
         }
     }
     if let Some(t) = kernel_sweep {
+        t.abort();
+    }
+    if let Some(t) = sandbox_sweep {
         t.abort();
     }
     if let Some(kernels) = &kiln.kernels {

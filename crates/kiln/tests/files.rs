@@ -324,25 +324,6 @@ async fn with_require_identity_an_identity_less_bare_ref_is_refused() {
     assert_eq!(r["stdout"], "alice's", "{r}");
 }
 
-/// An HS256 CodeAPI token for `sub`, with LibreChat's claims.
-fn codeapi_token(sub: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims = json!({"iss": "librechat", "aud": "codeapi", "sub": sub, "iat": t, "nbf": t,
-        "exp": t + 300, "jti": format!("jti-{sub}-{t}"), "tenant_id": "legacy", "role": "USER",
-        "principal_source": "librechat_jwt", "auth_context_hash": "0".repeat(64)});
-    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
-    header.kid = Some("hs256-dev".into());
-    jsonwebtoken::encode(
-        &header,
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(b"integration-test-secret"),
-    )
-    .unwrap()
-}
-
 #[tokio::test]
 async fn with_jwt_a_user_cannot_mount_anothers_files_whatever_the_ref_claims() {
     let s = server_with(|c| {

@@ -126,6 +126,12 @@ async fn the_document_matches_the_routes_the_server_has() {
         ("get", "/v1/librechat/health"),
         ("post", "/v1/mcp"),
         ("delete", "/v1/mcp"),
+        ("post", "/v1/sandbox"),
+        ("delete", "/v1/sandbox/{id}"),
+        ("get", "/v1/sandbox/{id}/running"),
+        ("post", "/v1/sandbox/{id}/exec"),
+        ("get", "/v1/sandbox/{id}/file/{path}"),
+        ("put", "/v1/sandbox/{id}/file/{path}"),
         ("get", "/metrics"),
         ("get", "/openapi.json"),
     ] {

@@ -74,6 +74,15 @@ impl Config {
         })
     }
 
+    /// The sandbox bridge's registry settings (`/v1/sandbox`); `None`: off.
+    pub fn sandboxes(&self) -> Option<kiln_exec::sandboxes::SandboxesConfig> {
+        (self.bridge_sandboxes_max > 0).then(|| kiln_exec::sandboxes::SandboxesConfig {
+            per_principal: self.bridge_sandboxes_per_user,
+            total: self.bridge_sandboxes_max,
+            idle_ttl: Duration::from_secs(self.bridge_idle_ttl_secs),
+        })
+    }
+
     /// The live kernels' registry settings (`/v1/sessions`).
     pub fn kernels(&self) -> kiln_exec::kernels::KernelsConfig {
         kiln_exec::kernels::KernelsConfig {

@@ -2,6 +2,8 @@
 //! and small HTTP helpers speaking LibreChat's shapes.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::path::Path;
 
 use kiln::testing::TestServer;
@@ -320,3 +322,26 @@ pub fn mcp_blocks<'a>(result: &'a Value, kind: &str) -> Vec<&'a Value> {
         .map(|a| a.iter().filter(|b| b["type"] == kind).collect())
         .unwrap_or_default()
 }
+
+/// An HS256 CodeAPI token for `sub`, with LibreChat's claims, signed with
+/// [`JWT_SECRET`].
+pub fn codeapi_token(sub: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = json!({"iss": "librechat", "aud": "codeapi", "sub": sub, "iat": t, "nbf": t,
+        "exp": t + 300, "jti": format!("jti-{sub}-{t}"), "tenant_id": "legacy", "role": "USER",
+        "principal_source": "librechat_jwt", "auth_context_hash": "0".repeat(64)});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    header.kid = Some("hs256-dev".into());
+    jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// The HS256 secret of [`codeapi_token`]'s tokens (`jwt_hs256_secret`).
+pub const JWT_SECRET: &str = "integration-test-secret";

@@ -10,6 +10,7 @@ mod common;
 #[path = "../../../kiln-egress/tests/support/fake_deepl.rs"]
 mod fake_deepl;
 
+mod bridge;
 mod budgets;
 mod cleanup;
 mod cpu;
