@@ -15,8 +15,6 @@ use kiln_sandbox::{
     ParkSpec, Sandbox, Slot, node_kernel_park, python_kernel_park,
 };
 
-use crate::kernels::KernelsError;
-
 /// The templates a `py` kernel may fork, in order of preference: the data
 /// stack without the rich one's fork and exit cost, then the others.
 const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
@@ -221,5 +219,40 @@ impl HostedKernel for JailKernel {
 
     fn memory_now(&self) -> Option<u64> {
         self.kernel.memory_now()
+    }
+}
+
+/// Why a call of the kernel registry ([`crate::kernels::Kernels`]) failed
+/// (here, beside the seam, which answers with it too).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelsError {
+    #[error("unsupported session language {0:?}: sessions run py or js")]
+    Language(String),
+    #[error("no such session")]
+    NotFound,
+    #[error("the caller has {0} live sessions, the most allowed")]
+    OwnerCap(usize),
+    #[error("this node runs {0} live sessions, the most it allows")]
+    NodeFull(usize),
+    #[error("the session is busy with another evaluation")]
+    Busy,
+    #[error("session lost: {0}")]
+    Lost(KernelLost),
+    #[error("sessions are unavailable: {0}")]
+    Unavailable(String),
+    #[error("kernel failed: {0}")]
+    Kernel(String),
+    #[error("no such file")]
+    FileNotFound,
+    #[error("workspace: {0}")]
+    Files(String),
+}
+
+impl From<KernelError> for KernelsError {
+    fn from(e: KernelError) -> Self {
+        match e {
+            KernelError::Lost(l) => KernelsError::Lost(l),
+            other => KernelsError::Kernel(other.to_string()),
+        }
     }
 }

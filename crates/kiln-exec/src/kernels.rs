@@ -85,39 +85,7 @@ impl Default for KernelsConfig {
     }
 }
 
-/// Why a call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum KernelsError {
-    #[error("unsupported session language {0:?}: sessions run py or js")]
-    Language(String),
-    #[error("no such session")]
-    NotFound,
-    #[error("the caller has {0} live sessions, the most allowed")]
-    OwnerCap(usize),
-    #[error("this node runs {0} live sessions, the most it allows")]
-    NodeFull(usize),
-    #[error("the session is busy with another evaluation")]
-    Busy,
-    #[error("session lost: {0}")]
-    Lost(KernelLost),
-    #[error("sessions are unavailable: {0}")]
-    Unavailable(String),
-    #[error("kernel failed: {0}")]
-    Kernel(String),
-    #[error("no such file")]
-    FileNotFound,
-    #[error("workspace: {0}")]
-    Files(String),
-}
-
-impl From<KernelError> for KernelsError {
-    fn from(e: KernelError) -> Self {
-        match e {
-            KernelError::Lost(l) => KernelsError::Lost(l),
-            other => KernelsError::Kernel(other.to_string()),
-        }
-    }
-}
+pub use crate::kernel_host::KernelsError;
 
 /// What a face shows of a session.
 #[derive(Debug, Clone)]

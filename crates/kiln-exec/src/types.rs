@@ -36,7 +36,7 @@ pub enum Work {
     /// gets a jail built for it with a tool channel, and no services.
     Programmatic(ExecRequest, std::sync::Arc<crate::ptc::Bridge>),
     /// The one-shot pipeline in a jail of another source: a live kernel's
-    /// seat ([`crate::kernels::Kernels::seat`]) for LibreChat's stateful
+    /// seat (`Kernels::seat`) for LibreChat's stateful
     /// profile with live state. Such a run gets no services.
     Seated(ExecRequest, JailOverride),
     /// Code evaluated in a live kernel (its state persists between
@@ -248,7 +248,7 @@ pub enum ExecError {
     /// A kernel's evaluation could not be made (busy kernel, lost kernel,
     /// ...): the faces of live kernels answer as for their own errors.
     #[error("{0}")]
-    Kernel(crate::kernels::KernelsError),
+    Kernel(crate::kernel_host::KernelsError),
 }
 
 /// What the run registry needs from an executor: run one execution to its

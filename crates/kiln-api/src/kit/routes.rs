@@ -185,6 +185,20 @@ pub const ROUTES: &[Route] = &[
         Layer(Class::Cancel),
         A::Run,
     ),
+    // Cloudflare's sandbox bridge (a sandbox lives on the node that made
+    // it; several nodes need sticky routing, see docs/bridge.md)
+    r(Post, Api, "/sandbox", Free, A::Any),
+    r(Delete, Api, "/sandbox/{id}", Free, A::Any),
+    r(Get, Api, "/sandbox/{id}/running", Free, A::Any),
+    r(
+        Post,
+        Api,
+        "/sandbox/{id}/exec",
+        Handler(Class::Exec),
+        A::Any,
+    ),
+    r(Get, Api, "/sandbox/{id}/file/{*path}", Free, A::Any),
+    r(Put, Api, "/sandbox/{id}/file/{*path}", Free, A::Any),
     // Kiln's sessions (live kernels)
     r(Post, Api, "/sessions", Free, A::NewKernel),
     r(Get, Api, "/sessions/{session_id}", Free, A::Kernel),
