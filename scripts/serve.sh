@@ -28,6 +28,7 @@ fi
 # built here by the same `kiln runtime build` as test.sh and the container use, with its
 # progress on the terminal (tens of minutes the first time; later starts find it built).
 if [[ "${KILN_RUNTIME_IMAGE:-}" == default ]]; then
+  command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
   cargo run --release --locked -p kiln -- runtime build >/dev/null
 fi
 exec cargo run --release --locked -p kiln -- serve "$@"

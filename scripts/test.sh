@@ -139,6 +139,7 @@ section "runtime image"
 # built by the same `kiln runtime build` as serve.sh and the container use; a fresh build
 # downloads ~800 MB and takes tens of minutes, later runs find it built (0 s). Its time is
 # printed by the build's last line.
+command -v debootstrap >/dev/null || apt_install debootstrap
 cargo build --locked -p kiln --bin kiln
 target/debug/kiln runtime build >/dev/null
 
