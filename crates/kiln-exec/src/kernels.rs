@@ -361,7 +361,12 @@ impl Kernels {
         // CPU clocks only bound the kernel's life
         limits.wall_time = cfg.max_age + Duration::from_secs(60);
         limits.cpu_time = limits.wall_time;
-        let slot = self.inner.sandbox.acquire_slot().await;
+        let slot = self
+            .inner
+            .sandbox
+            .acquire_kernel_slot()
+            .await
+            .map_err(|e| KernelsError::Unavailable(e.to_string()))?;
         let start = KernelStart {
             park,
             argv,

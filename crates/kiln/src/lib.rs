@@ -81,6 +81,8 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     // parked warm jails and live kernels hold slots of their own, beyond the
     // concurrency
     sc.slots = config.max_concurrency + config.warm_jails + config.max_sessions;
+    // kernel slots get their filesystem only while a kernel holds them
+    sc.kernel_slots = config.max_sessions;
     sc.slots_dir = Some(work.join("slots"));
     sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
     sc.workspace_inodes = config.workspace_files;
@@ -609,7 +611,8 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             );
         }
     };
-    let slots = config.max_concurrency + config.warm_jails + config.max_sessions;
+    // kernel slots are mounted only while a kernel holds them
+    let slots = config.max_concurrency + config.warm_jails;
     let kiln = build(config).await?;
     for l in &kiln.languages {
         match (&l.version, &l.reason) {
