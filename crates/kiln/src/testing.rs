@@ -39,6 +39,11 @@ impl TestServer {
             data_dir: data_dir.path().to_owned(),
             jail_helper: Some(helper.to_owned()),
             shutdown_grace_secs: 5,
+            // a few kernel slots, not the machine-sized default: test
+            // servers share the uid space (16 slots' worth each); a test
+            // wanting the defaults sets them and a uid range of its own
+            max_sessions: 3,
+            max_sessions_per_user: 2,
             ..Config::default()
         };
         tweak(&mut cfg);
