@@ -737,6 +737,7 @@ pub fn checks(
         kiln_sandbox::visible_mounts(),
         config.max_concurrency + config.warm_jails,
     ));
+    out.push(Finding::ok("sessions", config.sessions_sizing()));
     out.push(judge_storage(&config.store_backends()));
     match disk_facts(&absolute(&config.data_dir)) {
         Some((at, d)) => out.push(judge_disk(

@@ -623,6 +623,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
         }
     }
     info!(report = %one_line(&kiln.jails.sandbox().report().to_string()), "sandbox ready");
+    info!("live kernels: {}", kiln.config.sessions_sizing());
     // Every jail copies, then tears down, each mount the server sees (its
     // slot filesystems among them): the same judgement as `kiln doctor`'s.
     let mounts = doctor::judge_mounts(
