@@ -297,7 +297,9 @@ impl SlotFs {
             },
             torn_down: Mutex::new(false),
         };
-        this.clear_all().map_err(SandboxError::Setup)?;
+        this.clear_all()
+            .and_then(|()| this.clear_beyond())
+            .map_err(SandboxError::Setup)?;
         let mut failures = Vec::new();
         let order: &[QuotaMode] = match mode {
             QuotaMode::Auto => &[QuotaMode::Loop, QuotaMode::Tmpfs],
@@ -388,6 +390,35 @@ impl SlotFs {
                 })
                 .and_then(|()| fs::set_permissions(&parent, fs::Permissions::from_mode(0o711)))
                 .map_err(|e| format!("create {}: {e}", parent.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Unmounts and removes the areas and images of slots beyond this
+    /// server's (`<n>/`, `<n>.img` with `n >= slots`): what a previous
+    /// server with more slots left when it was killed (its kernel slots'
+    /// images, say).
+    fn clear_beyond(&self) -> Result<(), String> {
+        let entries =
+            fs::read_dir(&self.dir).map_err(|e| format!("read {}: {e}", self.dir.display()))?;
+        let stale: Vec<u32> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.trim_end_matches(".img").parse::<u32>().ok())
+            .filter(|&n| n >= self.slots)
+            .collect();
+        for n in stale {
+            let parent = self.parent(n);
+            self.unmount(n)?;
+            match fs::symlink_metadata(&parent) {
+                Ok(m) if m.is_dir() => {
+                    empty_dir(&parent, &[])
+                        .and_then(|()| fs::remove_dir(&parent))
+                        .map_err(|e| format!("remove {}: {e}", parent.display()))?;
+                }
+                Ok(_) => fs::remove_file(&parent)
+                    .map_err(|e| format!("remove {}: {e}", parent.display()))?,
+                Err(_) => {}
+            }
         }
         Ok(())
     }
@@ -642,6 +673,24 @@ mod tests {
             .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("lost+found")]);
         assert!(outside.path().join("precious").exists());
+    }
+
+    #[test]
+    fn setting_up_fewer_slots_removes_the_areas_and_images_of_the_others() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let many = SlotFs::plain(top.path(), 5);
+        std::fs::write(many.parent(4).join("left"), "x").expect("write");
+        std::fs::write(many.image(3), "image").expect("write");
+        std::fs::write(top.path().join("notes"), "kept").expect("write");
+        std::mem::forget(many); // killed: no teardown
+        let few = SlotFs::plain(top.path(), 2);
+        few.clear_beyond().expect("clear beyond");
+        let mut left: Vec<String> = std::fs::read_dir(top.path())
+            .expect("read")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["0", "1", "notes"]);
     }
 
     #[test]
