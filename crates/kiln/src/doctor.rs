@@ -707,7 +707,8 @@ pub fn checks(
     subids.extend(parse_subids("/etc/subgid", &read("/etc/subgid")));
     out.push(judge_uids(&UidFacts {
         uid_base: u64::from(config.uid_base),
-        slots: u64::from(config.max_concurrency + config.warm_jails),
+        // every slot's uids, the kernels' too (as lib.rs gives the sandbox)
+        slots: u64::from(config.max_concurrency + config.warm_jails + config.max_sessions),
         subids,
         accounts: parse_passwd(&read("/etc/passwd")),
         uid_map: parse_id_map(&read("/proc/self/uid_map")),
