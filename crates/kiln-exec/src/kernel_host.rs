@@ -131,7 +131,12 @@ impl KernelHost for SandboxHost {
     ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
         Box::pin(async move {
             let (park, argv, template) = self.program(language, &limits)?;
-            let slot = self.sandbox.acquire_slot().await;
+            // a kernel slot: its filesystem is made now and goes with it
+            let slot = self
+                .sandbox
+                .acquire_kernel_slot()
+                .await
+                .map_err(|e| KernelsError::Unavailable(e.to_string()))?;
             // the evaluation timeouts are the registry's; the jail's own wall
             // and CPU clocks only bound the kernel's life
             let mut life = limits.clone();

@@ -46,6 +46,10 @@ pub struct SandboxConfig {
     pub uid_base: u32,
     /// Number of uid ranges = maximum number of concurrent jails.
     pub slots: u32,
+    /// How many of `slots` (the last ones) are kept for live kernels
+    /// ([`crate::Sandbox::acquire_kernel_slot`]): their workspace
+    /// filesystems exist only while a kernel holds them.
+    pub kernel_slots: u32,
     /// Host directories bound read-only at the same path.
     pub ro_binds: Vec<PathBuf>,
     /// Names under the host's `/etc` bound read-only when present.
@@ -85,6 +89,7 @@ impl Default for SandboxConfig {
             root_dir: PathBuf::from("/run/kiln/jail-root"),
             uid_base: 200_000,
             slots: 4,
+            kernel_slots: 0,
             ro_binds: vec![PathBuf::from("/usr")],
             etc_binds: DEFAULT_ETC_BINDS.iter().map(|s| (*s).to_owned()).collect(),
             image_root: None,
@@ -146,6 +151,12 @@ impl SandboxConfig {
         let bad = |m: String| Err(SandboxError::Config(m));
         if self.slots == 0 {
             return bad("slots must be at least 1".into());
+        }
+        if self.kernel_slots >= self.slots {
+            return bad(format!(
+                "kernel_slots ({}) must leave at least one of the {} slots to runs",
+                self.kernel_slots, self.slots
+            ));
         }
         if self.uid_base == 0 {
             return bad("uid_base 0 would map the jail onto host root".into());
@@ -266,6 +277,10 @@ mod tests {
         let cases: Vec<SandboxConfig> = vec![
             SandboxConfig {
                 slots: 0,
+                ..ok.clone()
+            },
+            SandboxConfig {
+                kernel_slots: ok.slots,
                 ..ok.clone()
             },
             SandboxConfig {

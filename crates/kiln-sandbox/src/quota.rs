@@ -19,6 +19,12 @@
 //! a new `mkfs` and mount take ~0.1 s, walking a jail's 40,000-level chain
 //! takes seconds.
 //!
+//! Slots kept for live kernels (the last `on_demand` ones) get no
+//! filesystem at start: [`SlotFs::take`] makes one when a kernel takes the
+//! slot and [`SlotFs::give_back`] unmounts it and removes its image when the
+//! kernel closes, so a large `max_sessions` costs an idle server no mounts,
+//! no loop devices and no start-up time.
+//!
 //! [`SlotFs::setup`] first unmounts whatever a previous server left at those
 //! paths; [`SlotFs::teardown`] (on shutdown, on drop of the last
 //! [`crate::Sandbox`] clone, and at process exit) unmounts everything and
@@ -149,6 +155,8 @@ fn loop_unavailable() -> Option<String> {
 pub(crate) struct SlotFs {
     dir: PathBuf,
     slots: u32,
+    /// The last `on_demand` slots are mounted only while taken.
+    on_demand: u32,
     bytes: u64,
     inodes: u64,
     quota: WorkspaceQuota,
@@ -250,11 +258,13 @@ fn empty_dir(dir: &Path, keep: &[&str]) -> io::Result<()> {
 
 impl SlotFs {
     /// Prepares `dir` and one workspace filesystem per slot with the first
-    /// backend of `mode` that works. Returns the reasons earlier backends
+    /// backend of `mode` that works, except for the last `on_demand` slots
+    /// (mounted by [`SlotFs::take`]). Returns the reasons earlier backends
     /// failed. Fails only if `dir` itself is unusable.
     pub(crate) fn setup(
         dir: &Path,
         slots: u32,
+        on_demand: u32,
         bytes: u64,
         inodes: u64,
         mode: QuotaMode,
@@ -279,6 +289,7 @@ impl SlotFs {
         let mut this = SlotFs {
             dir,
             slots,
+            on_demand: on_demand.min(slots),
             bytes,
             inodes,
             quota: WorkspaceQuota::None {
@@ -286,7 +297,9 @@ impl SlotFs {
             },
             torn_down: Mutex::new(false),
         };
-        this.clear_all().map_err(SandboxError::Setup)?;
+        this.clear_all()
+            .and_then(|()| this.clear_beyond())
+            .map_err(SandboxError::Setup)?;
         let mut failures = Vec::new();
         let order: &[QuotaMode] = match mode {
             QuotaMode::Auto => &[QuotaMode::Loop, QuotaMode::Tmpfs],
@@ -343,18 +356,24 @@ impl SlotFs {
         self.dir.join(format!("{slot}.img"))
     }
 
+    /// Unmounts a slot's filesystem (detached if busy) and removes its
+    /// image.
+    fn unmount(&self, slot: u32) -> Result<(), String> {
+        unmount_all(&self.parent(slot))?;
+        match fs::remove_file(self.image(slot)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(format!("remove {}: {e}", self.image(slot).display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Unmounts and removes whatever is at every slot's paths and leaves
     /// empty root-owned 0711 mount points.
     fn clear_all(&self) -> Result<(), String> {
         for i in 0..self.slots {
             let parent = self.parent(i);
-            unmount_all(&parent)?;
-            match fs::remove_file(self.image(i)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(format!("remove {}: {e}", self.image(i).display()));
-                }
-                _ => {}
-            }
+            self.unmount(i)?;
             match fs::symlink_metadata(&parent) {
                 Ok(m) if m.is_dir() => empty_dir(&parent, &[])
                     .map_err(|e| format!("empty {}: {e}", parent.display()))?,
@@ -375,6 +394,35 @@ impl SlotFs {
         Ok(())
     }
 
+    /// Unmounts and removes the areas and images of slots beyond this
+    /// server's (`<n>/`, `<n>.img` with `n >= slots`): what a previous
+    /// server with more slots left when it was killed (its kernel slots'
+    /// images, say).
+    fn clear_beyond(&self) -> Result<(), String> {
+        let entries =
+            fs::read_dir(&self.dir).map_err(|e| format!("read {}: {e}", self.dir.display()))?;
+        let stale: Vec<u32> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.trim_end_matches(".img").parse::<u32>().ok())
+            .filter(|&n| n >= self.slots)
+            .collect();
+        for n in stale {
+            let parent = self.parent(n);
+            self.unmount(n)?;
+            match fs::symlink_metadata(&parent) {
+                Ok(m) if m.is_dir() => {
+                    empty_dir(&parent, &[])
+                        .and_then(|()| fs::remove_dir(&parent))
+                        .map_err(|e| format!("remove {}: {e}", parent.display()))?;
+                }
+                Ok(_) => fs::remove_file(&parent)
+                    .map_err(|e| format!("remove {}: {e}", parent.display()))?,
+                Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     fn mount_all(&self, backend: QuotaMode) -> Result<(), String> {
         let mkfs = match backend {
             QuotaMode::Loop => {
@@ -387,7 +435,7 @@ impl SlotFs {
         };
         // mkfs and the mount take ~0.2 s per slot, mostly waiting: in parallel.
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..self.slots)
+            let handles: Vec<_> = (0..self.slots - self.on_demand)
                 .map(|i| {
                     let mkfs = mkfs.as_deref();
                     s.spawn(move || match mkfs {
@@ -516,6 +564,26 @@ impl SlotFs {
             .map_err(|e| format!("{walked}; re-creating it failed too: {e}"))
     }
 
+    /// Gives an on-demand slot its own new empty filesystem (the same
+    /// set-up as at start), for as long as it is taken.
+    pub(crate) fn take(&self, slot: u32) -> Result<(), String> {
+        self.recreate(slot)
+    }
+
+    /// Undoes [`SlotFs::take`]: unmounts the slot's filesystem (detached if
+    /// busy; the loop device's autoclear frees it with the last user),
+    /// removes its image and leaves an empty mount point.
+    pub(crate) fn give_back(&self, slot: u32) -> Result<(), String> {
+        let torn_down = lock(&self.torn_down);
+        if *torn_down {
+            return Ok(());
+        }
+        let parent = self.parent(slot);
+        self.unmount(slot)?;
+        // without a quota the workspaces were on the host filesystem
+        empty_dir(&parent, &[]).map_err(|e| format!("empty {}: {e}", parent.display()))
+    }
+
     /// Replaces a slot's filesystem by a new empty one: unmount (detached
     /// if busy), then the same set-up as at start.
     fn recreate(&self, slot: u32) -> Result<(), String> {
@@ -523,14 +591,7 @@ impl SlotFs {
         if *torn_down {
             return Err("the slot filesystems are torn down".to_owned());
         }
-        let parent = self.parent(slot);
-        unmount_all(&parent)?;
-        match fs::remove_file(self.image(slot)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(format!("remove {}: {e}", self.image(slot).display()));
-            }
-            _ => {}
-        }
+        self.unmount(slot)?;
         // Only the mount point is left; whatever is below it now is on the
         // host filesystem and came from no jail.
         match &self.quota {
@@ -570,6 +631,7 @@ impl SlotFs {
         let this = SlotFs {
             dir: dir.to_path_buf(),
             slots,
+            on_demand: 0,
             bytes: 0,
             inodes: 0,
             quota: WorkspaceQuota::None {
@@ -611,6 +673,24 @@ mod tests {
             .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("lost+found")]);
         assert!(outside.path().join("precious").exists());
+    }
+
+    #[test]
+    fn setting_up_fewer_slots_removes_the_areas_and_images_of_the_others() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let many = SlotFs::plain(top.path(), 5);
+        std::fs::write(many.parent(4).join("left"), "x").expect("write");
+        std::fs::write(many.image(3), "image").expect("write");
+        std::fs::write(top.path().join("notes"), "kept").expect("write");
+        std::mem::forget(many); // killed: no teardown
+        let few = SlotFs::plain(top.path(), 2);
+        few.clear_beyond().expect("clear beyond");
+        let mut left: Vec<String> = std::fs::read_dir(top.path())
+            .expect("read")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["0", "1", "notes"]);
     }
 
     #[test]

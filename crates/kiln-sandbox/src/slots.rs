@@ -9,7 +9,13 @@
 //! filesystem where the quota is enforced, see `quota.rs`); the area is
 //! emptied before the index is handed out again, so every job starts with an
 //! empty area and the whole quota.
+//!
+//! The last `on_demand` indices are kept for live kernels
+//! ([`SlotPool::acquire_on_demand`]) and have a free count of their own: their
+//! filesystem is made when one is taken and removed when it is released
+//! (rather than emptied), so idle kernel slots cost no mount.
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -37,18 +43,30 @@ impl SlotState {
 pub(crate) struct SlotPool {
     uid_base: u32,
     states: Mutex<Vec<SlotState>>,
-    /// One permit per free index.
+    /// Indices below this are mounted for good; the rest on demand.
+    fixed: usize,
+    /// One permit per free index below `fixed`.
     free: Semaphore,
+    /// One permit per free on-demand index.
+    free_on_demand: Semaphore,
     areas: Arc<SlotFs>,
 }
 
 impl SlotPool {
-    pub(crate) fn new(uid_base: u32, slots: u32, areas: Arc<SlotFs>) -> Arc<SlotPool> {
+    pub(crate) fn new(
+        uid_base: u32,
+        slots: u32,
+        on_demand: u32,
+        areas: Arc<SlotFs>,
+    ) -> Arc<SlotPool> {
         let n = slots as usize;
+        let fixed = n - (on_demand as usize).min(n);
         Arc::new(SlotPool {
             uid_base,
             states: Mutex::new(vec![SlotState::default(); n]),
-            free: Semaphore::new(n),
+            fixed,
+            free: Semaphore::new(fixed),
+            free_on_demand: Semaphore::new(n - fixed),
             areas,
         })
     }
@@ -60,14 +78,38 @@ impl SlotPool {
     }
 
     pub(crate) async fn acquire(self: &Arc<Self>) -> Slot {
+        self.take_free(&self.free, 0..self.fixed).await
+    }
+
+    /// Takes a free on-demand index and mounts its filesystem (any free
+    /// index when there are none). Dropping the slot unmounts it again.
+    pub(crate) async fn acquire_on_demand(self: &Arc<Self>) -> Result<Slot, String> {
+        let n = self.states().len();
+        if self.fixed == n {
+            return Ok(self.acquire().await);
+        }
+        let slot = self.take_free(&self.free_on_demand, self.fixed..n).await;
+        let pool = Arc::clone(self);
+        // The slot moves into the blocking task: if this future is dropped
+        // the mount still completes, and the slot's drop then unmounts it.
+        let (slot, mounted) = tokio::task::spawn_blocking(move || {
+            let mounted = pool.areas.take(slot.index);
+            (slot, mounted)
+        })
+        .await
+        .map_err(|e| format!("mounting a kernel slot: {e}"))?;
+        mounted.map(|()| slot)
+    }
+
+    async fn take_free(self: &Arc<Self>, free: &Semaphore, range: Range<usize>) -> Slot {
         // The semaphore is never closed, so acquire cannot fail.
-        if let Ok(permit) = self.free.acquire().await {
+        if let Ok(permit) = free.acquire().await {
             permit.forget();
         }
         let mut states = self.states();
-        let index = states
-            .iter()
-            .position(SlotState::is_free)
+        let index = range
+            .clone()
+            .find(|&i| states[i].is_free())
             .unwrap_or_else(|| unreachable!("a permit was taken, so an index is free"));
         states[index].held = true;
         Slot {
@@ -95,17 +137,27 @@ impl SlotPool {
         }
     }
 
-    /// Empties the slot's workspace area off the async runtime, then hands
-    /// the index out again. An area that cannot be emptied keeps its slot
-    /// out of use: the next job must never see another job's files.
+    /// Empties the slot's workspace area (unmounts it, for an on-demand
+    /// index) off the async runtime, then hands the index out again. An
+    /// area that cannot be emptied keeps its slot out of use: the next job
+    /// must never see another job's files.
     fn empty_then_free(self: &Arc<Self>, index: u32) {
         let pool = Arc::clone(self);
-        let work = move || match pool.areas.empty(index) {
+        let on_demand = index as usize >= self.fixed;
+        let work = move || match if on_demand {
+            pool.areas.give_back(index)
+        } else {
+            pool.areas.empty(index)
+        } {
             Ok(()) => {
                 if let Some(s) = pool.states().get_mut(index as usize) {
                     s.cleaning = false;
                 }
-                pool.free.add_permits(1);
+                if on_demand {
+                    pool.free_on_demand.add_permits(1);
+                } else {
+                    pool.free.add_permits(1);
+                }
             }
             Err(e) => tracing::error!(
                 slot = index,
@@ -204,9 +256,40 @@ mod tests {
     use super::*;
 
     fn pool(slots: u32) -> (tempfile::TempDir, Arc<SlotPool>) {
+        with_on_demand(slots, 0)
+    }
+
+    fn with_on_demand(slots: u32, on_demand: u32) -> (tempfile::TempDir, Arc<SlotPool>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let areas = SlotFs::plain(dir.path(), slots);
-        (dir, SlotPool::new(200_000, slots, areas))
+        (dir, SlotPool::new(200_000, slots, on_demand, areas))
+    }
+
+    #[tokio::test]
+    async fn on_demand_slots_are_kept_apart_from_the_others() {
+        let (_dir, pool) = with_on_demand(3, 2);
+        let run = pool.acquire().await;
+        assert_eq!(run.index(), 0);
+        let waiting = tokio::time::timeout(Duration::from_millis(50), pool.acquire()).await;
+        assert!(waiting.is_err(), "runs must not take kernel slots");
+        let k1 = pool.acquire_on_demand().await.expect("kernel slot");
+        let k2 = pool.acquire_on_demand().await.expect("kernel slot");
+        let mut got = [k1.index(), k2.index()];
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(50), pool.acquire_on_demand()).await;
+        assert!(waiting.is_err(), "kernels must not take run slots");
+        let area = k1.workspace_parent();
+        std::fs::write(area.join("left"), "x").expect("write");
+        let index = k1.index();
+        drop(k1);
+        let again = tokio::time::timeout(Duration::from_secs(5), pool.acquire_on_demand())
+            .await
+            .expect("kernel slot freed")
+            .expect("kernel slot");
+        assert_eq!(again.index(), index);
+        assert_eq!(std::fs::read_dir(&area).expect("read").count(), 0);
     }
 
     #[tokio::test]

@@ -413,3 +413,89 @@ fn a_process_ending_while_another_thread_tears_its_slots_down_leaves_no_mount() 
         mounts_under(&dir)
     );
 }
+
+/// Slot images (`<i>.img`) in a slots dir: one loop device each while
+/// mounted.
+fn images_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Kernel slots have a filesystem only while held: a sandbox with 64 of
+/// them mounts no more at start than one with 3 (only the run slots);
+/// taking two adds exactly two mounts and images, which work as a quota
+/// area, and dropping them removes exactly those two again.
+#[tokio::test]
+async fn kernel_slots_are_mounted_only_while_a_kernel_holds_them() {
+    const RUN_SLOTS: u32 = 2;
+    let uid_base = 2_100_000_000;
+    let with_kernel_slots = |name: &str, kernel_slots: u32| {
+        let sb = sandbox_or_skip(Sandbox::new(SandboxConfig {
+            slots: RUN_SLOTS + kernel_slots,
+            kernel_slots,
+            ..config(name, uid_base, QuotaMode::Loop, false)
+        }))?;
+        if sb.report().workspace_quota != WorkspaceQuota::LoopExt4 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set and no loop quota"
+            );
+            eprintln!("SKIPPED: no loop-device quota here");
+            return None;
+        }
+        Some(sb)
+    };
+    let Some(few) = with_kernel_slots("kernels-3", 3) else {
+        return;
+    };
+    let few_mounts = mounts_under(&slots_dir("kernels-3")).len();
+    drop(few);
+    let Some(sb) = with_kernel_slots("kernels-64", 64) else {
+        return;
+    };
+    let dir = slots_dir("kernels-64");
+    let start_mounts = mounts_under(&dir);
+    let at_start = start_mounts.len();
+    assert_eq!(at_start, RUN_SLOTS as usize, "{start_mounts:?}");
+    assert_eq!(at_start, few_mounts);
+    assert_eq!(images_in(&dir), RUN_SLOTS as usize);
+
+    let a = sb.acquire_kernel_slot().await.expect("kernel slot");
+    let b = sb.acquire_kernel_slot().await.expect("kernel slot");
+    assert!(a.index() >= RUN_SLOTS && b.index() >= RUN_SLOTS);
+    assert_eq!(mounts_under(&dir).len(), at_start + 2);
+    assert_eq!(images_in(&dir), RUN_SLOTS as usize + 2);
+    for slot in [&a, &b] {
+        assert!(
+            mounts_under(&dir)
+                .iter()
+                .any(|m| Path::new(m) == slot.workspace_parent()),
+            "kernel slot {} has no filesystem of its own",
+            slot.index()
+        );
+    }
+    let ws = workspace(&a);
+    let r = run_in(&sb, &a, &ws, FILL).await;
+    assert_eq!(stdout(&r).trim(), "No space left on device", "{r:?}");
+    drop(ws);
+
+    drop(a);
+    drop(b);
+    let t = std::time::Instant::now();
+    while mounts_under(&dir).len() > at_start && t.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(mounts_under(&dir), start_mounts);
+    let t = std::time::Instant::now();
+    while images_in(&dir) > RUN_SLOTS as usize && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(images_in(&dir), RUN_SLOTS as usize);
+    sb.shutdown();
+    assert!(mounts_under(&dir).is_empty());
+}

@@ -211,10 +211,13 @@ pub struct Config {
     pub runtime_session_live: bool,
     /// Live kernels (`/v1/sessions`) this node runs at once, each in a jail
     /// with a uid slot of its own (beyond `max_concurrency` and the warm
-    /// pool: kernels never take one-shot runs' slots); past it, 503. 0
-    /// turns the sessions API off. `py` kernels need the Python fork-server.
+    /// pool: kernels never take one-shot runs' slots, and a kernel slot is
+    /// mounted only while a kernel holds it); past it, 503. 0 turns the
+    /// sessions API off. `py` kernels need the Python fork-server. Default:
+    /// sized from the machine's memory ([`SessionSizing`]).
     pub max_sessions: u32,
-    /// Live kernels one user may hold; past it, 429.
+    /// Live kernels one user (principal) may hold; past it, 429. Default:
+    /// half of the default `max_sessions`.
     pub max_sessions_per_user: usize,
     /// A kernel idle this long is closed, seconds (a session may ask for less).
     pub session_idle_ttl_secs: u64,
@@ -326,6 +329,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         let l = Limits::default();
+        let sized = SessionSizing::for_this_machine();
         Config {
             listen: "127.0.0.1:8000".into(),
             data_dir: PathBuf::from("./kiln-data"),
@@ -404,8 +408,8 @@ impl Default for Config {
             project_budget_bytes: kiln_exec::projects::DEFAULT_BUDGET_BYTES,
             runtime_session_mode: "affinity".to_owned(),
             runtime_session_live: false,
-            max_sessions: 3,
-            max_sessions_per_user: 2,
+            max_sessions: sized.max_sessions,
+            max_sessions_per_user: sized.max_sessions_per_user,
             session_idle_ttl_secs: 30 * 60,
             session_max_age_secs: 8 * 3600,
             session_busy_wait_ms: 2000,
@@ -449,9 +453,11 @@ mod auth;
 mod egress;
 mod limits;
 mod server;
+mod sessions;
 mod storage;
 
 pub use self::auth::Auth;
+pub use self::sessions::SessionSizing;
 
 impl Config {
     /// Layer defaults, `file`, and the environment.
@@ -522,8 +528,11 @@ impl Config {
             bail!("session_ttl_secs must be at least 1");
         }
         self.runtime_session_mode()?;
-        if self.max_sessions > 256 || self.max_sessions_per_user == 0 {
-            bail!("max_sessions must be at most 256 and max_sessions_per_user at least 1");
+        if self.max_sessions > sessions::MAX_SESSIONS_LIMIT || self.max_sessions_per_user == 0 {
+            bail!(
+                "max_sessions must be at most {} and max_sessions_per_user at least 1",
+                sessions::MAX_SESSIONS_LIMIT
+            );
         }
         if self.bridge_sandboxes_per_user == 0 || self.bridge_idle_ttl_secs == 0 {
             bail!("bridge_sandboxes_per_user and bridge_idle_ttl_secs must be at least 1");
@@ -581,17 +590,38 @@ mod tests {
     }
 
     #[test]
+    fn default_live_kernels_give_seed_004s_25_users_under_one_key_room_on_a_big_machine() {
+        let c = Config::default();
+        let sized = SessionSizing::for_this_machine();
+        assert_eq!(c.max_sessions, sized.max_sessions);
+        assert_eq!(c.max_sessions_per_user, sized.max_sessions_per_user);
+        c.validate().expect("the sized defaults are valid");
+        match sized.memory_bytes {
+            // like the 24 GiB machine the defaults are checked on
+            Some(m) if m >= 7 << 30 => assert!(
+                c.max_sessions_per_user >= 25,
+                "{} per principal on {m} bytes",
+                c.max_sessions_per_user
+            ),
+            _ => eprintln!("SKIPPED: a machine under 7 GiB ({:?})", sized.memory_bytes),
+        }
+    }
+
+    #[test]
     // figment::Jail's closure must return figment's own (large) error type
     #[allow(clippy::result_large_err)]
     fn toml_file_and_env_layer_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("kiln.toml");
-        std::fs::write(&f, "memory_mb = 256\npids = 64\n").unwrap();
+        std::fs::write(&f, "memory_mb = 256\npids = 64\nmax_sessions = 7\n").unwrap();
         figment::Jail::expect_with(|jail| {
             jail.set_env("KILN_PIDS", "32");
+            jail.set_env("KILN_MAX_SESSIONS_PER_USER", "1");
             let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
             assert_eq!(c.memory_mb, 256);
             assert_eq!(c.pids, 32);
+            // explicit values win over the machine-sized defaults
+            assert_eq!((c.max_sessions, c.max_sessions_per_user), (7, 1));
             Ok(())
         });
     }

@@ -707,7 +707,8 @@ pub fn checks(
     subids.extend(parse_subids("/etc/subgid", &read("/etc/subgid")));
     out.push(judge_uids(&UidFacts {
         uid_base: u64::from(config.uid_base),
-        slots: u64::from(config.max_concurrency + config.warm_jails),
+        // every slot's uids, the kernels' too (as lib.rs gives the sandbox)
+        slots: u64::from(config.max_concurrency + config.warm_jails + config.max_sessions),
         subids,
         accounts: parse_passwd(&read("/etc/passwd")),
         uid_map: parse_id_map(&read("/proc/self/uid_map")),
@@ -735,8 +736,9 @@ pub fn checks(
     out.push(judge_runtimes(&missing, languages.len()));
     out.push(judge_mounts(
         kiln_sandbox::visible_mounts(),
-        config.max_concurrency + config.warm_jails + config.max_sessions,
+        config.max_concurrency + config.warm_jails,
     ));
+    out.push(Finding::ok("sessions", config.sessions_sizing()));
     out.push(judge_storage(&config.store_backends()));
     match disk_facts(&absolute(&config.data_dir)) {
         Some((at, d)) => out.push(judge_disk(
@@ -760,12 +762,13 @@ const MOUNT_COST_US: f64 = 6.6;
 const MANY_MOUNTS: usize = 100;
 
 /// The mount table: every jail copies the host's mounts plus the server's
-/// `slots` slot filesystems, and tears each down again.
+/// `slots` slot filesystems (one more per live kernel), and tears each
+/// down again.
 pub fn judge_mounts(host_mounts: usize, slots: u32) -> Finding {
     let n = host_mounts + slots as usize;
     let cost = format!(
-        "each jail copies {n} mounts ({host_mounts} of the host, {slots} slot filesystems), \
-         about {:.1} ms of CPU per run",
+        "each jail copies {n} mounts ({host_mounts} of the host, {slots} slot filesystems, \
+         one more per live kernel), about {:.1} ms of CPU per run",
         n as f64 * MOUNT_COST_US / 1000.0
     );
     if n > MANY_MOUNTS {

@@ -89,6 +89,8 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     // parked warm jails and live kernels hold slots of their own, beyond the
     // concurrency
     sc.slots = config.max_concurrency + config.warm_jails + config.max_sessions;
+    // kernel slots get their filesystem only while a kernel holds them
+    sc.kernel_slots = config.max_sessions;
     sc.slots_dir = Some(work.join("slots"));
     sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
     sc.workspace_inodes = config.workspace_files;
@@ -662,7 +664,8 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
             );
         }
     };
-    let slots = config.max_concurrency + config.warm_jails + config.max_sessions;
+    // kernel slots are mounted only while a kernel holds them
+    let slots = config.max_concurrency + config.warm_jails;
     let kiln = build(config).await?;
     match &kiln.image {
         Some(i) => info!(image = %i.id, digest = i.digest.as_deref().unwrap_or("-"),
@@ -678,6 +681,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
         }
     }
     info!(report = %one_line(&kiln.jails.sandbox().report().to_string()), "sandbox ready");
+    info!("live kernels: {}", kiln.config.sessions_sizing());
     // Every jail copies, then tears down, each mount the server sees (its
     // slot filesystems among them): the same judgement as `kiln doctor`'s.
     let mounts = doctor::judge_mounts(

@@ -47,6 +47,11 @@ impl TestServer {
             runtime_dir: std::env::var_os("KILN_RUNTIME_DIR")
                 .filter(|v| !v.is_empty())
                 .map_or_else(|| Config::default().runtime_dir, Into::into),
+            // a few kernel slots, not the machine-sized default: test
+            // servers share the uid space (16 slots' worth each); a test
+            // wanting the defaults sets them and a uid range of its own
+            max_sessions: 3,
+            max_sessions_per_user: 2,
             ..Config::default()
         };
         tweak(&mut cfg);

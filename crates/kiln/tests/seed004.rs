@@ -228,6 +228,39 @@ async fn one_callers_user_uuids_share_its_kernel_cap_and_leave_others_room() {
     assert_eq!(code, 200, "{v}");
 }
 
+/// Issue 28: seed 004's own scenario (25 users, one key) needs 25 live
+/// kernels under one principal; with the machine-sized default caps each
+/// of the 25 `user_uuid`s gets a worker of its own that keeps its state
+/// (on a machine of at least 7 GiB, where the defaults allow 25).
+#[tokio::test]
+async fn twenty_five_users_under_one_key_each_get_a_worker_with_the_default_caps() {
+    let sized = kiln::config::SessionSizing::for_this_machine();
+    if sized.max_sessions_per_user < 25 {
+        eprintln!("SKIPPED: the defaults here allow {sized:?}");
+        return;
+    }
+    let s = gateway(|c| {
+        let d = kiln::config::Config::default();
+        c.max_sessions = d.max_sessions;
+        c.max_sessions_per_user = d.max_sessions_per_user;
+        // the default caps take more uid slots than a shared test range
+        c.uid_base = 3_200_000_000;
+    })
+    .await;
+    let users: Vec<String> = (0..25).map(|i| format!("seed004-user-{i:02}")).collect();
+    let mut workers = std::collections::HashSet::new();
+    for (i, u) in users.iter().enumerate() {
+        let v = execute_ok(&s, u, &format!("n = {i} * 3")).await;
+        workers.insert(v["worker_id"].as_str().expect("worker_id").to_owned());
+    }
+    assert_eq!(workers.len(), 25, "a worker per user_uuid");
+    assert_eq!(status(&s).await["total_workers"], 25);
+    for (i, u) in users.iter().enumerate() {
+        let v = execute_ok(&s, u, "print(n)").await;
+        assert_eq!(v["result_text"], format!("{}\n", i * 3), "{u}: {v}");
+    }
+}
+
 /// A loopback file server: `GET /data.csv`, `GET /moved` (302 to it),
 /// `GET /big` (2 MiB), `PUT /put/{name}` (kept in the map).
 /// What the file server received, by name.

@@ -55,6 +55,19 @@ async fn create(s: &TestServer, user: Option<&str>) -> String {
     v["session_id"].as_str().expect("session_id").to_owned()
 }
 
+/// Closes session `id` (204).
+async fn close(s: &TestServer, id: &str) {
+    let (status, v) = call(
+        s,
+        reqwest::Method::DELETE,
+        &format!("/sessions/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204, "close {id}: {v}");
+}
+
 async fn exec_as(s: &TestServer, id: &str, user: Option<&str>, body: Value) -> (u16, Value) {
     call(
         s,
@@ -185,15 +198,7 @@ async fn a_session_keeps_state_and_reports_values_output_and_errors() {
     )
     .await;
     assert_eq!(v["evaluations"], 7, "{v}");
-    let (status, _) = call(
-        &s,
-        reqwest::Method::DELETE,
-        &format!("/sessions/{id}"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    close(&s, &id).await;
     let (status, v) = exec_as(&s, &id, None, json!({"code": "x"})).await;
     assert_eq!(status, 404, "{v}");
     assert_eq!(v["error"], "session_not_found");
@@ -990,4 +995,54 @@ impl KeyedClient {
     fn post(&self, url: String) -> reqwest::RequestBuilder {
         self.0.post(url).header("X-API-Key", self.1)
     }
+}
+
+/// Mount points of slot filesystems of the server with data dir `data`.
+fn slot_mounts(data: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&*data.to_string_lossy()) && m.contains("/slots/"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue 28: a server with 64 kernel slots mounts at start only its run
+/// and warm slots (as many as a server with 3 kernel slots); each kernel
+/// opened adds exactly one slot filesystem and closing it removes it.
+#[tokio::test]
+async fn kernel_slots_are_mounted_only_while_their_kernels_live() {
+    let s = sessions_server(|c| {
+        c.max_sessions = 64;
+        // 64 kernel slots take more uid space than a shared test range
+        c.uid_base = 3_300_000_000;
+    })
+    .await;
+    let data = s.data_dir.path().to_owned();
+    let at_start = slot_mounts(&data);
+    // max_concurrency (8 by default) + warm_jails (2): no kernel slot
+    assert_eq!(at_start.len(), 10, "{at_start:?}");
+    let a = create(&s, None).await;
+    let b = create(&s, None).await;
+    exec_ok(&s, &a, "x = 1").await;
+    let open = slot_mounts(&data);
+    assert_eq!(open.len(), at_start.len() + 2, "{open:?}");
+    assert!(at_start.iter().all(|m| open.contains(m)));
+    let wait_for = |n: usize| {
+        let data = data.clone();
+        async move {
+            let t = Instant::now();
+            while slot_mounts(&data).len() != n && t.elapsed() < Duration::from_secs(20) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            slot_mounts(&data)
+        }
+    };
+    for (id, left) in [(a, 1), (b, 0)] {
+        close(&s, &id).await;
+        let now = wait_for(at_start.len() + left).await;
+        assert_eq!(now.len(), at_start.len() + left, "{now:?}");
+    }
+    assert_eq!(slot_mounts(&data), at_start);
 }

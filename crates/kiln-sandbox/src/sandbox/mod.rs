@@ -98,6 +98,7 @@ impl Sandbox {
         let (areas, _) = SlotFs::setup(
             &cfg.slots_dir(),
             cfg.slots,
+            cfg.kernel_slots,
             cfg.workspace_bytes,
             cfg.workspace_inodes,
             cfg.workspace_quota,
@@ -138,6 +139,7 @@ impl Sandbox {
             cpu_per_run = f64::from(cpu.per_run_millis) / 1000.0,
             cpu_all_runs = f64::from(cpu.all_runs_millis) / 1000.0,
             slots = cfg.slots,
+            kernel_slots_on_demand = cfg.kernel_slots,
             uid_base = cfg.uid_base,
             workspace_quota = %report.workspace_quota,
             workspace_bytes = cfg.workspace_bytes,
@@ -145,7 +147,12 @@ impl Sandbox {
             landlock_abi = ?report.landlock_abi,
             "sandbox ready"
         );
-        let slots = SlotPool::new(cfg.uid_base, cfg.slots, Arc::clone(&areas));
+        let slots = SlotPool::new(
+            cfg.uid_base,
+            cfg.slots,
+            cfg.kernel_slots,
+            Arc::clone(&areas),
+        );
         let launcher = match Launcher::start(&cfg.helper) {
             Ok(l) => {
                 tracing::info!(pid = l.pid(), "jail launcher ready");
@@ -202,6 +209,18 @@ impl Sandbox {
     /// Takes a free uid slot, waiting while all are busy.
     pub async fn acquire_slot(&self) -> Slot {
         self.inner.slots.acquire().await
+    }
+
+    /// Takes a free slot kept for live kernels (`kernel_slots`), waiting
+    /// while all are busy, and gives it its workspace filesystem; the
+    /// filesystem goes away again when the slot is dropped and its runs
+    /// are over. Without kernel slots, any free slot.
+    pub async fn acquire_kernel_slot(&self) -> Result<Slot, SandboxError> {
+        self.inner
+            .slots
+            .acquire_on_demand()
+            .await
+            .map_err(SandboxError::Setup)
     }
 
     /// Runs one program in a fresh jail under `slot`'s uids. Returns only
