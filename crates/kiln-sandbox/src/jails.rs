@@ -26,7 +26,7 @@ use crate::sandbox::{ParkSpec, ParkedJail, Sandbox};
 use crate::slots::Slot;
 use crate::spec::ParkMode;
 use crate::warm::{WarmConfig, WarmPool};
-use crate::zygote::{ZygoteConfig, ZygoteInfo, find_libpython};
+use crate::zygote::{ZygoteConfig, ZygoteInfo, find_image_libpython, find_libpython};
 
 /// A boxed future, as the trait objects below return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -331,13 +331,20 @@ async fn start_zygote(
     limits: &Limits,
     z: &ZygoteStart,
 ) -> Result<ZygoteInfo, SandboxError> {
-    let libpython = find_libpython(Path::new(interpreter))?;
+    // on a runtime image the fork-server runs the image's interpreter (it
+    // re-executes itself inside the image's system: ZygoteConfig::image_root)
+    let image_root = sandbox.config().image_root.clone();
+    let libpython = match &image_root {
+        Some(root) => find_image_libpython(root)?,
+        None => find_libpython(Path::new(interpreter))?,
+    };
     // matplotlib wants a writable config dir while the template imports it
     // (one per template: two preloads never write the same files)
     let config_dir = z.config_dir.join(template.profile);
     std::fs::create_dir_all(&config_dir).map_err(|e| SandboxError::io("create", &config_dir, e))?;
     let cfg = ZygoteConfig {
         libpython,
+        image_root,
         preload: template.preload(),
         env: zygote_env(lang, limits, &config_dir),
     };

@@ -85,4 +85,4 @@ pub use slots::Slot;
 pub use spec::{JAIL_UID, ParkMode};
 pub use tree::remove_tree;
 pub use warm::{WarmConfig, WarmPool, WarmStats};
-pub use zygote::{ZygoteConfig, ZygoteInfo, find_libpython, zygote_main};
+pub use zygote::{ZygoteConfig, ZygoteInfo, find_image_libpython, find_libpython, zygote_main};

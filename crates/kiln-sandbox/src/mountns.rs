@@ -55,3 +55,56 @@ pub fn visible_mounts() -> usize {
         .map(|t| t.lines().count())
         .unwrap_or(0)
 }
+
+/// Makes the calling process (the Python fork-server, before it loads
+/// anything) see a runtime image's system instead of the host's: in a new
+/// private mount namespace, the image's `/usr` and `/etc` are bound
+/// read-only over the host's (and its `/usr/bin`, `/usr/lib`, ... over a
+/// host's `/bin`, `/lib`, ... that are real directories, not merged-usr
+/// links). A program executed afterwards is loaded by the image's dynamic
+/// loader and C library, and `dlopen`s the image's libraries; the rest of
+/// the host (the data dir, the jails' roots) stays visible. Single-threaded
+/// callers only (the namespace belongs to the thread).
+pub fn enter_image_system(image_root: &std::path::Path) -> Result<(), String> {
+    crate::sys::ensure_single_threaded().map_err(|e| e.to_string())?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / private: {e}"))?;
+    let mut binds = vec![
+        (image_root.join("usr"), std::path::PathBuf::from("/usr")),
+        (image_root.join("etc"), std::path::PathBuf::from("/etc")),
+    ];
+    for top in ["bin", "sbin", "lib", "lib64"] {
+        let host = std::path::Path::new("/").join(top);
+        let real_dir = std::fs::symlink_metadata(&host).is_ok_and(|m| m.is_dir());
+        let src = image_root.join("usr").join(top);
+        if real_dir && src.is_dir() {
+            binds.push((src, host));
+        }
+    }
+    for (src, dst) in &binds {
+        mount(
+            Some(src.as_path()),
+            dst.as_path(),
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind {} over {}: {e}", src.display(), dst.display()))?;
+        mount(
+            None::<&str>,
+            dst.as_path(),
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .map_err(|e| format!("make {} read-only: {e}", dst.display()))?;
+    }
+    Ok(())
+}

@@ -202,6 +202,7 @@ async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_othe
             "py",
             &ZygoteConfig {
                 libpython,
+                image_root: None,
                 preload: PRELOAD.into(),
                 env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             },

@@ -82,6 +82,7 @@ async fn the_fork_server_reaps_any_child_and_its_death_takes_its_programs() {
             "py",
             &ZygoteConfig {
                 libpython,
+                image_root: None,
                 preload: PRELOAD.into(),
                 env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             },

@@ -121,16 +121,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     };
     let jails = if config.warm_jails > 0 {
         // warm profiles come from the language table; the fork-server
-        // (embedded py) starts in the background
-        // the fork-server loads libpython into this process: the host's only (an image's
-        // needs the image's glibc), so on an image py's warm jails are parked, not forked
-        if config.python_zygote && image.is_some() {
-            warn!(
-                "the Python fork-server does not run on a runtime image yet: py runs in generic \
-                 warm jails, and kernels that need the fork-server are unavailable (docs/runtimes.md)"
-            );
-        }
-        let zygote = (config.python_zygote && image.is_none()).then(|| ZygoteStart {
+        // (embedded py) starts in the background, on a runtime image inside
+        // the image's system (its interpreter, its modules)
+        let zygote = config.python_zygote.then(|| ZygoteStart {
             config_dir: zygote_config_dir(&data),
             only: config.python_template_only().unwrap_or(None),
         });

@@ -176,3 +176,43 @@ async fn documents_convert_inside_a_jail_under_the_default_limits() {
     assert_eq!(st, 200);
     assert!(bytes.starts_with(b"%PDF-"), "a PDF comes back");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fork_server_and_live_kernels_run_the_images_python() {
+    let Some(s) = image_server().await else {
+        return;
+    };
+    // the fork-server embeds the image's libpython (inside the image's system)
+    assert!(
+        s.wait_warm("py-data", std::time::Duration::from_secs(180))
+            .await,
+        "the py-data fork-server must start on the image"
+    );
+    // a warm run is a fork of the image's preloaded template: pandas 2 is
+    // already imported, the interpreter is the image's 3.13
+    let r = run(
+        &s,
+        "py",
+        "import sys, time\nt = time.perf_counter()\nimport pandas\nprint(sys.version_info[:2] == (3, 13), pandas.__version__.split('.')[0], 'pandas' in sys.modules, time.perf_counter() - t < 0.05)",
+    )
+    .await;
+    assert_eq!(stdout(&r), "True 2 True True\n", "{r}");
+    // a live kernel (a fork of the template) keeps its state on the image
+    let created: Value = json_of(
+        client()
+            .post(format!("{}/sessions", s.v1()))
+            .json(&serde_json::json!({"lang": "py"})),
+    )
+    .await;
+    let id = created["session_id"].as_str().expect("session_id");
+    let eval = |code: &str| {
+        client()
+            .post(format!("{}/sessions/{id}/exec", s.v1()))
+            .json(&serde_json::json!({ "code": code }))
+    };
+    let (status, first) = status_json(eval("import sys\nv = sys.version_info[1]")).await;
+    assert_eq!(status, 200, "{first}");
+    let (status, second) = status_json(eval("print(v)")).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["stdout"], "13\n", "{second}");
+}

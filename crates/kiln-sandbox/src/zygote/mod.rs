@@ -50,8 +50,17 @@ use crate::error::SandboxError;
 /// What the fork-server loads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZygoteConfig {
-    /// The host's shared libpython (`libpython3.X.so.1.0`).
+    /// The shared libpython (`libpython3.X.so.1.0`): the host's, or with
+    /// [`ZygoteConfig::image_root`] the image's, by its path inside the
+    /// image.
     pub libpython: PathBuf,
+    /// A runtime image's root: the fork-server re-executes itself in a
+    /// mount namespace where the image's `/usr` and `/etc` replace the
+    /// host's (see `mountns::enter_image_system`), so the image's C library
+    /// loads it and the image's libpython, and the template imports the
+    /// image's modules, the ones its jails see. `None`: the host's.
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
     /// Python source run once at start-up; must define the
     /// `_kiln_zygote` module whose `run(go: bytes)` runs one program and
     /// ends the process.
@@ -79,6 +88,33 @@ enum Hello {
     Failed(String),
 }
 
+/// Finds a runtime image's shared libpython: the newest
+/// `usr/lib/<multiarch>/libpython3.N.so.1.0` below `image_root`, as the
+/// path the fork-server sees once the image's `/usr` is its own.
+pub fn find_image_libpython(image_root: &Path) -> Result<PathBuf, SandboxError> {
+    let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
+    let dir = image_root.join("usr/lib").join(&triple);
+    let newest = std::fs::read_dir(&dir)
+        .map_err(|e| SandboxError::io("read", &dir, e))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| {
+            let minor: u32 = name
+                .strip_prefix("libpython3.")?
+                .strip_suffix(".so.1.0")?
+                .parse()
+                .ok()?;
+            Some((minor, name))
+        })
+        .max();
+    match newest {
+        Some((_, name)) => Ok(PathBuf::from("/usr/lib").join(triple).join(name)),
+        None => Err(SandboxError::Zygote(format!(
+            "the runtime image has no shared libpython in {} (its recipe needs libpython3.N)",
+            dir.display()
+        ))),
+    }
+}
+
 /// Finds the host's shared libpython for `python3` (the interpreter the
 /// `py` language runs): asks it where its `INSTSONAME` lives.
 pub fn find_libpython(python: &Path) -> Result<PathBuf, SandboxError> {
@@ -102,4 +138,32 @@ pub fn find_libpython(python: &Path) -> Result<PathBuf, SandboxError> {
         )));
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_images_newest_libpython_is_found_by_its_path_inside_the_image() {
+        let root = tempfile::tempdir().unwrap();
+        let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
+        let lib = root.path().join("usr/lib").join(&triple);
+        std::fs::create_dir_all(&lib).unwrap();
+        assert!(find_image_libpython(root.path()).is_err());
+        for name in [
+            "libpython3.9.so.1.0",
+            "libpython3.13.so.1.0",
+            "libpython3.13.so.1",
+            "libpython3.12.a",
+        ] {
+            std::fs::write(lib.join(name), b"").unwrap();
+        }
+        assert_eq!(
+            find_image_libpython(root.path()).unwrap(),
+            PathBuf::from("/usr/lib")
+                .join(triple)
+                .join("libpython3.13.so.1.0")
+        );
+    }
 }

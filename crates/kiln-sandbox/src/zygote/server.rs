@@ -23,6 +23,44 @@ use super::{Hello, ZygoteConfig, ZygoteInfo};
 /// Largest config message (the preload source is a few KiB).
 const CONFIG_MAX: usize = 1 << 20;
 
+/// The only variable of a fork-server re-executed inside a runtime image's
+/// system: its config (the preload and the jail's environment; no host
+/// path, the image's root left out), replaced by that environment before
+/// the interpreter starts.
+const IN_IMAGE_CONFIG: &str = "KILN_ZYGOTE_CONFIG";
+
+/// Moves into a mount namespace where the image's `/usr` and `/etc` are the
+/// system, and executes this program again there, so that the image's
+/// loader and C library load it and its `dlopen` of the image's libpython
+/// works (a libpython of a newer distribution needs its own C library).
+/// Returns only why that failed.
+fn reexec_in_image(root: &std::path::Path, cfg: &ZygoteConfig) -> String {
+    if let Err(e) = crate::mountns::enter_image_system(root) {
+        return format!("enter the runtime image {}: {e}", root.display());
+    }
+    let inner = ZygoteConfig {
+        image_root: None,
+        ..cfg.clone()
+    };
+    let json = match serde_json::to_string(&inner) {
+        Ok(j) => j,
+        Err(e) => return format!("encode config: {e}"),
+    };
+    let (Ok(exe), Ok(arg0), Ok(arg1), Ok(var)) = (
+        std::ffi::CString::new("/proc/self/exe"),
+        std::ffi::CString::new("kiln"),
+        std::ffi::CString::new("__zygote"),
+        std::ffi::CString::new(format!("{IN_IMAGE_CONFIG}={json}")),
+    ) else {
+        return "the config holds a NUL byte".to_owned();
+    };
+    // the socket stays on fd 0 (inherited without close-on-exec)
+    match nix::unistd::execve(&exe, &[arg0, arg1], &[var]) {
+        Ok(never) => match never {},
+        Err(e) => format!("execute the fork-server inside the runtime image: {e}"),
+    }
+}
+
 /// Entry point of `kiln __zygote`. Never returns.
 pub fn zygote_main() -> ! {
     seqpacket::serve_stdin("zygote", serve, |sock, why| {
@@ -46,9 +84,19 @@ fn rss_bytes() -> u64 {
 /// closes.
 fn serve(sock: &OwnedFd) -> Result<(), String> {
     sys::close_from(3).map_err(|e| format!("close inherited fds: {e}"))?;
-    let (bytes, _) = recv(sock, CONFIG_MAX).map_err(|e| format!("read config: {e}"))?;
-    let cfg: ZygoteConfig =
-        serde_json::from_slice(&bytes).map_err(|e| format!("parse config: {e}"))?;
+    let cfg = match std::env::var(IN_IMAGE_CONFIG) {
+        // re-executed inside the image's system (below): the config read then
+        Ok(json) => serde_json::from_str(&json).map_err(|e| format!("parse config: {e}"))?,
+        Err(_) => {
+            let (bytes, _) = recv(sock, CONFIG_MAX).map_err(|e| format!("read config: {e}"))?;
+            let cfg: ZygoteConfig =
+                serde_json::from_slice(&bytes).map_err(|e| format!("parse config: {e}"))?;
+            if let Some(root) = &cfg.image_root {
+                return Err(reexec_in_image(root, &cfg));
+            }
+            cfg
+        }
+    };
     sys::ensure_single_threaded().map_err(|e| e.to_string())?;
     // Programs are forks of this process: host root's supplementary groups
     // (gid 0 among them) must not follow them into the jail.
