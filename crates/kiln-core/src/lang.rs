@@ -236,6 +236,10 @@ pub static LANGUAGES: &[LanguageSpec] = &[
             ("PYTHONDONTWRITEBYTECODE", "1"),
             ("MPLBACKEND", "Agg"),
             ("MPLCONFIGDIR", "/tmp/.mpl"),
+            // pyarrow (which pandas 2 imports when installed) otherwise starts
+            // jemalloc's background thread at import: a template that
+            // imports pandas could not fork (the fork-server needs one thread)
+            ("JE_ARROW_MALLOC_CONF", "background_thread:false"),
             // sitecustomize.py: plt.show() saves plot_<n>.png
             ("PYTHONPATH", "{support}/python"),
         ],

@@ -18,6 +18,8 @@ use std::sync::OnceLock;
 struct Api {
     initialize_ex: unsafe extern "C" fn(c_int),
     run_simple_string: unsafe extern "C" fn(*const c_char) -> c_int,
+    before_fork: unsafe extern "C" fn(),
+    after_fork_parent: unsafe extern "C" fn(),
     after_fork_child: unsafe extern "C" fn(),
 }
 
@@ -110,6 +112,8 @@ pub(crate) fn initialize(libpython: &Path, preload: &str) -> Result<(), EmbedErr
     }
     let init = symbol(handle, &path, "Py_InitializeEx")?;
     let run = symbol(handle, &path, "PyRun_SimpleString")?;
+    let before = symbol(handle, &path, "PyOS_BeforeFork")?;
+    let parent = symbol(handle, &path, "PyOS_AfterFork_Parent")?;
     let after = symbol(handle, &path, "PyOS_AfterFork_Child")?;
     // SAFETY: these are the documented signatures of the CPython C API
     // functions of these names (stable ABI since 3.2 / 3.7).
@@ -120,6 +124,8 @@ pub(crate) fn initialize(libpython: &Path, preload: &str) -> Result<(), EmbedErr
                 *mut c_void,
                 unsafe extern "C" fn(*const c_char) -> c_int,
             >(run),
+            before_fork: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(before),
+            after_fork_parent: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(parent),
             after_fork_child: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(after),
         }
     };
@@ -135,6 +141,29 @@ pub(crate) fn initialize(libpython: &Path, preload: &str) -> Result<(), EmbedErr
     Ok(())
 }
 
+/// Before the fork-server forks: the interpreter takes the locks a fork
+/// must not copy half-held (CPython 3.13 checks that the child's
+/// [`run_in_child`] releases exactly these) and runs its before-fork hooks.
+/// Must be followed by [`after_fork_parent`] in this process. A no-op
+/// before the interpreter is initialised.
+pub(crate) fn before_fork() {
+    if let Some(api) = API.get() {
+        // SAFETY: the interpreter is initialised and the fork-server's only
+        // thread holds the GIL, as `PyOS_BeforeFork` requires.
+        unsafe { (api.before_fork)() };
+    }
+}
+
+/// In the fork-server after a fork (or a failed one): releases what
+/// [`before_fork`] took and runs the parent's after-fork hooks.
+pub(crate) fn after_fork_parent() {
+    if let Some(api) = API.get() {
+        // SAFETY: called once after each `before_fork`, on the same (only)
+        // thread, holding the GIL.
+        unsafe { (api.after_fork_parent)() };
+    }
+}
+
 /// In a forked child: tells the interpreter it is a new process, then runs
 /// `code`. Returns only if the code returned (the preload's runner ends the
 /// process itself); the value is what `PyRun_SimpleString` reported.
@@ -147,8 +176,9 @@ pub(crate) fn run_in_child(code: &str) -> Result<c_int, EmbedError> {
     let code = CString::new(code)
         .map_err(|_| EmbedError::Invalid("code contains a NUL byte".to_owned()))?;
     // SAFETY: this process is a single-threaded fork of the initialised
-    // fork-server, whose only thread held the GIL at the fork; CPython
-    // requires exactly this call before any other use after such a fork.
+    // fork-server, whose only thread held the GIL (and, through
+    // `before_fork`, the runtime's fork locks) at the fork; CPython requires
+    // exactly this call before any other use after such a fork.
     unsafe { (api.after_fork_child)() };
     // SAFETY: as in `initialize`: initialised interpreter, GIL held,
     // NUL-terminated code.

@@ -198,9 +198,15 @@ fn handle_request(
         return Ok(()); // no reply socket to answer on: the helper sees EOF
     };
     let [stdout, stderr, exec_w, go_r, exit_w, init_pidfd, reply] = fds;
+    // the interpreter's fork protocol: its locks are taken before the fork,
+    // released here after it, and re-made in the child when it runs
+    embed::before_fork();
     let forked = nix::sched::setns(&init_pidfd, CloneFlags::CLONE_NEWPID)
         .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
         .and_then(|()| sys::clone3_fork(0, None));
+    if !matches!(forked, Ok(Forked::Child)) {
+        embed::after_fork_parent();
+    }
     // Our own children go back to our own pid namespace.
     let restored = nix::sched::setns(own_pid_ns, CloneFlags::CLONE_NEWPID);
     match forked {
