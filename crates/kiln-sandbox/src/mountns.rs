@@ -30,16 +30,22 @@ pub fn enter_own_mount_namespace() -> Result<(), String> {
 }
 
 fn enter() -> Result<(), String> {
+    new_mount_namespace(MsFlags::MS_SLAVE, "a slave of the host's mounts")
+}
+
+/// Moves the calling (single-threaded) process into a new mount namespace
+/// whose mounts are all made `propagation` (`what` says which, for errors).
+fn new_mount_namespace(propagation: MsFlags, what: &str) -> Result<(), String> {
     crate::sys::ensure_single_threaded().map_err(|e| e.to_string())?;
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
     mount(
         None::<&str>,
         "/",
         None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        MsFlags::MS_REC | propagation,
         None::<&str>,
     )
-    .map_err(|e| format!("make / a slave of the host's mounts: {e}"))
+    .map_err(|e| format!("make / {what}: {e}"))
 }
 
 /// `None` when this process never tried (tests run servers in their own
@@ -66,16 +72,7 @@ pub fn visible_mounts() -> usize {
 /// the host (the data dir, the jails' roots) stays visible. Single-threaded
 /// callers only (the namespace belongs to the thread).
 pub fn enter_image_system(image_root: &std::path::Path) -> Result<(), String> {
-    crate::sys::ensure_single_threaded().map_err(|e| e.to_string())?;
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("make / private: {e}"))?;
+    new_mount_namespace(MsFlags::MS_PRIVATE, "private")?;
     let mut binds = vec![
         (image_root.join("usr"), std::path::PathBuf::from("/usr")),
         (image_root.join("etc"), std::path::PathBuf::from("/etc")),
