@@ -756,7 +756,6 @@ mod tests {
 /// The sandbox's `/workspace`: a project of the one primitive
 /// ([`kiln_exec::projects`]), its creator's, named after the sandbox.
 mod project {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use kiln_core::RelPath;
@@ -802,17 +801,10 @@ mod project {
         sandbox: &Sandbox,
     ) -> Result<ProjectBinding, BridgeError> {
         let project = open(state, sandbox).await?;
-        let turn = state
-            .sessions
-            .take_turn(Projects::turn_key(&project), TURN_WAIT)
+        let projects = projects(state)?.clone();
+        ProjectBinding::take(projects, project, &state.sessions, TURN_WAIT, Vec::new())
             .await
-            .map_err(|_| BridgeError::Busy)?;
-        Ok(ProjectBinding {
-            projects: projects(state)?.clone(),
-            project,
-            turn: Some(Arc::new(turn)),
-            env: Vec::new(),
-        })
+            .map_err(|_| BridgeError::Busy)
     }
 
     pub(super) async fn read(

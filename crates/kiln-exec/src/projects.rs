@@ -136,6 +136,29 @@ pub struct ProjectBinding {
     pub env: Vec<(String, String)>,
 }
 
+impl ProjectBinding {
+    /// `project` bound to one request once its turn (one run at a time, on
+    /// `sessions`' turn locks under [`Projects::turn_key`]) is taken within
+    /// `wait`; [`crate::turns::Busy`] when it is not.
+    pub async fn take(
+        projects: Projects,
+        project: Project,
+        sessions: &FileSessions,
+        wait: std::time::Duration,
+        env: Vec<(String, String)>,
+    ) -> Result<ProjectBinding, crate::turns::Busy> {
+        let turn = sessions
+            .take_turn(Projects::turn_key(&project), wait)
+            .await?;
+        Ok(ProjectBinding {
+            projects,
+            project,
+            turn: Some(Arc::new(turn)),
+            env,
+        })
+    }
+}
+
 impl Projects {
     /// Opens (creating, mode 0700) the projects' directory.
     pub fn new(cfg: ProjectsConfig) -> io::Result<Projects> {

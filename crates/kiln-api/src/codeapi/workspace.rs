@@ -13,12 +13,10 @@
 //! the runtime sessions' wait). With several nodes, such a call goes to the
 //! node that holds the project (`kit::attached::routing_key`, see `cluster.rs`).
 
-use std::sync::Arc;
-
 use axum::http::StatusCode;
 use axum::response::Response;
 use kiln_core::access::Caller;
-use kiln_exec::projects::{ProjectBinding, Projects};
+use kiln_exec::projects::ProjectBinding;
 
 pub use crate::kit::attached::{INSTANCE_FIELD, WORKSPACE_HEADER, project_name, requested};
 
@@ -48,26 +46,21 @@ pub async fn bind(
         tracing::warn!(error = %e, "opening a workspace project failed");
         plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
     })?;
-    let turn = state
-        .sessions
-        .take_turn(
-            Projects::turn_key(&project),
-            state.config.runtime_session_busy_wait,
-        )
-        .await
-        .map_err(|_| {
-            plain(
-                StatusCode::CONFLICT,
-                "The workspace is busy with another execution; retry when it has finished",
-            )
-        })?;
-    Ok(ProjectBinding {
+    ProjectBinding::take(
         projects,
         project,
-        turn: Some(Arc::new(turn)),
-        env: vec![(
+        &state.sessions,
+        state.config.runtime_session_busy_wait,
+        vec![(
             DATA_DIR_ENV.to_owned(),
             kiln_core::lang::WORKSPACE.to_owned(),
         )],
+    )
+    .await
+    .map_err(|_| {
+        plain(
+            StatusCode::CONFLICT,
+            "The workspace is busy with another execution; retry when it has finished",
+        )
     })
 }
