@@ -97,111 +97,103 @@ pub use error::ApiError;
 /// Every route served under `/v1` (LibreChat's also at the root), with
 /// their OpenAPI operations. The one list of routes: the router and the
 /// document are both made from it.
+/// An authenticated group of routes: `auth` (the group's credential check)
+/// runs first, then the rate layer, which counts the route's declared class
+/// (`kit::routes`) per principal. Every authenticated group goes through it.
+macro_rules! authenticated {
+    ($router:expr, $state:expr, $auth:path) => {
+        $router
+            .route_layer(axum::middleware::from_fn_with_state(
+                $state.clone(),
+                rate::limit,
+            ))
+            .route_layer(axum::middleware::from_fn_with_state($state.clone(), $auth))
+    };
+}
+
 pub fn api_routes(state: &AppState) -> OpenApiRouter<AppState> {
     let upload_limit = DefaultBodyLimit::max(upload::upload_body_limit(&state.config));
     let uploads = OpenApiRouter::new()
         .routes(routes!(upload::upload))
         .routes(routes!(upload::upload_batch))
         .layer(upload_limit);
-    let librechat = OpenApiRouter::new()
-        .routes(routes!(exec::exec))
-        .routes(routes!(programmatic::programmatic))
-        .routes(routes!(programmatic::cancel))
-        .merge(uploads)
-        .routes(routes!(files::download))
-        .routes(routes!(files::list))
-        .routes(routes!(files::delete))
-        .routes(routes!(files::object, files::delete_object))
-        .routes(routes!(runs::get_run))
-        .routes(routes!(runs::run_events))
-        .routes(routes!(runs::cancel_run))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate::limit,
-        ))
-        // outer: authentication runs first, so limits count principals
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::auth,
-        ));
+    let librechat = authenticated!(
+        OpenApiRouter::new()
+            .routes(routes!(exec::exec))
+            .routes(routes!(programmatic::programmatic))
+            .routes(routes!(programmatic::cancel))
+            .merge(uploads)
+            .routes(routes!(files::download))
+            .routes(routes!(files::list))
+            .routes(routes!(files::delete))
+            .routes(routes!(files::object, files::delete_object))
+            .routes(routes!(runs::get_run))
+            .routes(routes!(runs::run_events))
+            .routes(routes!(runs::cancel_run)),
+        state,
+        middleware::auth
+    );
     let seed_uploads = OpenApiRouter::new()
         .routes(routes!(proxy::upload, proxy::list))
         .layer(upload_limit);
-    let seed = OpenApiRouter::new()
-        .routes(routes!(proxy::run))
-        .merge(seed_uploads)
-        .routes(routes!(proxy::download, proxy::delete))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate::limit,
-        ))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            proxy::auth,
-        ));
-    let sessions = OpenApiRouter::new()
-        .routes(routes!(sessions::create))
-        .routes(routes!(sessions::get_session, sessions::delete_session))
-        .routes(routes!(sessions::exec))
-        .routes(routes!(sessions::interrupt))
-        .routes(routes!(sessions::list_files))
-        .routes(routes!(
-            sessions::get_file,
-            sessions::put_file,
-            sessions::delete_file
-        ))
-        .layer(upload_limit)
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate::limit,
-        ))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::auth,
-        ));
-    let bridge = OpenApiRouter::new()
-        .routes(routes!(bridge::create))
-        .routes(routes!(bridge::delete))
-        .routes(routes!(bridge::running))
-        .routes(routes!(bridge::exec))
-        .routes(routes!(bridge::read_file, bridge::write_file))
-        .layer(upload_limit)
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::auth,
-        ));
+    let seed = authenticated!(
+        OpenApiRouter::new()
+            .routes(routes!(proxy::run))
+            .merge(seed_uploads)
+            .routes(routes!(proxy::download, proxy::delete)),
+        state,
+        proxy::auth
+    );
+    let sessions = authenticated!(
+        OpenApiRouter::new()
+            .routes(routes!(sessions::create))
+            .routes(routes!(sessions::get_session, sessions::delete_session))
+            .routes(routes!(sessions::exec))
+            .routes(routes!(sessions::interrupt))
+            .routes(routes!(sessions::list_files))
+            .routes(routes!(
+                sessions::get_file,
+                sessions::put_file,
+                sessions::delete_file
+            ))
+            .layer(upload_limit),
+        state,
+        middleware::auth
+    );
+    let bridge = authenticated!(
+        OpenApiRouter::new()
+            .routes(routes!(bridge::create))
+            .routes(routes!(bridge::delete))
+            .routes(routes!(bridge::running))
+            .routes(routes!(bridge::exec))
+            .routes(routes!(bridge::read_file, bridge::write_file))
+            .layer(upload_limit),
+        state,
+        middleware::auth
+    );
     // the operator's view: the operator's credential, never a user's token
-    let admin = OpenApiRouter::new()
-        .routes(routes!(admin::status))
-        .routes(routes!(admin::runs))
-        .routes(routes!(admin::run))
-        .routes(routes!(admin::run_file))
-        .routes(routes!(admin::kernels))
-        .routes(routes!(admin::close_kernel))
-        .routes(routes!(admin::egress))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate::limit,
-        ))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::operator_auth,
-        ));
+    let admin = authenticated!(
+        OpenApiRouter::new()
+            .routes(routes!(admin::status))
+            .routes(routes!(admin::runs))
+            .routes(routes!(admin::run))
+            .routes(routes!(admin::run_file))
+            .routes(routes!(admin::kernels))
+            .routes(routes!(admin::close_kernel))
+            .routes(routes!(admin::egress)),
+        state,
+        middleware::operator_auth
+    );
     // one registry of the handshake generation's sessions, shared by `/mcp`
     // and `/v1/mcp` (the router clones this one)
-    let mcp = OpenApiRouter::new()
-        .routes(routes!(mcp::post, mcp::delete))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate::limit,
-        ))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::auth,
-        ))
-        .layer(axum::Extension(std::sync::Arc::new(
-            mcp::McpSessions::default(),
-        )));
+    let mcp = authenticated!(
+        OpenApiRouter::new().routes(routes!(mcp::post, mcp::delete)),
+        state,
+        middleware::auth
+    )
+    .layer(axum::Extension(std::sync::Arc::new(
+        mcp::McpSessions::default(),
+    )));
     OpenApiRouter::new()
         .merge(librechat)
         .merge(admin)
