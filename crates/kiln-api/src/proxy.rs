@@ -27,11 +27,10 @@ use futures::TryStreamExt as _;
 use futures::future::BoxFuture;
 use kiln_core::access::Claim;
 use kiln_core::outcome::{ExitStatus, RunStatus, signal_name};
-use kiln_core::{Kind, Language, Nanoid, RelPath};
+use kiln_core::{Language, Nanoid, RelPath};
 use kiln_exec::sessions::OpenError;
 use kiln_exec::{
-    ExecError, ExecRequest, ExecResult, InputFile, InputRef, OutputFile, Outputs, RunHandle,
-    StartOptions,
+    ExecError, ExecRequest, ExecResult, InputFile, OutputFile, Outputs, RunHandle, StartOptions,
 };
 use kiln_store::{NewObject, ObjectMeta, StoreError};
 use serde::{Deserialize, Serialize};
@@ -578,40 +577,12 @@ async fn inputs(
             }
             out
         }
-        None => newest_per_name(&objects),
+        None => kiln_exec::staging::newest_per_name(&objects),
     };
     chosen
         .into_iter()
-        .map(|m| as_input(m).map_err(ProxyError::internal))
+        .map(|m| kiln_exec::staging::as_input(m).map_err(ProxyError::internal))
         .collect()
-}
-
-/// The newest object of each name in a workspace session.
-pub(crate) fn newest_per_name(objects: &[ObjectMeta]) -> Vec<ObjectMeta> {
-    let mut newest: std::collections::BTreeMap<&str, &ObjectMeta> = Default::default();
-    for o in objects {
-        match newest.get(o.name.as_str()) {
-            Some(n) if n.created_at_ms > o.created_at_ms => {}
-            _ => {
-                newest.insert(&o.name, o);
-            }
-        }
-    }
-    newest.into_values().cloned().collect()
-}
-
-/// A workspace session's object as an input of the caller's own.
-pub(crate) fn as_input(m: ObjectMeta) -> Result<InputFile, kiln_core::path::PathError> {
-    let name = RelPath::parse(&m.name)?;
-    Ok(InputFile::Ref(InputRef {
-        id: m.file_id,
-        storage_session_id: m.session_id,
-        name,
-        kind: Some(Kind::User),
-        resource_id: None,
-        version: None,
-        entity_id: None,
-    }))
 }
 
 // ---- files -------------------------------------------------------------------

@@ -43,6 +43,7 @@ pub mod ptc;
 pub mod runs;
 pub mod sandboxes;
 pub mod sessions;
+pub mod staging;
 pub mod turns;
 pub mod types;
 pub mod walker;

@@ -88,6 +88,11 @@ impl FileSessions {
         self.ttl
     }
 
+    /// The store the sessions live in.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The storage session that holds `caller`'s session `name`.
     pub fn storage_id(caller: &Caller, name: &str) -> Result<Nanoid, BadSessionName> {
         Self::derive(FILE_SESSION, caller, name)

@@ -27,7 +27,6 @@
 //! answer adds `runtime_session_id` and `runtime_status` and leaves out
 //! unchanged files of the session the request did not send.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::Json;
@@ -41,6 +40,7 @@ use kiln_core::id::is_resource_id;
 use kiln_core::outcome::{ExitStatus, signal_name};
 use kiln_core::scope::parse_version;
 use kiln_core::{Kind, Language, Nanoid, RelPath};
+use kiln_exec::staging::{CallTurn, RuntimeCall, StageError};
 use kiln_exec::{
     ExecError, ExecRequest, ExecResult, InputFile, InputRef, OutputFile, Outputs, RunHandle,
     StartOptions, Work,
@@ -191,7 +191,6 @@ async fn run(
         Some(seat) => Work::Seated(parsed.req, seat),
         None => Work::Fresh(parsed.req),
     };
-    let workspace = face.runtime.as_ref().map(|r| r.workspace.clone());
     let watch = state.runs.start(
         parsed.caller,
         work,
@@ -200,15 +199,8 @@ async fn run(
             request_id: crate::middleware::request_id(headers),
         },
     )?;
-    if let (Some(turn), Some(workspace)) = (turn, workspace) {
-        // the session's turn lasts until the run ends, however it is watched
-        let run = watch.handle().clone();
-        let sessions = state.sessions.clone();
-        tokio::spawn(async move {
-            run.outcome().await;
-            sessions.touch(&workspace);
-            drop(turn);
-        });
+    if let Some(turn) = turn {
+        turn.hold_until_done(watch.handle().clone(), state.sessions.clone());
     }
     let face = Arc::new(face);
     if sse::wants_events(headers) {
@@ -239,110 +231,52 @@ fn prefers_async(headers: &HeaderMap) -> bool {
         .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
 }
 
-/// A runtime session of the stateful profile, as one call sees it.
-#[derive(Debug)]
-pub struct Runtime {
-    /// `rt_` + 40 hex digits.
-    id: String,
-    /// The session was in use within its TTL (`runtime_status: reused`).
-    reused: bool,
-    /// The storage session that is its `/mnt/data`.
-    workspace: Nanoid,
-    /// `(storage_session_id, id)` of every reference the request sent:
-    /// those are echoed when unchanged, the session's other files are not.
-    sent: HashSet<(Nanoid, Nanoid)>,
-}
-
 pub use crate::config::RUNTIME_BUSY_WAIT;
 
-/// Opens the caller's runtime session `hint` and takes its turn; the run
-/// then starts from the session's files (the newest per name, unless the
-/// request sends a file of that name) and stores its outputs there.
+/// Opens the caller's runtime session `hint` and stages the call in it
+/// ([`FileSessions::stage_runtime_call`]), and seats it in the session's
+/// live kernel when the stateful profile keeps one.
 async fn open_runtime(
     state: &AppState,
     parsed: &mut ParsedExec,
     hint: &str,
-) -> Result<
-    (
-        Runtime,
-        kiln_exec::turns::Taken,
-        Option<kiln_exec::JailOverride>,
-    ),
-    ApiError,
-> {
-    let storage = |e: &dyn std::fmt::Display| ApiError::Exec(ExecError::Storage(e.to_string()));
-    let (workspace, reused) = state
+) -> Result<(RuntimeCall, CallTurn, Option<kiln_exec::JailOverride>), ApiError> {
+    let (call, turn) = state
         .sessions
-        .open_runtime(&parsed.caller, hint)
+        .stage_runtime_call(
+            &parsed.caller,
+            hint,
+            &mut parsed.req,
+            state.config.runtime_session_busy_wait,
+        )
         .await
-        .map_err(|e| storage(&e))?;
-    let turn = state
-        .sessions
-        .take_turn(&workspace, state.config.runtime_session_busy_wait)
-        .await
-        .map_err(|_| ApiError::RuntimeSessionBusy)?;
-    let objects = state
-        .store
-        .list(&workspace)
-        .await
-        .map_err(|e| storage(&e))?;
-    let req = &mut parsed.req;
-    // A reference to an earlier version of a session file (a later call
-    // replaced it) stands for that file: the session's current one is staged.
-    req.files.retain(|f| match f {
-        InputFile::Ref(r) if r.storage_session_id == workspace => {
-            objects.iter().any(|o| o.file_id == r.id)
-        }
-        _ => true,
-    });
-    let sent_names: HashSet<&str> = req.files.iter().map(|f| f.name().as_str()).collect();
-    let mut files = Vec::new();
-    for m in crate::proxy::newest_per_name(&objects) {
-        if !sent_names.contains(m.name.as_str()) {
-            files.push(crate::proxy::as_input(m).map_err(|e| storage(&e))?);
-        }
-    }
-    let sent = req
-        .files
-        .iter()
-        .filter_map(|f| match f {
-            InputFile::Ref(r) => Some((r.storage_session_id.clone(), r.id.clone())),
-            InputFile::Inline { .. } => None,
-        })
-        .collect();
-    files.append(&mut req.files);
-    req.files = files;
-    req.outputs = Outputs::Workspace(workspace.clone());
-    let id = kiln_exec::sessions::runtime_session_id(&parsed.caller, hint);
+        .map_err(|e| match e {
+            StageError::Busy => ApiError::RuntimeSessionBusy,
+            e => ApiError::Exec(ExecError::Storage(e.to_string())),
+        })?;
     let mut seat = None;
     if state.config.runtime_session_live
-        && req.lang.name() == "py"
+        && parsed.req.lang.name() == "py"
         && let Some(named) = &state.runtime_kernels
     {
         let owner = parsed.caller.principal.user_key();
-        let name = kiln_exec::workers::WorkerName::Runtime(id.clone());
+        let name = kiln_exec::workers::WorkerName::Runtime(call.id.clone());
         match named.get_or_start(owner.as_str(), &name, "py").await {
             Ok((session, _)) => seat = Some(named.kernels().seat(session)),
             Err(e) => tracing::warn!(
-                runtime_session = %id, error = %e,
+                runtime_session = %call.id, error = %e,
                 "no live kernel for the runtime session: this call runs in a fresh process"
             ),
         }
     }
-    let runtime = Runtime {
-        id,
-        reused,
-        workspace,
-        sent,
-    };
-    Ok((runtime, turn, seat))
+    Ok((call, turn, seat))
 }
 
 /// How LibreChat's face shows a run.
 #[derive(Debug, Default)]
 pub struct CodeApi {
     /// The runtime session of a stateful call.
-    runtime: Option<Arc<Runtime>>,
+    runtime: Option<Arc<RuntimeCall>>,
 }
 
 impl CodeApi {
@@ -359,7 +293,7 @@ impl CodeApi {
 /// The stateful profile's additions: the runtime session's id and status,
 /// and no echo of an unchanged file of the session the request did not send
 /// (it was reported in an earlier turn).
-fn stateful_response(resp: &mut ExecResponse, rt: &Runtime) {
+fn stateful_response(resp: &mut ExecResponse, rt: &RuntimeCall) {
     resp.runtime_session_id = Some(rt.id.clone());
     resp.runtime_status = Some(if rt.reused { "reused" } else { "new" });
     let workspace = rt.workspace.as_str();
@@ -1016,7 +950,7 @@ mod tests {
             evaluation: None,
         };
         let face = CodeApi {
-            runtime: Some(Arc::new(Runtime {
+            runtime: Some(Arc::new(RuntimeCall {
                 id: "rt_0123".into(),
                 reused: true,
                 workspace: ws.clone(),
