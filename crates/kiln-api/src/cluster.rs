@@ -47,8 +47,8 @@ use crate::kit::routes::{self, Params};
 use crate::sse::RUN_ID as RUN_ID_HEADER;
 
 pub use crate::node::{
-    CLIENT_ADDR, Cluster, FORWARDED_BY, KIND_PROJECT, KIND_RUN, KIND_RUNTIME, KIND_SESSION,
-    KIND_WORKER, NODE, NODE_SECRET, VIA,
+    CLIENT_ADDR, Cluster, FORWARDED_BY, KIND_PROJECT, KIND_RUN, KIND_RUNTIME, KIND_SANDBOX,
+    KIND_SESSION, KIND_WORKER, NODE, NODE_SECRET, VIA,
 };
 
 impl std::fmt::Debug for Cluster {
@@ -112,6 +112,8 @@ enum Target {
     Session(Nanoid),
     /// A run (streaming, watched by id, or a paused programmatic run).
     Run(Nanoid),
+    /// A sandbox of the bridge.
+    Sandbox(Nanoid),
 }
 
 impl Target {
@@ -119,12 +121,13 @@ impl Target {
         match self {
             Target::Session(_) => KIND_SESSION,
             Target::Run(_) => KIND_RUN,
+            Target::Sandbox(_) => KIND_SANDBOX,
         }
     }
 
     fn id(&self) -> &Nanoid {
         match self {
-            Target::Session(id) | Target::Run(id) => id,
+            Target::Session(id) | Target::Run(id) | Target::Sandbox(id) => id,
         }
     }
 }
@@ -136,6 +139,7 @@ fn target_of(affinity: Affinity, params: &Params<'_>) -> Option<Target> {
     match affinity {
         Affinity::Kernel => id("session_id").map(Target::Session),
         Affinity::Run => id("run_id").map(Target::Run),
+        Affinity::Sandbox => id("id").map(Target::Sandbox),
         _ => None,
     }
 }
@@ -163,6 +167,7 @@ fn held_here(state: &AppState, target: &Target) -> bool {
     match target {
         Target::Session(id) => state.kernels.as_ref().is_some_and(|k| k.get(id).is_ok()),
         Target::Run(id) => state.runs.get(id).is_some(),
+        Target::Sandbox(id) => state.sandboxes.as_ref().is_some_and(|s| s.get(id).is_ok()),
     }
 }
 
@@ -226,21 +231,37 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         .as_ref()
         .filter(|(r, _)| r.verb.method() == method)
         .map_or(Affinity::Any, |(r, _)| r.affinity);
-    // what may start a run or a kernel: a POST not naming an existing one
-    let starting = if method == Method::POST && path_target.is_none() {
-        Starts::Something {
-            session: declared == Affinity::NewKernel,
-        }
-    } else {
+    // what may start a run, a kernel or a sandbox: a POST (one naming an
+    // existing kernel or sandbox evaluates in it: a run, which other nodes
+    // find here by its id)
+    let starting = if method != Method::POST {
         Starts::Nothing
+    } else if path_target.is_some() {
+        Starts::Something { made: None }
+    } else {
+        Starts::Something {
+            made: match declared {
+                Affinity::NewKernel => Some(Made::Kernel),
+                Affinity::NewSandbox => Some(Made::Sandbox),
+                _ => None,
+            },
+        }
     };
+    // a DELETE of a kernel or a sandbox by its own path closes it: its
+    // owner row goes once it answers 204, wherever the request entered
+    let closing = path_target.as_ref().filter(|t| {
+        method == Method::DELETE
+            && matches!(t, Target::Session(_) | Target::Sandbox(_))
+            && path.trim_end_matches('/').ends_with(t.id().as_str())
+    });
     if from_node {
         // served here whatever happens: never forwarded twice
         if let Some(addr) = client_addr {
             req.extensions_mut().insert(ConnectInfo(addr));
         }
         let resp = next.run(req).await;
-        return claim_started(state, cluster, starting, resp).await;
+        let resp = claim_started(state, cluster, starting, resp).await;
+        return released(state, closing, resp).await;
     }
     if !admitted(state, &req, &path) {
         // a caller the route will refuse: nothing is read, looked up,
@@ -297,21 +318,9 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
         return claim_started(state, cluster, starting, resp).await;
     };
     if held_here(state, &target) {
-        let closing = method == Method::DELETE
-            && matches!(&target, Target::Session(_))
-            && path_target.is_some()
-            && path.trim_end_matches('/').ends_with(target.id().as_str());
         let resp = next.run(req).await;
-        if closing
-            && resp.status() == StatusCode::NO_CONTENT
-            && let Err(e) = state
-                .store
-                .release(target.kind(), target.id().as_str())
-                .await
-        {
-            tracing::warn!(error = %e, "forgetting the owner of a closed session failed");
-        }
-        return resp;
+        let resp = claim_started(state, cluster, starting, resp).await;
+        return released(state, closing, resp).await;
     }
     let owner = match state.store.owner(target.kind(), target.id().as_str()).await {
         Ok(o) => o,
@@ -451,18 +460,37 @@ async fn affinity(
     let resp = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
-    claim_started(state, cluster, Starts::Something { session: false }, resp).await
+    claim_started(state, cluster, Starts::Something { made: None }, resp).await
 }
 
 /// What a request may start.
 #[derive(Debug, Clone, Copy)]
 enum Starts {
     Nothing,
-    /// A run (any run-starting route); with `session`, a kernel
-    /// (`POST /sessions`).
+    /// A run (any run-starting route); with `made`, a kernel
+    /// (`POST /sessions`) or a sandbox (`POST /sandbox`).
     Something {
-        session: bool,
+        made: Option<Made>,
     },
+}
+
+/// A node-local thing a `POST` makes, named in its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    /// A live kernel: `201 {"session_id"}`.
+    Kernel,
+    /// A bridge sandbox: `200 {"id"}`.
+    Sandbox,
+}
+
+impl Made {
+    /// The owner kind, the success status and the answer's id field.
+    fn answer(self) -> (&'static str, StatusCode, &'static str) {
+        match self {
+            Made::Kernel => (KIND_SESSION, StatusCode::CREATED, "session_id"),
+            Made::Sandbox => (KIND_SANDBOX, StatusCode::OK, "id"),
+        }
+    }
 }
 
 /// Records this node as the owner of what `resp` started: the run its
@@ -473,7 +501,7 @@ async fn claim_started(
     starting: Starts,
     resp: Response,
 ) -> Response {
-    let Starts::Something { session } = starting else {
+    let Starts::Something { made } = starting else {
         return resp;
     };
     let run = resp
@@ -485,7 +513,11 @@ async fn claim_started(
         claim(state, cluster, KIND_RUN, &run).await;
         return resp;
     }
-    if !session || resp.status() != StatusCode::CREATED || state.kernels.is_none() {
+    let Some(made) = made else {
+        return resp;
+    };
+    let (kind, status, field) = made.answer();
+    if resp.status() != status {
         return resp;
     }
     // a small JSON answer: read it, claim, hand the same bytes on
@@ -494,16 +526,33 @@ async fn claim_started(
         return (StatusCode::INTERNAL_SERVER_ERROR, "answer too large").into_response();
     };
     let created = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
-    if let Some(id) = created.as_ref().and_then(|v| v.get("session_id")?.as_str())
-        && state
-            .kernels
-            .as_ref()
-            .zip(Nanoid::try_from(id.to_owned()).ok())
-            .is_some_and(|(k, id)| k.get(&id).is_ok())
+    if let Some(id) = created.as_ref().and_then(|v| v.get(field)?.as_str())
+        && let Ok(nanoid) = Nanoid::try_from(id.to_owned())
     {
-        claim(state, cluster, KIND_SESSION, id).await;
+        let target = match made {
+            Made::Kernel => Target::Session(nanoid),
+            Made::Sandbox => Target::Sandbox(nanoid),
+        };
+        if held_here(state, &target) {
+            claim(state, cluster, kind, id).await;
+        }
     }
     Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Forgets the owner of the kernel or sandbox `closing` names once `resp`
+/// says it was closed (`204`).
+async fn released(state: &AppState, closing: Option<&Target>, resp: Response) -> Response {
+    if let Some(target) = closing
+        && resp.status() == StatusCode::NO_CONTENT
+        && let Err(e) = state
+            .store
+            .release(target.kind(), target.id().as_str())
+            .await
+    {
+        tracing::warn!(error = %e, kind = target.kind(), "forgetting the owner of a closed thing failed");
+    }
+    resp
 }
 
 async fn claim(state: &AppState, cluster: &Cluster, kind: &str, id: &str) {

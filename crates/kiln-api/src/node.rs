@@ -26,6 +26,8 @@ pub const KIND_WORKER: &str = "worker";
 /// A LibreChat attached workspace's project (on the node whose data dir
 /// holds it).
 pub const KIND_PROJECT: &str = "project";
+/// A sandbox of the bridge (`/v1/sandbox/{id}`), on the node that made it.
+pub const KIND_SANDBOX: &str = "sandbox";
 
 /// This node among several.
 #[derive(Clone)]

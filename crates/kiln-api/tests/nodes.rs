@@ -48,6 +48,17 @@ async fn node(store: &Store, id: &str, rates: Option<RateRules>) -> Node {
 
 /// [`node`] with its HTTP configuration.
 async fn node_with(store: &Store, id: &str, rates: Option<RateRules>, config: ApiConfig) -> Node {
+    node_built(store, id, rates, config, |_| {}).await
+}
+
+/// [`node_with`], its state finished by `finish`.
+async fn node_built(
+    store: &Store,
+    id: &str,
+    rates: Option<RateRules>,
+    config: ApiConfig,
+    finish: impl FnOnce(&mut AppState),
+) -> Node {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let exec = Arc::new(RecordingExec::new());
@@ -65,6 +76,7 @@ async fn node_with(store: &Store, id: &str, rates: Option<RateRules>, config: Ap
     if let Some(rules) = rates {
         state.rates = Arc::new(RateLimits::shared(rules, store.clone()));
     }
+    finish(&mut state);
     store
         .node_heartbeat(id, &base, false, kiln_api::cluster::now_ms())
         .await
@@ -448,4 +460,92 @@ async fn an_attached_workspace_call_goes_to_the_node_that_holds_its_project() {
     );
     // another workspace is not tied to A
     assert_eq!(workspace_call(&b.base, "proj-2").await.0, "node-b");
+}
+
+/// A node that keeps bridge sandboxes, their projects under `dir`.
+async fn bridge_node(store: &Store, id: &str, dir: &std::path::Path) -> Node {
+    let config = ApiConfig {
+        rate_limits: RateRules::off(),
+        ..ApiConfig::default()
+    };
+    let dir = dir.join(id);
+    node_built(store, id, None, config, |state| {
+        state.projects = Some(
+            kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
+                dir,
+                budget_bytes: 1 << 20,
+            })
+            .unwrap(),
+        );
+        state.sandboxes = Some(kiln_exec::sandboxes::Sandboxes::new(
+            kiln_exec::sandboxes::SandboxesConfig {
+                per_principal: 4,
+                total: 8,
+                idle_ttl: Duration::from_secs(600),
+            },
+        ));
+    })
+    .await
+}
+
+/// `(status, x-kiln-node, x-kiln-via, body)` of a bridge request.
+async fn sandbox_call(
+    method: reqwest::Method,
+    url: String,
+    body: Option<&'static str>,
+) -> (u16, String, Option<String>, String) {
+    let mut req = client().request(method, url).header("user-id", "alice");
+    if let Some(b) = body {
+        req = req.body(b);
+    }
+    let r = req.send().await.unwrap();
+    let header = |h: &str| Some(r.headers().get(h)?.to_str().ok()?.to_owned());
+    let (node, via) = (
+        header("x-kiln-node").unwrap_or_default(),
+        header("x-kiln-via"),
+    );
+    (
+        r.status().as_u16(),
+        node,
+        via,
+        r.text().await.unwrap_or_default(),
+    )
+}
+
+#[tokio::test]
+async fn a_sandbox_made_on_one_node_is_used_and_deleted_through_another() {
+    use reqwest::Method;
+    let (store, dir) = store().await;
+    let a = bridge_node(&store, "node-a", dir.path()).await;
+    let b = bridge_node(&store, "node-b", dir.path()).await;
+    let (st, node, _, body) =
+        sandbox_call(Method::POST, format!("{}/v1/sandbox", a.base), None).await;
+    assert_eq!((st, node.as_str()), (200, "node-a"), "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // written through B, read through A: one sandbox, on A
+    let file = |base: &str| format!("{base}/v1/sandbox/{id}/file/workspace/notes.txt");
+    let (st, node, via, body) = sandbox_call(Method::PUT, file(&b.base), Some("kept")).await;
+    assert_eq!(
+        (st, node.as_str(), via.as_deref()),
+        (200, "node-a", Some("node-b")),
+        "{body}"
+    );
+    let (st, node, via, body) = sandbox_call(Method::GET, file(&a.base), None).await;
+    assert_eq!(
+        (st, node.as_str(), via, body.as_str()),
+        (200, "node-a", None, "kept")
+    );
+    let running = format!("{}/v1/sandbox/{id}/running", b.base);
+    let (st, node, _, body) = sandbox_call(Method::GET, running.clone(), None).await;
+    assert_eq!((st, node.as_str()), (200, "node-a"), "{body}");
+    // deleted through B: gone on A, and no node records it any more
+    let (st, node, _, _) =
+        sandbox_call(Method::DELETE, format!("{}/v1/sandbox/{id}", b.base), None).await;
+    assert_eq!((st, node.as_str()), (204, "node-a"));
+    let (st, node, _, _) = sandbox_call(Method::GET, running, None).await;
+    assert_eq!((st, node.as_str()), (404, "node-b"));
+    assert!(store.owner("sandbox", &id).await.unwrap().is_none());
 }

@@ -536,6 +536,28 @@ async fn three_nodes_behind_haproxy_share_files_forward_kernels_survive_a_kill_a
         "reached through every node"
     );
 
+    // --- an evaluation in n1's kernel, sent to n2, is a run every node
+    // finds: its record through n3 is n1's, with usage
+    let r = client()
+        .post(format!("{}/sessions/{kernel}/exec", n2.url()))
+        .header("user-id", "alice")
+        .json(&json!({ "code": "x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let run = r.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
+    let r = client()
+        .get(format!("{}/runs/{run}", n3.url()))
+        .header("user-id", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status().as_u16(), node_of(&r), via_of(&r)),
+        (200, "n1".to_owned(), Some("n3".to_owned()))
+    );
+
     // --- seed 004's worker for one user lives on the node of its first
     // request (n3, retried while n3's fork-server starts); its next
     // requests, through every node and the balancer, reach that one kernel

@@ -67,6 +67,10 @@ pub enum Affinity {
     RuntimeSession,
     /// The node of the seed 004 worker its `user_uuid` query names.
     Worker,
+    /// The node holding the bridge sandbox its `{id}` names.
+    Sandbox,
+    /// Any node; the sandbox a `200` names is recorded as this node's.
+    NewSandbox,
 }
 
 /// Where a route is mounted.
@@ -186,19 +190,19 @@ pub const ROUTES: &[Route] = &[
         A::Run,
     ),
     // Cloudflare's sandbox bridge (a sandbox lives on the node that made
-    // it; several nodes need sticky routing, see docs/bridge.md)
-    r(Post, Api, "/sandbox", Free, A::Any),
-    r(Delete, Api, "/sandbox/{id}", Free, A::Any),
-    r(Get, Api, "/sandbox/{id}/running", Free, A::Any),
+    // it; with several nodes its requests are forwarded there)
+    r(Post, Api, "/sandbox", Free, A::NewSandbox),
+    r(Delete, Api, "/sandbox/{id}", Free, A::Sandbox),
+    r(Get, Api, "/sandbox/{id}/running", Free, A::Sandbox),
     r(
         Post,
         Api,
         "/sandbox/{id}/exec",
         Handler(Class::Exec),
-        A::Any,
+        A::Sandbox,
     ),
-    r(Get, Api, "/sandbox/{id}/file/{*path}", Free, A::Any),
-    r(Put, Api, "/sandbox/{id}/file/{*path}", Free, A::Any),
+    r(Get, Api, "/sandbox/{id}/file/{*path}", Free, A::Sandbox),
+    r(Put, Api, "/sandbox/{id}/file/{*path}", Free, A::Sandbox),
     // Kiln's sessions (live kernels)
     r(Post, Api, "/sessions", Free, A::NewKernel),
     r(Get, Api, "/sessions/{session_id}", Free, A::Kernel),
