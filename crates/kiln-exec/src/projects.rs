@@ -62,6 +62,8 @@ pub const MAX_ENTRIES: u64 = 100_000;
 /// name differ).
 const PROJECT: &[u8] = b"kiln project\0";
 const TREE: &str = "tree";
+/// Prefix of a project directory being removed by [`Projects::sweep`].
+const GONE: &str = "gone-";
 
 /// Where projects live and how large one may grow.
 #[derive(Debug, Clone)]
@@ -205,10 +207,69 @@ impl Projects {
                     _ => {}
                 }
             }
-            remove_leftovers(&p.dir)
+            remove_leftovers(&p.dir)?;
+            // the idle clock of [`Projects::sweep`]
+            std::fs::File::open(&p.dir)?.set_modified(std::time::SystemTime::now())?;
+            Ok(())
         })
         .await?;
         Ok(project)
+    }
+
+    /// Removes every project nobody opened for `idle` (its directory's
+    /// modification time, set by [`Projects::open`] and by each commit, is
+    /// older), with its files; returns how many. The clock is on disk, so
+    /// it runs across restarts: a project of a bridge sandbox a restart
+    /// forgot goes this way too. A project is first renamed out of the way
+    /// (`gone-*`, one atomic step) and then removed: a call opening it at
+    /// that moment gets a new, empty project, never a half-removed one.
+    pub async fn sweep(&self, idle: std::time::Duration) -> Result<u64, ProjectError> {
+        let dir = self.inner.dir.clone();
+        blocking(move || {
+            let cutoff = std::time::SystemTime::now()
+                .checked_sub(idle)
+                .unwrap_or(std::time::UNIX_EPOCH);
+            let fd = open_dir_path(&dir)?;
+            let mut stale = Vec::new();
+            let mut listing = rustix::fs::Dir::read_from(&fd)?;
+            while let Some(entry) = listing.read() {
+                let entry = entry?;
+                let Ok(name) = entry.file_name().to_str() else {
+                    continue;
+                };
+                if name == "." || name == ".." {
+                    continue;
+                }
+                if name.starts_with(GONE) {
+                    // a removal a crash interrupted
+                    stale.push((name.to_owned(), false));
+                    continue;
+                }
+                let st = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+                let modified = std::time::UNIX_EPOCH
+                    + std::time::Duration::new(
+                        u64::try_from(st.st_mtime).unwrap_or(0),
+                        u32::try_from(st.st_mtime_nsec).unwrap_or(0),
+                    );
+                if FileType::from_raw_mode(st.st_mode) == FileType::Directory && modified < cutoff {
+                    stale.push((name.to_owned(), true));
+                }
+            }
+            let mut removed = 0;
+            for (name, rename_first) in stale {
+                let doomed = if rename_first {
+                    let doomed = format!("{GONE}{}", Nanoid::random());
+                    rustix::fs::renameat(&fd, name.as_str(), &fd, doomed.as_str())?;
+                    removed += 1;
+                    doomed
+                } else {
+                    name
+                };
+                remove_child(fd.as_fd(), &doomed)?;
+            }
+            Ok(removed)
+        })
+        .await
     }
 
     /// `caller`'s project `name` if it exists.

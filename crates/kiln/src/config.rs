@@ -198,6 +198,10 @@ pub struct Config {
     /// leaves its project larger keeps nothing of its changes. What one run
     /// can write is also bounded by its slot's `workspace_bytes`.
     pub project_budget_bytes: u64,
+    /// Persistent projects: one nobody used for this long is removed with
+    /// its files, seconds (default 30 days; 0: kept until deleted). The
+    /// clock is on disk, so it counts across restarts.
+    pub project_idle_ttl_secs: u64,
     /// LibreChat's stateful profile: `stateless` (`runtime_session_hint`
     /// ignored), `affinity` (a hint names a runtime session whose
     /// `/mnt/data` persists) or `strict` (a hint is required).
@@ -406,6 +410,7 @@ impl Default for Config {
             session_ttl_secs: 3600,
             max_run_files: 10,
             project_budget_bytes: kiln_exec::projects::DEFAULT_BUDGET_BYTES,
+            project_idle_ttl_secs: 30 * 86_400,
             runtime_session_mode: "affinity".to_owned(),
             runtime_session_live: false,
             max_sessions: sized.max_sessions,

@@ -430,6 +430,9 @@ pub async fn serve(
     let gc_every = Duration::from_secs(kiln.config.gc_interval_secs.max(1));
     let sweep_every = (kiln.sessions.ttl() / 4).clamp(Duration::from_secs(1), gc_every);
     let gc_stop = shutdown.clone();
+    let gc_projects = kiln.projects.clone();
+    let project_idle = (kiln.config.project_idle_ttl_secs > 0)
+        .then(|| Duration::from_secs(kiln.config.project_idle_ttl_secs));
     let ledger_keep = Duration::from_secs(kiln.config.egress_ledger_days * 86_400);
     let gc = tokio::spawn(async move {
         let mut last_gc: Option<tokio::time::Instant> = None;
@@ -453,6 +456,13 @@ pub async fn serve(
                 Ok(0) => {}
                 Ok(n) => info!(files = n, "idle sessions emptied"),
                 Err(e) => error!(error = %e, "emptying idle sessions failed"),
+            }
+            if let Some(idle) = project_idle {
+                match gc_projects.sweep(idle).await {
+                    Ok(0) => {}
+                    Ok(n) => info!(projects = n, "idle projects removed"),
+                    Err(e) => error!(error = %e, "removing idle projects failed"),
+                }
             }
             let cutoff = std::time::SystemTime::now()
                 .checked_sub(ledger_keep)

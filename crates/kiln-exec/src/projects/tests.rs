@@ -198,3 +198,57 @@ async fn an_interrupted_commit_is_cleaned_up_on_open() {
         Some(b"1".to_vec())
     );
 }
+
+/// Sets the idle clock of `p` back by `ago`.
+fn age(p: &Project, ago: std::time::Duration) {
+    let when = std::time::SystemTime::now() - ago;
+    std::fs::File::open(&p.dir)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_project_nobody_opened_for_the_idle_time_is_removed_with_its_files() {
+    let (projects, _d) = projects(1 << 20);
+    let day = std::time::Duration::from_secs(86_400);
+    let old = with_file(&projects, "alice", "old", "a.txt", b"old").await;
+    let fresh = with_file(&projects, "alice", "fresh", "a.txt", b"fresh").await;
+    age(&old, 3 * day);
+    age(&fresh, 3 * day);
+    // opened again since: its clock restarts
+    projects.open(&caller("alice"), "fresh").await.unwrap();
+    assert_eq!(projects.sweep(2 * day).await.unwrap(), 1);
+    assert!(absent(&projects, "alice", "old").await);
+    assert!(!old.dir.exists(), "the old project's files are gone");
+    let kept = projects
+        .find(&caller("alice"), "fresh")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept, fresh);
+    assert_eq!(
+        projects.read(&kept, "a.txt", 100).await.unwrap(),
+        Some(b"fresh".to_vec())
+    );
+    // nothing else is idle; a project opened after a sweep starts empty
+    assert_eq!(projects.sweep(2 * day).await.unwrap(), 0);
+    let again = projects.open(&caller("alice"), "old").await.unwrap();
+    assert_eq!(projects.read(&again, "a.txt", 100).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_removal_a_crash_interrupted_is_finished_by_the_next_sweep() {
+    let (projects, d) = projects(1 << 20);
+    let root = d.path().join("projects");
+    std::fs::create_dir_all(root.join("gone-leftover/tree/sub")).unwrap();
+    std::fs::write(root.join("gone-leftover/tree/sub/f"), b"x").unwrap();
+    assert_eq!(
+        projects
+            .sweep(std::time::Duration::from_secs(86_400))
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(!root.join("gone-leftover").exists());
+}
