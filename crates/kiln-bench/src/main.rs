@@ -76,7 +76,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         .context("build the HTTP client")?;
     let opts = ServerOptions {
         kiln: settings.kiln.clone(),
-        env: settings.server_env(),
+        env: settings.server_env.clone(),
         startup_timeout: settings.startup_timeout,
         stop_timeout: Duration::from_secs(60),
     };

@@ -150,6 +150,9 @@ pub struct Settings {
     pub python: PathBuf,
     pub node: PathBuf,
     pub out: Option<PathBuf>,
+    /// The server's environment (`--server-env`); S runs on the server's
+    /// own defaults (`max_sessions` sized from memory); a binary from
+    /// before that needs `KILN_MAX_SESSIONS=27` here.
     pub server_env: Vec<(String, String)>,
     #[serde(skip)]
     pub startup_timeout: Duration,
@@ -158,18 +161,6 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The server's environment: what the command line gave, and for S
-    /// room for every user's kernel (`KILN_MAX_SESSIONS`) unless given.
-    pub fn server_env(&self) -> Vec<(String, String)> {
-        let mut env = self.server_env.clone();
-        if self.scenarios.contains(&Scenario::S)
-            && !env.iter().any(|(k, _)| k == "KILN_MAX_SESSIONS")
-        {
-            env.push(("KILN_MAX_SESSIONS".into(), (self.s_users + 2).to_string()));
-        }
-        env
-    }
-
     /// Apply the defaults (full or quick) to what the command line left open.
     pub fn resolve(cli: Cli) -> anyhow::Result<Settings> {
         let q = cli.quick;
