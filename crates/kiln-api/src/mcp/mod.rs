@@ -258,6 +258,8 @@ fn supported_versions() -> Vec<&'static str> {
 /// Legacy sessions (`Mcp-Session-Id`): the caller that opened each and
 /// when it was last used. Idle ones are dropped after [`SESSION_IDLE`];
 /// at most [`MAX_SESSIONS`] are kept (the least recently used goes).
+/// Not an `Expiring`: a legacy session holds nothing to close, and the
+/// count bound evicts the least recently used, which `Expiring` does not.
 #[derive(Debug, Default)]
 pub struct McpSessions(Mutex<HashMap<String, LegacySession>>);
 
