@@ -262,7 +262,11 @@ fn check_session_header(headers: &HeaderMap) -> Result<(), BridgeError> {
 }
 
 fn registry(state: &AppState) -> Result<&Sandboxes, BridgeError> {
-    state.sandboxes.as_ref().ok_or(BridgeError::Unavailable)
+    state
+        .envs
+        .sandboxes
+        .as_ref()
+        .ok_or(BridgeError::Unavailable)
 }
 
 fn caller(
@@ -766,7 +770,7 @@ mod project {
     pub(super) const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
 
     fn projects(state: &AppState) -> Result<&Projects, BridgeError> {
-        state.projects.as_ref().ok_or(BridgeError::Unavailable)
+        state.envs.projects.as_ref().ok_or(BridgeError::Unavailable)
     }
 
     fn failed(e: ProjectError) -> BridgeError {

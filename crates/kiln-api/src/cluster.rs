@@ -161,7 +161,11 @@ fn continuation_run(body: &[u8]) -> Option<Nanoid> {
 /// Whether this node holds `target` now.
 fn held_here(state: &AppState, target: &Target) -> bool {
     match target {
-        Target::Session(id) => state.kernels.as_ref().is_some_and(|k| k.get(id).is_ok()),
+        Target::Session(id) => state
+            .envs
+            .kernels
+            .as_ref()
+            .is_some_and(|k| k.get(id).is_ok()),
         Target::Run(id) => state.runs.get(id).is_some(),
     }
 }
@@ -485,7 +489,7 @@ async fn claim_started(
         claim(state, cluster, KIND_RUN, &run).await;
         return resp;
     }
-    if !session || resp.status() != StatusCode::CREATED || state.kernels.is_none() {
+    if !session || resp.status() != StatusCode::CREATED || state.envs.kernels.is_none() {
         return resp;
     }
     // a small JSON answer: read it, claim, hand the same bytes on
@@ -496,6 +500,7 @@ async fn claim_started(
     let created = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
     if let Some(id) = created.as_ref().and_then(|v| v.get("session_id")?.as_str())
         && state
+            .envs
             .kernels
             .as_ref()
             .zip(Nanoid::try_from(id.to_owned()).ok())

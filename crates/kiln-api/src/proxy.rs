@@ -922,18 +922,18 @@ pub struct ProxyHealth {
     summary = "Health and languages",
     responses((status = 200, description = "OK", body = ProxyHealth))
 )]
-pub async fn health(State(state): State<AppState>) -> Response {
+pub async fn health(State(op): State<crate::config::Operator>) -> Response {
     Json(ProxyHealth {
         status: "ok".to_owned(),
         backend: "kiln".to_owned(),
-        languages: state
+        languages: op
             .health
             .languages
             .iter()
             .filter(|l| l.available)
             .map(|l| l.common_name.clone())
             .collect(),
-        version: state.health.version.clone(),
+        version: op.health.version.clone(),
     })
     .into_response()
 }

@@ -28,7 +28,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{EvalResult, Kernels, KernelsError, Session, SessionInfo};
+use kiln_exec::kernels::{EvalResult, Kernels, Session, SessionInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -219,10 +219,7 @@ fn view(info: &SessionInfo) -> SessionView {
 }
 
 pub(crate) fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
-    state
-        .kernels
-        .as_ref()
-        .ok_or_else(|| ApiError::Session(KernelsError::Unavailable("sessions are off".into())))
+    state.envs.kernels()
 }
 
 type SessionPath = Result<Path<String>, PathRejection>;

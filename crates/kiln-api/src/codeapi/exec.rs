@@ -307,7 +307,7 @@ async fn open_runtime(
     let mut seat = None;
     if state.config.runtime_session_live
         && req.lang.name() == "py"
-        && let Some(named) = &state.runtime_kernels
+        && let Some(named) = &state.envs.runtime_kernels
     {
         let owner = parsed.caller.principal.user_key();
         let name = kiln_exec::workers::WorkerName::Runtime(id.clone());

@@ -393,6 +393,7 @@ pub async fn download(
 /// Kernels of this node and the host's load and memory.
 fn metrics_now(state: &AppState) -> serde_json::Value {
     let (live, busy) = state
+        .envs
         .kernels
         .as_ref()
         .map_or((0, 0), |k| (k.live(), k.busy()));

@@ -87,7 +87,7 @@ fn user_uuid(q: &UserQuery) -> Result<WorkerName, Fail> {
 }
 
 fn fetcher(state: &AppState) -> Result<&Fetcher, Fail> {
-    state.fetcher.as_ref().ok_or_else(|| {
+    state.envs.fetcher.as_ref().ok_or_else(|| {
         Fail::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "file transfers are unavailable",

@@ -188,8 +188,12 @@ impl Resolve for Unresolved {
 pub struct Admitted<R, C = Unresolved, B = JsonBody, G = Starts> {
     pub body: Bytes,
     pub caller: C,
-    kind: PhantomData<fn() -> (R, B, G)>,
+    kind: PhantomData<Kind<R, B, G>>,
 }
+
+/// The face, body kind and gate an [`Admitted`] was admitted by (types
+/// only: nothing of them is held).
+type Kind<R, B, G> = fn() -> (R, B, G);
 
 impl<R, C, B, G> Admitted<R, C, B, G> {
     /// The body as a `T`; a refusal names the field (`invalid body: code:
