@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::config::{AppState, AuthMode, LanguageHealth};
+use crate::config::{AppState, AuthMode, Environments, LanguageHealth};
 use crate::error::ApiError;
 use crate::identity::parse_id;
 pub use crate::ops::{ForkServerView, History, Operations, Sample, SandboxView, WarmProfileView};
@@ -50,6 +50,7 @@ pub fn sample(state: &AppState, since: SystemTime) -> Sample {
         .filter(|r| r.info().finished_at.is_some_and(|t| t > since))
         .count();
     let warm_ready = state
+        .operator
         .ops
         .as_ref()
         .map_or(0, |o| o.warm().iter().map(|p| u64::from(p.ready)).sum());
@@ -63,16 +64,16 @@ pub fn sample(state: &AppState, since: SystemTime) -> Sample {
     }
 }
 
-/// Samples into `state.history` every `history.every()` until `stop`.
+/// Samples into the operator's history every `history.every()` until `stop`.
 pub fn spawn_sampler(state: AppState, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut since = SystemTime::now();
         loop {
             let now = SystemTime::now();
-            state.history.push(sample(&state, since));
+            state.operator.history.push(sample(&state, since));
             since = now;
             tokio::select! {
-                () = tokio::time::sleep(state.history.every()) => {}
+                () = tokio::time::sleep(state.operator.history.every()) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -147,7 +148,7 @@ pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
     };
     let q = state.runs.queue();
     Json(AdminStatus {
-        version: state.health.version.clone(),
+        version: state.operator.health.version.clone(),
         auth: match state.config.auth {
             AuthMode::None => "none",
             AuthMode::ApiKey => "api-key",
@@ -155,10 +156,16 @@ pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
             AuthMode::ApiKeyOrJwt => "api-key,jwt",
         }
         .to_owned(),
-        languages: state.health.languages.clone(),
-        sandbox: state.ops.as_ref().map(|o| o.sandbox()),
-        warm_pool: state.ops.as_ref().map(|o| o.warm()).unwrap_or_default(),
+        languages: state.operator.health.languages.clone(),
+        sandbox: state.operator.ops.as_ref().map(|o| o.sandbox()),
+        warm_pool: state
+            .operator
+            .ops
+            .as_ref()
+            .map(|o| o.warm())
+            .unwrap_or_default(),
         fork_servers: state
+            .operator
             .ops
             .as_ref()
             .map(|o| o.fork_servers())
@@ -170,8 +177,8 @@ pub async fn status(State(state): State<AppState>) -> Json<AdminStatus> {
         },
         runs_active: state.runs.active() as u64,
         stored,
-        sample_every_secs: state.history.every().as_secs(),
-        history: state.history.samples(),
+        sample_every_secs: state.operator.history.every().as_secs(),
+        history: state.operator.history.samples(),
     })
 }
 
@@ -519,8 +526,8 @@ pub struct KernelView {
         (status = 503, description = "Sessions are off", body = crate::error::CodedError),
     )
 )]
-pub async fn kernels(State(state): State<AppState>) -> Result<Json<Vec<KernelView>>, ApiError> {
-    let kernels = crate::sessions::kernels(&state)?;
+pub async fn kernels(State(envs): State<Environments>) -> Result<Json<Vec<KernelView>>, ApiError> {
+    let kernels = envs.kernels()?;
     let now = SystemTime::now();
     Ok(Json(
         kernels
@@ -569,12 +576,12 @@ pub async fn kernels(State(state): State<AppState>) -> Result<Json<Vec<KernelVie
     )
 )]
 pub async fn close_kernel(
-    State(state): State<AppState>,
+    State(envs): State<Environments>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<axum::http::StatusCode, ApiError> {
     let Path(id) = path.map_err(|_| ApiError::MalformedId)?;
     let id = parse_id(&id)?;
-    let kernels = crate::sessions::kernels(&state)?;
+    let kernels = envs.kernels()?;
     tracing::info!(session = %id, "kernel closed by the operator");
     kernels.delete(&id).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)

@@ -39,10 +39,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
 
-use crate::body::read_limited;
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, authorize, header_user_id, resolve_caller};
+use crate::kit::{Admitted, FileBody, NoBody, Open, Unresolved};
 
 /// Where a sandbox's project is in its jails.
 pub const WORKSPACE: &str = "/workspace";
@@ -262,7 +262,11 @@ fn check_session_header(headers: &HeaderMap) -> Result<(), BridgeError> {
 }
 
 fn registry(state: &AppState) -> Result<&Sandboxes, BridgeError> {
-    state.sandboxes.as_ref().ok_or(BridgeError::Unavailable)
+    state
+        .envs
+        .sandboxes
+        .as_ref()
+        .ok_or(BridgeError::Unavailable)
 }
 
 fn caller(
@@ -319,10 +323,8 @@ pub async fn create(
     State(state): State<AppState>,
     identity: Identity,
     headers: HeaderMap,
+    _: Admitted<BridgeError, Unresolved, NoBody>,
 ) -> Result<Response, BridgeError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown.into());
-    }
     let caller = caller(&state, &identity, &headers)?;
     let sandboxes = registry(&state)?;
     let sandbox = sandboxes.create(&caller)?;
@@ -408,13 +410,10 @@ pub async fn exec(
     peer: crate::rate::Peer,
     headers: HeaderMap,
     id: IdPath,
-    body: Body,
+    admitted: Admitted<BridgeError>,
 ) -> Result<Response, BridgeError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown.into());
-    }
     let (caller, sandbox) = find(&state, &identity, &headers, id)?;
-    let body: ExecBody = crate::sessions::json_body(&state, &headers, body).await?;
+    let body: ExecBody = admitted.json()?;
     if body.argv.is_empty() || body.argv[0].is_empty() {
         return Err(BridgeError::Invalid(
             "argv must be a non-empty array".into(),
@@ -636,13 +635,11 @@ pub async fn write_file(
     identity: Identity,
     headers: HeaderMap,
     path: FilePath,
-    body: Body,
+    admitted: Admitted<BridgeError, Unresolved, FileBody, Open>,
 ) -> Result<Response, BridgeError> {
     let (id, rel) = file_path(path)?;
     let (_, sandbox) = find(&state, &identity, &headers, id)?;
-    let limit = usize::try_from(state.config.max_upload_bytes).unwrap_or(usize::MAX);
-    let bytes = read_limited(&headers, body, limit).await?;
-    project::write(&state, &sandbox, &rel, bytes.to_vec()).await?;
+    project::write(&state, &sandbox, &rel, admitted.body.to_vec()).await?;
     Ok(Json(Written { ok: true }).into_response())
 }
 
@@ -773,7 +770,7 @@ mod project {
     pub(super) const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
 
     fn projects(state: &AppState) -> Result<&Projects, BridgeError> {
-        state.projects.as_ref().ok_or(BridgeError::Unavailable)
+        state.envs.projects.as_ref().ok_or(BridgeError::Unavailable)
     }
 
     fn failed(e: ProjectError) -> BridgeError {

@@ -165,9 +165,17 @@ fn continuation_run(body: &[u8]) -> Option<Nanoid> {
 /// Whether this node holds `target` now.
 fn held_here(state: &AppState, target: &Target) -> bool {
     match target {
-        Target::Session(id) => state.kernels.as_ref().is_some_and(|k| k.get(id).is_ok()),
+        Target::Session(id) => state
+            .envs
+            .kernels
+            .as_ref()
+            .is_some_and(|k| k.get(id).is_ok()),
         Target::Run(id) => state.runs.get(id).is_some(),
-        Target::Sandbox(id) => state.sandboxes.as_ref().is_some_and(|s| s.get(id).is_ok()),
+        Target::Sandbox(id) => state
+            .envs
+            .sandboxes
+            .as_ref()
+            .is_some_and(|s| s.get(id).is_ok()),
     }
 }
 

@@ -240,53 +240,110 @@ impl LanguageHealth {
     }
 }
 
-/// Everything a handler needs. Cheap to clone.
+/// Everything the faces are served from, in a few groups: what every
+/// request meets (configuration, shutdown, rates, this node), the engine
+/// (the store, the run registry, file sessions, the programmatic
+/// executions), the live environments, and what the operator reads. A
+/// handler that needs one group extracts only it (`State<Operator>`,
+/// `State<Environments>`, the admission's [`crate::kit::Door`]: axum's
+/// `FromRef`). Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: kiln_store::Store,
-    /// The run registry every face starts executions through.
-    pub runs: Runs,
-    /// Seed 000's named file sessions.
-    pub sessions: Arc<FileSessions>,
     pub config: Arc<ApiConfig>,
-    pub health: Arc<HealthInfo>,
-    /// Renders `/metrics`; `None` → `/metrics` answers 404.
-    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Cancelled when the server begins shutting down: new runs are refused
     /// with 503 (runs already in flight are left to finish).
     pub shutdown: CancellationToken,
     /// The rate limiters of [`ApiConfig::rate_limits`].
     pub rates: Arc<crate::limits::RateLimits>,
-    /// Programmatic executions and requests in flight.
-    pub ptc: Arc<crate::ptc::Programmatic>,
-    /// What the sandbox knows, for `/admin/status` (`None`: not reported).
-    pub ops: Option<Arc<dyn Operations>>,
-    /// The last hour of key numbers (filled by `admin::spawn_sampler`).
-    pub history: Arc<History>,
-    /// Live kernels (Kiln's sessions API); `None`: the routes answer 503.
-    pub kernels: Option<kiln_exec::kernels::Kernels>,
     /// This node among several (owners recorded, requests forwarded);
     /// `None`: a single node.
     pub cluster: Option<Arc<crate::node::Cluster>>,
+    pub store: kiln_store::Store,
+    /// The run registry every face starts executions through.
+    pub runs: Runs,
+    /// Seed 000's named file sessions.
+    pub sessions: Arc<FileSessions>,
+    /// Programmatic executions and requests in flight.
+    pub ptc: Arc<crate::ptc::Programmatic>,
+    /// Live kernels, named kernels, projects and sandboxes.
+    pub envs: Environments,
+    /// What the operator's routes read: health, metrics, the sandbox.
+    pub operator: Operator,
+}
+
+/// The live environments beside the run registry; each `None` when its
+/// routes are off (they answer 503).
+#[derive(Clone, Default)]
+pub struct Environments {
+    /// Live kernels (Kiln's sessions API).
+    pub kernels: Option<kiln_exec::kernels::Kernels>,
     /// Kernels by name over `kernels` (the compatibility faces' workers).
     pub workers: Option<kiln_exec::workers::Workers>,
     /// The live kernels of LibreChat's runtime sessions
     /// (`runtime_session_live`), counted against each user's cap.
     pub runtime_kernels: Option<kiln_exec::workers::Workers>,
-    /// Server-side URL transfers under `config.url_fetch`; `None` when the
-    /// HTTP client could not be built.
+    /// Server-side URL transfers under `config.url_fetch`; `None` also
+    /// when the HTTP client could not be built.
     pub fetcher: Option<kiln_exec::Fetcher>,
     /// Persistent project directories (LibreChat's attached workspaces, a
-    /// bridge sandbox's `/workspace`); `None`: such calls answer 503.
+    /// bridge sandbox's `/workspace`).
     pub projects: Option<kiln_exec::projects::Projects>,
-    /// The sandbox bridge's sandboxes (`/v1/sandbox`); `None`: the routes
-    /// answer 503.
+    /// The sandbox bridge's sandboxes (`/v1/sandbox`).
     pub sandboxes: Option<kiln_exec::sandboxes::Sandboxes>,
+}
+
+impl Environments {
+    /// The live kernels, or 503 when sessions are off.
+    pub fn kernels(&self) -> Result<&kiln_exec::kernels::Kernels, crate::error::ApiError> {
+        self.kernels.as_ref().ok_or_else(|| {
+            crate::error::ApiError::Session(kiln_exec::kernels::KernelsError::Unavailable(
+                "sessions are off".into(),
+            ))
+        })
+    }
+}
+
+/// What the operator's routes (`/health`, `/metrics`, `/admin/status`)
+/// read beside the engine.
+#[derive(Clone)]
+pub struct Operator {
+    pub health: Arc<HealthInfo>,
+    /// Renders `/metrics`; `None` → `/metrics` answers 404.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// What the sandbox knows, for `/admin/status` (`None`: not reported).
+    pub ops: Option<Arc<dyn Operations>>,
+    /// The last hour of key numbers (filled by `admin::spawn_sampler`).
+    pub history: Arc<History>,
+}
+
+impl Operator {
+    /// `health`, with no metrics, no sandbox report and an empty hour.
+    pub fn new(health: HealthInfo) -> Operator {
+        Operator {
+            health: Arc::new(health),
+            metrics: None,
+            ops: None,
+            history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
+        }
+    }
+}
+
+impl axum::extract::FromRef<AppState> for Operator {
+    fn from_ref(state: &AppState) -> Operator {
+        state.operator.clone()
+    }
+}
+
+impl axum::extract::FromRef<AppState> for Environments {
+    fn from_ref(state: &AppState) -> Environments {
+        state.envs.clone()
+    }
 }
 
 impl AppState {
     /// A state whose runs execute on `exec`, with default registry
-    /// settings, sessions idle for an hour expiring, no metrics.
+    /// settings, sessions idle for an hour expiring, no metrics and no
+    /// live environments.
     pub fn new(
         store: kiln_store::Store,
         exec: Arc<dyn kiln_exec::Execute>,
@@ -303,18 +360,10 @@ impl AppState {
             rates: Arc::new(crate::limits::RateLimits::new(config.rate_limits)),
             ptc: Arc::new(crate::ptc::Programmatic::new(config.ptc.clone())),
             config: Arc::new(config),
-            health: Arc::new(health),
-            metrics: None,
             shutdown: CancellationToken::new(),
-            ops: None,
-            history: Arc::new(History::hour(std::time::Duration::from_secs(10))),
-            kernels: None,
             cluster: None,
-            workers: None,
-            runtime_kernels: None,
-            fetcher: None,
-            projects: None,
-            sandboxes: None,
+            envs: Environments::default(),
+            operator: Operator::new(health),
         }
     }
 
@@ -322,10 +371,10 @@ impl AppState {
     /// faces, and the URL fetcher of `config.url_fetch`.
     pub fn with_kernels(mut self, kernels: Option<kiln_exec::kernels::Kernels>) -> AppState {
         use kiln_exec::workers::Workers;
-        self.workers = kernels.clone().map(Workers::new);
-        self.runtime_kernels = kernels.clone().map(Workers::new);
-        self.kernels = kernels;
-        self.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
+        self.envs.workers = kernels.clone().map(Workers::new);
+        self.envs.runtime_kernels = kernels.clone().map(Workers::new);
+        self.envs.kernels = kernels;
+        self.envs.fetcher = kiln_exec::Fetcher::new(self.config.url_fetch.clone())
             .inspect_err(|e| tracing::error!(error = %e, "URL transfers are unavailable"))
             .ok();
         self

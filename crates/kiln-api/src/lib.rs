@@ -89,8 +89,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use config::{
-    ApiConfig, AppState, AuthMode, HealthInfo, LanguageHealth, RuntimeImageHealth,
-    RuntimeSessionMode,
+    ApiConfig, AppState, AuthMode, Environments, HealthInfo, LanguageHealth, Operator,
+    RuntimeImageHealth, RuntimeSessionMode,
 };
 pub use error::ApiError;
 

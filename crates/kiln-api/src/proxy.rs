@@ -37,11 +37,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::body::read_limited;
 use crate::codeapi::files::{file_response, iso8601};
 use crate::config::AppState;
 use crate::error::{ApiError, retry_seconds};
 use crate::identity::{Caller, Identity, authorize, header_user_id, resolve_caller};
+use crate::kit::{Admitted, Queues, RawBody};
 use crate::sse::{self, Early, Face};
 
 /// An error of this face: `{"detail": <message>, "error": <code>}`.
@@ -452,7 +452,6 @@ impl Face for Proxy {
     }
 }
 
-/// The handler.
 #[utoipa::path(
     post,
     path = "/librechat/runs",
@@ -473,22 +472,12 @@ impl Face for Proxy {
 )]
 pub async fn run(
     State(state): State<AppState>,
-    identity: Identity,
     headers: HeaderMap,
-    body: Body,
+    admitted: Admitted<ProxyError, Caller, RawBody, Queues>,
 ) -> Result<Response, ProxyError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ExecError::ShuttingDown.into());
-    }
-    if let Some(retry_after) = state.runs.saturated() {
-        return Err(ExecError::Busy { retry_after }.into());
-    }
-    let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
     // the error names the field: `code: invalid type: integer 5, expected a string`
-    let body: RunBody =
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
-            .map_err(|e| ProxyError::bad(format!("invalid body: {e}")))?;
-    let caller = caller(&state, &identity, &headers)?;
+    let body: RunBody = admitted.json()?;
+    let caller = admitted.caller;
     let lang = Language::resolve(&body.language).ok_or_else(|| {
         ProxyError::bad(format!(
             "language: unsupported language {:?}",
@@ -904,18 +893,18 @@ pub struct ProxyHealth {
     summary = "Health and languages",
     responses((status = 200, description = "OK", body = ProxyHealth))
 )]
-pub async fn health(State(state): State<AppState>) -> Response {
+pub async fn health(State(op): State<crate::config::Operator>) -> Response {
     Json(ProxyHealth {
         status: "ok".to_owned(),
         backend: "kiln".to_owned(),
-        languages: state
+        languages: op
             .health
             .languages
             .iter()
             .filter(|l| l.available)
             .map(|l| l.common_name.clone())
             .collect(),
-        version: state.health.version.clone(),
+        version: op.health.version.clone(),
     })
     .into_response()
 }

@@ -130,6 +130,11 @@ impl Programmatic {
     /// Forgets executions whose run ended and that were not touched for
     /// the state TTL, and those whose run the registry no longer keeps
     /// (its retention budget is the one every run counts against).
+    ///
+    /// Not an [`kiln_exec::expiring::Expiring`]: an execution goes with its
+    /// run (the run registry's retention) or once the run is over and the
+    /// execution untouched for the state TTL; while its run lives it is
+    /// never expired here (the bridge's state TTL ends an unanswered round).
     pub(crate) fn sweep(&self, runs: &kiln_exec::Runs) {
         let ttl = self.settings.limits.state_ttl;
         lock(&self.executions).retain(|_, e| {

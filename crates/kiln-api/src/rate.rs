@@ -123,6 +123,8 @@ impl Gcra {
         let t = self.interval();
         let window = self.rule.window;
         let mut tats = self.tat.lock().unwrap_or_else(|e| e.into_inner());
+        // Not an `Expiring`: a key's clock is its theoretical arrival time,
+        // which lies ahead of now, and a key past it holds nothing to keep.
         if tats.len() > PRUNE_ABOVE {
             tats.retain(|_, tat| *tat > now);
         }

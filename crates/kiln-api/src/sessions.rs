@@ -28,14 +28,14 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Claim;
 use kiln_core::{RelPath, SessionKey};
-use kiln_exec::kernels::{EvalResult, Kernels, KernelsError, Session, SessionInfo};
+use kiln_exec::kernels::{EvalResult, Kernels, Session, SessionInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::body::{read_limited, require_json};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
+use crate::kit::{Admitted, FileBody, JsonBody, Open, Unresolved};
 use crate::runs::rfc3339;
 
 /// `POST /sessions`'s body.
@@ -219,10 +219,7 @@ fn view(info: &SessionInfo) -> SessionView {
 }
 
 pub(crate) fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
-    state
-        .kernels
-        .as_ref()
-        .ok_or_else(|| ApiError::Session(KernelsError::Unavailable("sessions are off".into())))
+    state.envs.kernels()
 }
 
 type SessionPath = Result<Path<String>, PathRejection>;
@@ -266,17 +263,6 @@ fn file_path(path: FilePath) -> Result<(String, RelPath), ApiError> {
     Ok((id, rel))
 }
 
-pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, ApiError> {
-    require_json(headers)?;
-    let bytes = read_limited(headers, body, state.config.max_json_bytes).await?;
-    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
-        .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
-}
-
 /// `POST /sessions`.
 #[utoipa::path(
     post,
@@ -295,19 +281,14 @@ pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
 )]
 pub async fn create(
     State(state): State<AppState>,
-    identity: Identity,
-    headers: HeaderMap,
-    body: Body,
+    admitted: Admitted<ApiError, kiln_core::access::Caller>,
 ) -> Result<Response, ApiError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    let body: CreateSession = json_body(&state, &headers, body).await?;
+    let body: CreateSession = admitted.json()?;
     let ttl = match body.ttl_seconds {
         Some(0) => return Err(ApiError::BadRequest("ttl_seconds must be positive".into())),
         t => t.map(Duration::from_secs),
     };
-    let (caller, _) = owner_of(&state, &identity, &headers)?;
+    let caller = admitted.caller;
     let info = kernels(&state)?.create_as(&caller, &body.lang, ttl).await?;
     let created = SessionCreated {
         session_id: info.id.as_str().to_owned(),
@@ -397,10 +378,10 @@ pub async fn exec(
     peer: crate::rate::Peer,
     headers: HeaderMap,
     path: SessionPath,
-    body: Body,
+    admitted: Admitted<ApiError, Unresolved, JsonBody, Open>,
 ) -> Result<Response, ApiError> {
     let session = find(&state, &identity, &headers, &session_id(path)?)?;
-    let body: ExecBody = json_body(&state, &headers, body).await?;
+    let body: ExecBody = admitted.json()?;
     let timeout = match body.timeout {
         Some(0) => return Err(ApiError::BadRequest("timeout must be positive".into())),
         t => t.map(Duration::from_millis),
@@ -584,13 +565,13 @@ pub async fn put_file(
     identity: Identity,
     headers: HeaderMap,
     path: FilePath,
-    body: Body,
+    admitted: Admitted<ApiError, Unresolved, FileBody, Open>,
 ) -> Result<Response, ApiError> {
     let (id, rel) = file_path(path)?;
     let session = find(&state, &identity, &headers, &id)?;
-    let limit = usize::try_from(state.config.max_upload_bytes).unwrap_or(usize::MAX);
-    let bytes = read_limited(&headers, body, limit).await?;
-    kernels(&state)?.write_file(session, rel, bytes).await?;
+    kernels(&state)?
+        .write_file(session, rel, admitted.body)
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -470,14 +470,14 @@ async fn bridge_node(store: &Store, id: &str, dir: &std::path::Path) -> Node {
     };
     let dir = dir.join(id);
     node_built(store, id, None, config, |state| {
-        state.projects = Some(
+        state.envs.projects = Some(
             kiln_exec::projects::Projects::new(kiln_exec::projects::ProjectsConfig {
                 dir,
                 budget_bytes: 1 << 20,
             })
             .unwrap(),
         );
-        state.sandboxes = Some(kiln_exec::sandboxes::Sandboxes::new(
+        state.envs.sandboxes = Some(kiln_exec::sandboxes::Sandboxes::new(
             kiln_exec::sandboxes::SandboxesConfig {
                 per_principal: 4,
                 total: 8,

@@ -58,7 +58,11 @@ impl<K: Eq + Hash + Clone, V: Clone> Expiring<K, V> {
     /// Adds `value` under `key`, used now, with the registry's idle TTL
     /// or `ttl` if that is less.
     pub fn insert(&self, key: K, value: V, ttl: Option<Duration>) {
-        let now = Instant::now();
+        self.insert_at(key, value, ttl, Instant::now());
+    }
+
+    /// Adds `value` under `key`, made and used at `now`.
+    pub fn insert_at(&self, key: K, value: V, ttl: Option<Duration>, now: Instant) {
         let ttl = ttl.map_or(self.idle_ttl, |t| t.min(self.idle_ttl));
         self.map().insert(
             key,
@@ -81,6 +85,18 @@ impl<K: Eq + Hash + Clone, V: Clone> Expiring<K, V> {
         if let Some(e) = self.map().get_mut(key) {
             e.used = at;
         }
+    }
+
+    /// The value of `key` unless it is expired as of `now` (an expired
+    /// one is missed, though kept until the sweep), marked used at `now`.
+    pub fn use_at(&self, key: &K, now: Instant) -> Option<V> {
+        let mut map = self.map();
+        let e = map.get_mut(key)?;
+        if e.expired(now, self.max_age) {
+            return None;
+        }
+        e.used = now;
+        Some(e.value.clone())
     }
 
     pub fn get(&self, key: &K) -> Option<V> {
@@ -161,6 +177,19 @@ mod tests {
         assert_eq!(e.remove_expired(&"short", sweep), Some(2));
         assert_eq!(e.len(), 2);
         assert!(e.contains(&"a") && !e.contains(&"short"));
+    }
+
+    #[test]
+    fn a_use_misses_an_expired_entry_and_restarts_a_live_ones_clock() {
+        let e: Expiring<&str, u32> = Expiring::new(100 * MS, Duration::MAX);
+        let t0 = Instant::now();
+        e.insert_at("a", 1, None, t0);
+        assert_eq!(e.use_at(&"a", t0 + 90 * MS), Some(1));
+        // used at 90 ms: alive at 150 ms, missed at 190 ms but kept for the sweep
+        assert!(e.expired(t0 + 150 * MS).is_empty());
+        assert_eq!(e.use_at(&"a", t0 + 190 * MS), None);
+        assert_eq!(e.expired(t0 + 190 * MS), [("a", 1)]);
+        assert_eq!(e.use_at(&"missing", t0), None);
     }
 
     #[test]

@@ -11,14 +11,14 @@
 //!   no longer finds it and [`Sandboxes::sweep`] removes it (the caller
 //!   then deletes its project).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use kiln_core::access::Caller;
 use kiln_core::{Nanoid, SessionKey};
 
 use crate::caps::{CapError, CapGuard, Caps};
+use crate::expiring::Expiring;
 
 /// The registry's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,6 @@ pub struct Sandbox {
     creator: Caller,
     owner: SessionKey,
     created_at: SystemTime,
-    last_used: Mutex<Instant>,
     _place: CapGuard,
 }
 
@@ -100,18 +99,6 @@ impl Sandbox {
     pub fn project_name(&self) -> String {
         format!("sandbox-{}", self.id.as_str())
     }
-
-    fn last_used(&self) -> Instant {
-        *lock(&self.last_used)
-    }
-
-    fn idle_past(&self, ttl: Duration, now: Instant) -> bool {
-        now.saturating_duration_since(self.last_used()) >= ttl
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The sandboxes of this node. Cheap to clone.
@@ -124,7 +111,9 @@ pub struct Sandboxes {
 struct Inner {
     cfg: SandboxesConfig,
     caps: Caps,
-    map: Mutex<HashMap<Nanoid, Arc<Sandbox>>>,
+    /// The sandboxes and their idle clocks (the one expiry rule; no
+    /// maximum age).
+    map: Expiring<Nanoid, Arc<Sandbox>>,
 }
 
 impl Sandboxes {
@@ -132,8 +121,8 @@ impl Sandboxes {
         Sandboxes {
             inner: Arc::new(Inner {
                 caps: Caps::new(cfg.per_principal, cfg.total),
+                map: Expiring::new(cfg.idle_ttl, Duration::MAX),
                 cfg,
-                map: Mutex::default(),
             }),
         }
     }
@@ -157,10 +146,11 @@ impl Sandboxes {
             creator: caller.clone(),
             owner,
             created_at: SystemTime::now(),
-            last_used: Mutex::new(now),
             _place: place,
         });
-        lock(&self.inner.map).insert(sandbox.id.clone(), Arc::clone(&sandbox));
+        self.inner
+            .map
+            .insert_at(sandbox.id.clone(), Arc::clone(&sandbox), None, now);
         Ok(sandbox)
     }
 
@@ -170,25 +160,20 @@ impl Sandboxes {
     }
 
     fn get_at(&self, id: &Nanoid, now: Instant) -> Result<Arc<Sandbox>, SandboxesError> {
-        let map = lock(&self.inner.map);
-        let sandbox = map.get(id).ok_or(SandboxesError::NotFound)?;
-        if sandbox.idle_past(self.inner.cfg.idle_ttl, now) {
-            return Err(SandboxesError::NotFound);
-        }
-        *lock(&sandbox.last_used) = now;
-        Ok(Arc::clone(sandbox))
+        self.inner
+            .map
+            .use_at(id, now)
+            .ok_or(SandboxesError::NotFound)
     }
 
     /// Marks `sandbox` used now (a command that ran long ends).
     pub fn touch(&self, sandbox: &Sandbox) {
-        *lock(&sandbox.last_used) = Instant::now();
+        self.inner.map.touch(&sandbox.id);
     }
 
     /// Removes the sandbox `id`; the caller deletes its project.
     pub fn remove(&self, id: &Nanoid) -> Result<Arc<Sandbox>, SandboxesError> {
-        lock(&self.inner.map)
-            .remove(id)
-            .ok_or(SandboxesError::NotFound)
+        self.inner.map.remove(id).ok_or(SandboxesError::NotFound)
     }
 
     /// Removes every sandbox idle past the TTL and returns them (their
@@ -198,19 +183,16 @@ impl Sandboxes {
     }
 
     fn expire(&self, now: Instant) -> Vec<Arc<Sandbox>> {
-        let ttl = self.inner.cfg.idle_ttl;
-        let mut map = lock(&self.inner.map);
-        let gone: Vec<Nanoid> = map
-            .values()
-            .filter(|s| s.idle_past(ttl, now))
-            .map(|s| s.id.clone())
-            .collect();
-        gone.iter().filter_map(|id| map.remove(id)).collect()
+        let map = &self.inner.map;
+        map.expired(now)
+            .into_iter()
+            .filter_map(|(id, _)| map.remove_expired(&id, now))
+            .collect()
     }
 
     /// Sandboxes on the node.
     pub fn len(&self) -> usize {
-        lock(&self.inner.map).len()
+        self.inner.map.len()
     }
 
     pub fn is_empty(&self) -> bool {

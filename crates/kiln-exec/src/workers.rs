@@ -24,6 +24,11 @@ use kiln_core::Nanoid;
 
 use crate::kernels::{Kernels, KernelsError, Session};
 
+/// A name's kernel id, locked while it is looked up or started. Not a
+/// [`crate::turns::Turn`]: it guards a value (which kernel the name has)
+/// and a second caller waits for a start in progress however long it takes
+/// (the kernels' own caps and start timeout bound it) rather than being
+/// refused as busy; the evaluation's one-at-a-time turn is the kernel's.
 type Entry = Arc<tokio::sync::Mutex<Option<Nanoid>>>;
 
 /// The name of a named kernel, with the face it belongs to: names of

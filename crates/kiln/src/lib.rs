@@ -376,25 +376,25 @@ pub async fn serve(
             api_config.ptc.clone(),
         )),
         config: Arc::new(api_config),
-        health: Arc::new(kiln_api::HealthInfo {
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            languages: kiln.languages.clone(),
-            runtime_image: kiln.image.as_ref().map(|i| kiln_api::RuntimeImageHealth {
-                id: i.id.clone(),
-                digest: i.digest.clone(),
-            }),
-        }),
-        metrics: metrics_handle(),
         shutdown: stop_new.clone(),
-        ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
-        history: Arc::new(kiln_api::admin::History::hour(Duration::from_secs(10))),
-        kernels: None,
         cluster: cluster.clone(),
-        workers: None,
-        runtime_kernels: None,
-        fetcher: None,
-        projects: Some(kiln.projects.clone()),
-        sandboxes: kiln.sandboxes.clone(),
+        envs: kiln_api::Environments {
+            projects: Some(kiln.projects.clone()),
+            sandboxes: kiln.sandboxes.clone(),
+            ..kiln_api::Environments::default()
+        },
+        operator: kiln_api::Operator {
+            metrics: metrics_handle(),
+            ops: Some(Arc::new(ops::SandboxOps(kiln.jails.clone()))),
+            ..kiln_api::Operator::new(kiln_api::HealthInfo {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                languages: kiln.languages.clone(),
+                runtime_image: kiln.image.as_ref().map(|i| kiln_api::RuntimeImageHealth {
+                    id: i.id.clone(),
+                    digest: i.digest.clone(),
+                }),
+            })
+        },
     }
     .with_kernels(kiln.kernels.clone());
     let sampler = kiln_api::admin::spawn_sampler(state.clone(), shutdown.clone());

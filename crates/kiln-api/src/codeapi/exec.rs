@@ -30,7 +30,6 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -49,10 +48,11 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::body::{parse_object, read_limited, require_json};
+use crate::body::parse_object;
 use crate::config::{ApiConfig, AppState, RuntimeSessionMode};
 use crate::error::ApiError;
 use crate::identity::{Caller, Identity, header_user_id, resolve_caller};
+use crate::kit::{Admitted, JsonBody, Queues, Unresolved};
 use crate::rate::{Peer, stamp, starts_code};
 use crate::sse::{self, Early, Face};
 
@@ -137,19 +137,9 @@ pub async fn exec(
     identity: Identity,
     peer: Peer,
     headers: HeaderMap,
-    body: Body,
+    admitted: Admitted<ApiError, Unresolved, JsonBody, Queues>,
 ) -> Result<Response, ApiError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    require_json(&headers)?;
-    // Refuse before reading the body: a full queue must not also hold
-    // every waiting client's body in memory.
-    if let Some(retry_after) = state.runs.saturated() {
-        return Err(ExecError::Busy { retry_after }.into());
-    }
-    let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let parsed = parse_exec(&state.config, &identity, &headers, &bytes)?;
+    let parsed = parse_exec(&state.config, &identity, &headers, &admitted.body)?;
     tracing::info!(
         lang = parsed.req.lang.name(),
         files = parsed.req.files.len(),
@@ -257,7 +247,7 @@ async fn open_runtime(
     let mut seat = None;
     if state.config.runtime_session_live
         && parsed.req.lang.name() == "py"
-        && let Some(named) = &state.runtime_kernels
+        && let Some(named) = &state.envs.runtime_kernels
     {
         let owner = parsed.caller.principal.user_key();
         let name = kiln_exec::workers::WorkerName::Runtime(call.id.clone());

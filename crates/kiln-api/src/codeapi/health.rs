@@ -9,8 +9,9 @@ use axum::http::HeaderValue;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 
-use crate::config::AppState;
+use crate::config::Operator;
 use crate::error::{ApiError, PROFILE};
+use crate::kit::Door;
 
 /// `GET /health`'s answer.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -38,14 +39,14 @@ pub struct Health {
         (status = 503, description = "Draining: finishing its runs before it stops, taking no new ones", body = Health),
     )
 )]
-pub async fn health(State(state): State<AppState>) -> Response {
-    let draining = state.shutdown.is_cancelled();
+pub async fn health(State(op): State<Operator>, State(door): State<Door>) -> Response {
+    let draining = door.shutdown.is_cancelled();
     let body = Json(Health {
         status: if draining { "draining" } else { "ok" },
         profile: PROFILE,
-        version: state.health.version.clone(),
-        languages: state.health.languages.clone(),
-        runtime_image: state.health.runtime_image.clone(),
+        version: op.health.version.clone(),
+        languages: op.health.languages.clone(),
+        runtime_image: op.health.runtime_image.clone(),
     });
     if draining {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
@@ -65,8 +66,8 @@ pub async fn health(State(state): State<AppState>) -> Response {
         (status = 404, description = "No metrics recorder", body = crate::error::ErrorBody),
     )
 )]
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let Some(handle) = &state.metrics else {
+pub async fn metrics(State(op): State<Operator>) -> Result<Response, ApiError> {
+    let Some(handle) = &op.metrics else {
         return Err(ApiError::RouteNotFound("/metrics".to_owned()));
     };
     crate::telemetry::sample_process();

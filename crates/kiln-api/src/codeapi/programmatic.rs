@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -46,11 +45,12 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use super::exec::{FileOut, parse_files};
-use crate::body::{parse_object, read_limited, require_json};
+use crate::body::parse_object;
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, header_user_id, resolve_caller};
 use crate::kit::envelope::plain;
+use crate::kit::{Admitted, BodyKind, Open, Unresolved};
 use crate::ptc::{Execution, InFlight, lock, owner_of, unix_now};
 pub use crate::ptc::{Programmatic, PtcSettings};
 use crate::rate::{Peer, stamp, starts_code};
@@ -235,14 +235,9 @@ pub async fn programmatic(
     identity: Identity,
     peer: Peer,
     headers: HeaderMap,
-    body: Body,
+    admitted: Admitted<ApiError>,
 ) -> Result<Response, ApiError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    require_json(&headers)?;
-    let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let mut obj = parse_object(&bytes, FIELDS)?;
+    let mut obj = parse_object(&admitted.body, FIELDS)?;
     let user_id = match obj.get("user_id") {
         Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_owned()),
         _ => None,
@@ -722,6 +717,15 @@ fn final_body(exec: &Execution, r: &ExecResult) -> Value {
     body
 }
 
+/// The cancel route's body: any bytes, at most 64 KiB.
+pub enum CancelRead {}
+
+impl BodyKind for CancelRead {
+    fn limit(_: &crate::config::ApiConfig) -> usize {
+        64 * 1024
+    }
+}
+
 /// The cancel handler.
 #[utoipa::path(
     post,
@@ -741,10 +745,9 @@ pub async fn cancel(
     State(state): State<AppState>,
     identity: Identity,
     headers: HeaderMap,
-    body: Body,
+    admitted: Admitted<ApiError, Unresolved, CancelRead, Open>,
 ) -> Result<Response, ApiError> {
-    let bytes = read_limited(&headers, body, 64 * 1024).await?;
-    let id = serde_json::from_slice::<Value>(&bytes)
+    let id = serde_json::from_slice::<Value>(&admitted.body)
         .ok()
         .and_then(|v| {
             v.get("request_id")

@@ -35,7 +35,7 @@ pub async fn bind(
     caller: &Caller,
     (workspace, instance): (String, Option<String>),
 ) -> Result<ProjectBinding, Response> {
-    let Some(projects) = state.projects.clone() else {
+    let Some(projects) = state.envs.projects.clone() else {
         return Err(plain(
             StatusCode::SERVICE_UNAVAILABLE,
             "Attached workspaces are not enabled on this server",

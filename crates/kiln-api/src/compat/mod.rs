@@ -25,6 +25,7 @@ pub use crate::kit::envelope::{Envelope, Fail};
 /// The named kernels, or 503 when sessions are off.
 pub(crate) fn workers<E>(state: &AppState) -> Result<&kiln_exec::workers::Workers, Fail<E>> {
     state
+        .envs
         .workers
         .as_ref()
         .ok_or_else(|| Fail::new(StatusCode::SERVICE_UNAVAILABLE, "sessions are off"))

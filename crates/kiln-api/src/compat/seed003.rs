@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
@@ -39,8 +38,8 @@ use serde::Deserialize;
 
 use super::{Envelope, workers};
 use crate::config::AppState;
-use crate::error::ApiError;
 use crate::identity::{Identity, authorize, parse_id};
+use crate::kit::{Admitted, JsonBody, Open, Unresolved};
 
 /// The seed's workspace directory.
 const WORKSPACE: &str = "/workspace";
@@ -160,12 +159,9 @@ pub async fn code(
     identity: Identity,
     peer: crate::rate::Peer,
     headers: HeaderMap,
-    raw: Body,
+    admitted: Admitted<Fail>,
 ) -> Result<Response, Fail> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown.into());
-    }
-    let body: CodeBody = crate::sessions::json_body(&state, &headers, raw).await?;
+    let body: CodeBody = admitted.json()?;
     check_language(body.language.as_deref())?;
     let timeout = match body.timeout {
         None => None,
@@ -246,10 +242,10 @@ pub async fn create_session(
     State(state): State<AppState>,
     identity: Identity,
     headers: HeaderMap,
-    raw: Body,
+    admitted: Admitted<Fail, Unresolved, JsonBody, Open>,
 ) -> Result<Response, Fail> {
     let body: NewSession = if headers.contains_key(CONTENT_TYPE) {
-        crate::sessions::json_body(&state, &headers, raw).await?
+        admitted.json()?
     } else {
         NewSession::default()
     };
@@ -397,6 +393,7 @@ pub async fn download(
 /// Kernels of this node and the host's load and memory.
 fn metrics_now(state: &AppState) -> serde_json::Value {
     let (live, busy) = state
+        .envs
         .kernels
         .as_ref()
         .map_or((0, 0), |k| (k.live(), k.busy()));

@@ -18,7 +18,6 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +33,7 @@ use super::workers;
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::Identity;
+use crate::kit::{Admitted, JsonBody, Open, Unresolved};
 
 /// Most files one import, export or delete names (the seed's limit).
 pub const MAX_FILES: usize = 100;
@@ -87,7 +87,7 @@ fn user_uuid(q: &UserQuery) -> Result<WorkerName, Fail> {
 }
 
 fn fetcher(state: &AppState) -> Result<&Fetcher, Fail> {
-    state.fetcher.as_ref().ok_or_else(|| {
+    state.envs.fetcher.as_ref().ok_or_else(|| {
         Fail::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "file transfers are unavailable",
@@ -101,17 +101,13 @@ fn owner(state: &AppState, identity: &Identity, headers: &HeaderMap) -> Result<S
     Ok(key.as_str().to_owned())
 }
 
-async fn body<T: serde::de::DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, Fail> {
-    crate::sessions::json_body(state, headers, body)
-        .await
-        .map_err(|e| match e {
-            ApiError::BadRequest(m) => bad(m),
-            other => other.into(),
-        })
+/// A refusal of the shared layer in FastAPI's words (a bad body is
+/// [`bad`]'s).
+fn detail(e: ApiError) -> Fail {
+    match e {
+        ApiError::BadRequest(m) => bad(m),
+        other => other.into(),
+    }
 }
 
 /// `/sandbox/<dir>` + `name` → the path below `/mnt/data`.
@@ -236,16 +232,13 @@ pub async fn execute(
     peer: crate::rate::Peer,
     Query(q): Query<UserQuery>,
     headers: HeaderMap,
-    raw: Body,
+    admitted: Admitted<Fail>,
 ) -> Result<Response, Fail> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::ShuttingDown.into());
-    }
     let user = user_uuid(&q)?;
     let workers = workers(&state)?;
     let (caller, key) = crate::sessions::owner_of(&state, &identity, &headers)?;
     let owner = key.as_str().to_owned();
-    let body: ExecuteBody = body(&state, &headers, raw).await?;
+    let body: ExecuteBody = admitted.json().map_err(detail)?;
     crate::rate::starts_code(&state, &caller, peer.0).await?;
     let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
     let worker_id = session_id(workers, &session);
@@ -347,12 +340,12 @@ pub async fn import(
     identity: Identity,
     Query(q): Query<UserQuery>,
     headers: HeaderMap,
-    raw: Body,
+    admitted: Admitted<Fail, Unresolved, JsonBody, Open>,
 ) -> Result<Response, Fail> {
     let user = user_uuid(&q)?;
     let owner = owner(&state, &identity, &headers)?;
     let (workers, fetcher) = (workers(&state)?, fetcher(&state)?);
-    let body: ImportBody = body(&state, &headers, raw).await?;
+    let body: ImportBody = admitted.json().map_err(detail)?;
     let targets = file_paths(
         body.files
             .iter()
@@ -417,12 +410,12 @@ pub async fn export(
     identity: Identity,
     Query(q): Query<UserQuery>,
     headers: HeaderMap,
-    raw: Body,
+    admitted: Admitted<Fail, Unresolved, JsonBody, Open>,
 ) -> Result<Response, Fail> {
     let user = user_uuid(&q)?;
     let owner = owner(&state, &identity, &headers)?;
     let (workers, fetcher) = (workers(&state)?, fetcher(&state)?);
-    let body: ExportBody = body(&state, &headers, raw).await?;
+    let body: ExportBody = admitted.json().map_err(detail)?;
     let sources = file_paths(
         body.files
             .iter()
@@ -495,12 +488,12 @@ pub async fn delete(
     identity: Identity,
     Query(q): Query<UserQuery>,
     headers: HeaderMap,
-    raw: Body,
+    admitted: Admitted<Fail, Unresolved, JsonBody, Open>,
 ) -> Result<Response, Fail> {
     let user = user_uuid(&q)?;
     let owner = owner(&state, &identity, &headers)?;
     let workers = workers(&state)?;
-    let body: DeleteBody = body(&state, &headers, raw).await?;
+    let body: DeleteBody = admitted.json().map_err(detail)?;
     let targets = file_paths(
         body.files
             .iter()

@@ -35,17 +35,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Extension;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_core::Nanoid;
 use serde_json::{Map, Value, json};
 
-use crate::body::{read_limited, require_json};
 use crate::config::AppState;
 use crate::error::ApiError;
 use crate::identity::{Identity, header_user_id, resolve_caller};
+use crate::kit::{Admitted, JsonBody, Open, Unresolved};
 use crate::rate::Peer;
 
 /// The modern (per-request metadata) revisions served.
@@ -259,6 +258,8 @@ fn supported_versions() -> Vec<&'static str> {
 /// Legacy sessions (`Mcp-Session-Id`): the caller that opened each and
 /// when it was last used. Idle ones are dropped after [`SESSION_IDLE`];
 /// at most [`MAX_SESSIONS`] are kept (the least recently used goes).
+/// Not an `Expiring`: a legacy session holds nothing to close, and the
+/// count bound evicts the least recently used, which `Expiring` does not.
 #[derive(Debug, Default)]
 pub struct McpSessions(Mutex<HashMap<String, LegacySession>>);
 
@@ -355,11 +356,9 @@ pub async fn post(
     identity: Identity,
     peer: Peer,
     headers: HeaderMap,
-    body: Body,
+    admitted: Admitted<ApiError, Unresolved, JsonBody, Open>,
 ) -> Result<Response, ApiError> {
-    require_json(&headers)?;
-    let bytes = read_limited(&headers, body, state.config.max_json_bytes).await?;
-    let (id, method, params) = match parse_message(&bytes) {
+    let (id, method, params) = match parse_message(&admitted.body) {
         Ok(Message::Request { id, method, params }) => (id, method, params),
         Ok(Message::Other) => return Ok(StatusCode::ACCEPTED.into_response()),
         Err((id, e)) => return Ok(reply(StatusCode::BAD_REQUEST, &id, Err(e))),

@@ -269,10 +269,8 @@ pub async fn start_with(
     .await
     .unwrap();
     let exec = Arc::new(RecordingExec::new());
-    let state = AppState {
-        metrics,
-        ..AppState::new(store.clone(), exec.clone(), config, health_info())
-    };
+    let mut state = AppState::new(store.clone(), exec.clone(), config, health_info());
+    state.operator.metrics = metrics;
     let shutdown = state.shutdown.clone();
     let app = kiln_api::router(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

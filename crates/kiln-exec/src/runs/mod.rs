@@ -780,6 +780,9 @@ impl Runs {
     }
 
     /// Forgets ended runs past their time or beyond the byte budget.
+    /// Not an [`crate::expiring::Expiring`]: retention counts from a run's
+    /// end, not its last use, and a byte budget over all ended runs drops
+    /// the oldest first, so the ended runs are a queue in end order.
     fn expire(&self) {
         let cfg = &self.inner.cfg;
         let mut table = self.table();
