@@ -663,7 +663,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     match &kiln.image {
         Some(i) => info!(image = %i.id, digest = i.digest.as_deref().unwrap_or("-"),
             root = %i.root.display(), "jails run from a runtime image"),
-        None => info!("jails run from the host's /usr (no runtime_image)"),
+        None => info!("jails run from the host's /usr (runtime_image = \"host\")"),
     }
     for l in &kiln.languages {
         match (&l.version, &l.reason) {

@@ -16,7 +16,7 @@ use serde_json::Value;
 fn image_name() -> String {
     std::env::var("KILN_RUNTIME_IMAGE")
         .ok()
-        .filter(|v| !v.is_empty())
+        .filter(|v| !v.is_empty() && v != "host")
         .unwrap_or_else(|| "default".to_owned())
 }
 
@@ -29,7 +29,7 @@ async fn image_server() -> Option<TestServer> {
         eprintln!("SKIP: {e:#}");
         return None;
     }
-    Some(server_with(|c| c.runtime_image = Some(image_name())).await)
+    Some(server_with(|c| c.runtime_image = image_name()).await)
 }
 
 fn stdout(r: &Value) -> &str {
