@@ -852,6 +852,7 @@ pub fn doctor(config: &Config) -> ExitCode {
     let report = kiln_sandbox::probe_host();
     println!("Kiln {} doctor", env!("CARGO_PKG_VERSION"));
     println!("{report}");
+    let mut image = (None, None);
     let languages = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -866,6 +867,7 @@ pub fn doctor(config: &Config) -> ExitCode {
                         i.id,
                         i.root.display()
                     );
+                    image.0 = Some(i.id.clone());
                     probe_languages(Some(&i.root)).await
                 }
                 Ok(None) => {
@@ -874,6 +876,7 @@ pub fn doctor(config: &Config) -> ExitCode {
                 }
                 Err(e) => {
                     println!("runtime image: FAILED {e:#}");
+                    image.1 = Some(format!("{e:#}"));
                     Vec::new()
                 }
             }
@@ -892,7 +895,15 @@ pub fn doctor(config: &Config) -> ExitCode {
             (None, r) => println!("  {:<5} MISSING {}", l.name, r.as_deref().unwrap_or("")),
         }
     }
-    let findings = doctor::checks(config, &report, &languages);
+    let mut findings = doctor::checks(config, &report, &languages);
+    if image.1.is_some() {
+        // no image, no languages probed: "all 0 languages" would read as a pass
+        findings.retain(|f| f.check != "runtimes");
+    }
+    findings.insert(
+        0,
+        doctor::judge_image(image.0.as_deref(), image.1.as_deref()),
+    );
     println!("checks:");
     for f in &findings {
         println!("{f}");

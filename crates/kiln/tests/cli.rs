@@ -583,17 +583,21 @@ fn serve_without_its_runtime_image_refuses_in_one_line_naming_the_build_command(
     common::require_root();
     let data = tempfile::tempdir().unwrap();
     let no_images = tempfile::tempdir().unwrap();
+    // `kiln <command>` at the default configuration, with a runtime dir holding no image
+    let kiln = |command: &str| {
+        Command::new(KILN)
+            .args([command, "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path())
+            .env("KILN_RUNTIME_DIR", no_images.path())
+            .env_remove("KILN_RUNTIME_IMAGE")
+            .env_remove("KILN_CONFIG")
+            .env("KILN_LOG_FORMAT", "text")
+            .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+            .output()
+            .unwrap()
+    };
     let started = Instant::now();
-    let out = Command::new(KILN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data.path())
-        .env("KILN_RUNTIME_DIR", no_images.path())
-        .env_remove("KILN_RUNTIME_IMAGE")
-        .env_remove("KILN_CONFIG")
-        .env("KILN_LOG_FORMAT", "text")
-        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
-        .output()
-        .unwrap();
+    let out = kiln("serve");
     let (log, err) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -612,6 +616,18 @@ fn serve_without_its_runtime_image_refuses_in_one_line_naming_the_build_command(
     // nothing served, no jail started
     assert!(!log.contains("sandbox ready"), "{log}");
     assert!(started.elapsed() < Duration::from_secs(20));
+    // and `kiln doctor` fails the same check, rather than passing "all 0 languages"
+    let out = kiln("doctor");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{report}");
+    let failed = check_lines(&report, "image");
+    assert!(
+        failed
+            .iter()
+            .any(|l| l.contains("FAIL") && l.contains("kiln runtime build")),
+        "{report}"
+    );
+    assert!(check_lines(&report, "runtimes").is_empty(), "{report}");
 }
 
 #[test]
