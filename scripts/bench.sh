@@ -8,8 +8,10 @@
 #   scripts/bench.sh --scenarios A,C --runs 5
 #   scripts/bench.sh --help
 # Prints a markdown table on stdout and writes bench-results/<UTC timestamp>.json.
-# Needs root (the server's sandbox uses namespaces and cgroups) and the runtimes of
-# scripts/install-runtimes.sh (/usr/bin/python3 with pandas + matplotlib, /usr/bin/node).
+# Needs root (the server's sandbox uses namespaces and cgroups) and the runtime image the server
+# runs on (`kiln runtime build`): the baselines spawn that image's /usr/bin/python3 and
+# /usr/bin/node in a chroot of it. With KILN_RUNTIME_IMAGE=host passed to the server
+# (--server-env), the host's, from scripts/install-runtimes.sh.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -6,13 +6,15 @@
 #
 # Checks, each failing the run:
 #   1. the Dockerfile keeps its promises: tini as PID 1 in front of the entrypoint, `kiln health`
-#      as the health check;
+#      as the health check, the runtime images in a volume of their own, and no runtime installed
+#      into the container itself (jails run from the runtime image: docs/runtimes.md);
 #   2. docker-compose.example.yml's kiln service asks for the documented narrow set: no
 #      privileged mode, CAP_SYS_ADMIN as the only added capability, a private cgroup namespace,
-#      `kiln health` as its health check;
+#      `kiln health` as its health check, and a volume for the runtime images;
 #   3. the entrypoint, run as root in a private mount namespace with a stand-in kiln binary,
 #      remounts a read-only v1 `memory` cgroup mount read-write, leaves a read-only `devices`
-#      mount read-only, and execs the binary with its arguments.
+#      mount read-only, runs `kiln runtime build` (the one build of the one recipe) before
+#      `serve` and not before another command, and execs the binary with its arguments.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,6 +26,9 @@ bash -n scripts/container-test.sh
 
 check grep -Eq '^ENTRYPOINT \["/usr/bin/tini", *"-s", *"--", *"/opt/kiln/entrypoint.sh"\]' Dockerfile
 check grep -Eq '^ +CMD \["/opt/kiln/kiln", *"health"\]' Dockerfile
+check grep -Eq '^VOLUME /var/lib/kiln/runtimes$' Dockerfile
+check grep -Eq '^ +KILN_RUNTIME_DIR=/var/lib/kiln/runtimes$' Dockerfile
+check bash -c '! grep -q install-runtimes Dockerfile'
 
 python3 -c "import yaml" 2>/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-yaml >/dev/null
 check python3 - <<'PY'
@@ -38,6 +43,8 @@ if kiln.get("cgroup") != "private":
     problems.append("cgroup namespace not private")
 if "kiln health" not in " ".join(kiln.get("healthcheck", {}).get("test", [])):
     problems.append("health check is not `kiln health`")
+if not any(str(v).endswith(":/var/lib/kiln/runtimes") for v in kiln.get("volumes", [])):
+    problems.append("no volume for the runtime images (/var/lib/kiln/runtimes)")
 for p in problems:
     print("compose:", p)
 sys.exit(1 if problems else 0)
@@ -59,10 +66,15 @@ else
     mkdir -p /opt/kiln
     mount --bind "$stand_in" /opt/kiln
     scripts/container-entrypoint.sh serve --listen 0.0.0.0:8000 2>&1
+    echo "-- doctor"
+    scripts/container-entrypoint.sh doctor 2>&1
     rm -rf "$stand_in"
   ' 2>&1) || true
   echo "$out" | sed 's/^/  entrypoint: /'
   check grep -q "^ARGS serve --listen 0.0.0.0:8000$" <<<"$out"
+  # serve: the image build first, then serve; doctor: no build
+  args=$(grep -E "^(ARGS|-- )" <<<"$out" | tr '\n' '|')
+  check test "$args" = "ARGS runtime build|ARGS serve --listen 0.0.0.0:8000|-- doctor|ARGS doctor|"
   check grep -q "^/sys/fs/cgroup/memory rw$" <<<"$out"
   check grep -q "^/sys/fs/cgroup/devices ro$" <<<"$out"
 fi

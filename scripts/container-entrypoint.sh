@@ -1,8 +1,8 @@
 #!/bin/bash
 # scripts/container-entrypoint.sh — the Kiln image's entrypoint (tini runs it as its child).
 #
-# Owns one container-only step before `exec /opt/kiln/kiln "$@"`: container runtimes mount the
-# cgroup filesystem read-only unless the container is privileged, and Kiln's sandbox cannot limit
+# Owns the two container-only steps before `exec /opt/kiln/kiln "$@"`. First: container runtimes
+# mount the cgroup filesystem read-only unless the container is privileged, and Kiln's sandbox cannot limit
 # a run's memory and processes without writing cgroups. A container given CAP_SYS_ADMIN (the
 # narrow privilege set of docs/container.md) may remount its own cgroup mounts read-write: they
 # show only the container's own cgroup subtree. Only the controllers Kiln limits runs with are
@@ -10,6 +10,10 @@
 # v1 `devices` controller, whose writable root would let the container widen its own device
 # access. Each remount is logged; where it is refused, Kiln starts anyway, and its own check
 # refuses an unenforceable sandbox with a clear message. KILN_CGROUP_REMOUNT=off skips the step.
+# Second, before `serve` on the default runtime image (KILN_RUNTIME_IMAGE unset or `default`):
+# `kiln runtime build`, the one build of the one recipe (docs/runtimes.md), into the runtime
+# volume: the first start builds it (about 15 minutes, its progress in the log), later ones find
+# it at once. A failed build stops the container with the build's own message.
 set -uo pipefail
 
 if [[ "${KILN_CGROUP_REMOUNT:-auto}" != off ]]; then
@@ -40,5 +44,12 @@ if [[ "${KILN_CGROUP_REMOUNT:-auto}" != off ]]; then
       echo "kiln-entrypoint: $point is read-only and cannot be remounted (no CAP_SYS_ADMIN?)" >&2
     fi
   done </proc/self/mountinfo
+fi
+if [[ "${1:-}" == serve && "${KILN_RUNTIME_IMAGE:-default}" == default ]]; then
+  # stdout (the image's path) joins the log too: nothing else reads it
+  if ! /opt/kiln/kiln runtime build >&2; then
+    echo "kiln-entrypoint: the runtime image could not be built (above); not serving" >&2
+    exit 1
+  fi
 fi
 exec /opt/kiln/kiln "$@"

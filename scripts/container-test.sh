@@ -340,6 +340,13 @@ else
   priv_desc="${priv_args[*]}"
 fi
 
+# The runtime image the containers' jails run from (docs/runtimes.md): the machine's own store,
+# mounted as their runtime volume, so the image this machine built (scripts/test.sh) is found at
+# once; a store without it is built into by the first container's start (about 15 minutes).
+runtimes="${KILN_RUNTIME_DIR:-/var/lib/kiln/runtimes}"
+mkdir -p "$runtimes"
+first_start=3600
+
 wait_healthy() { # name, port, seconds
   local i
   for ((i = 0; i < $3; i++)); do
@@ -371,9 +378,9 @@ if want run; then
   key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   t0=$SECONDS
   podman run -d --name "$run_name" "${priv_args[@]}" -p "127.0.0.1:$port:8000" \
-    -e KILN_API_KEY="$key" -e KILN_LOG_FORMAT=json -v kiln-ct-data:/data "$kiln_image" \
-    >/dev/null 2>>"$work/logs/podman.err"
-  wait_healthy "$run_name" "$port" 120
+    -e KILN_API_KEY="$key" -e KILN_LOG_FORMAT=json -v kiln-ct-data:/data \
+    -v "$runtimes:/var/lib/kiln/runtimes" "$kiln_image" >/dev/null 2>>"$work/logs/podman.err"
+  wait_healthy "$run_name" "$port" "$first_start"
   ready=$((SECONDS - t0))
   # the image's own HEALTHCHECK (present only in docker-format images)
   podman healthcheck run "$run_name" >/dev/null || fail "the image's HEALTHCHECK failed"
@@ -421,8 +428,9 @@ if want run; then
   cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   # the image's entrypoint without tini in front: it execs kiln, which becomes PID 1
   podman run -d --name kiln-ct-control "${priv_args[@]}" -p "127.0.0.1:$cport:8000" \
-    --entrypoint /opt/kiln/entrypoint.sh "$kiln_image" serve >/dev/null 2>>"$work/logs/podman.err"
-  wait_healthy kiln-ct-control "$cport" 120
+    -v "$runtimes:/var/lib/kiln/runtimes" --entrypoint /opt/kiln/entrypoint.sh "$kiln_image" serve \
+    >/dev/null 2>>"$work/logs/podman.err"
+  wait_healthy kiln-ct-control "$cport" "$first_start"
   for i in 1 2 3 4 5; do
     curl -s -m 1 -o /dev/null -X POST "http://127.0.0.1:$cport/v1/exec" \
       -H 'Content-Type: application/json' -d '{"lang":"bash","code":"sleep 5 & sleep 5 & sleep 20"}' || true
@@ -469,6 +477,14 @@ EOF
   if ((privileged)); then
     echo "    privileged: true" >>"$work/compose.override.yml"
   fi
+  # the example's runtime volume as a bind of this machine's store (found built, not rebuilt by
+  # each `up` after `down -v`)
+  cat >>"$work/compose.override.yml" <<EOF
+volumes:
+  kiln_runtimes:
+    driver: local
+    driver_opts: {type: none, o: bind, device: $runtimes}
+EOF
   cat >"$work/compose.key.yml" <<'EOF'
 services:
   api:

@@ -2,7 +2,8 @@
 # scripts/test.sh — the project's one test command (CI runs it through .ci/run).
 #
 # Owns: getting a fresh Debian 12 machine with Rust from nothing to a full test run:
-#   1. the jail runtimes (scripts/install-runtimes.sh, plus npm for step 3);
+#   1. the host's runtimes (scripts/install-runtimes.sh, plus npm for step 3): kiln-sandbox's
+#      and kiln-bench's own tests use them; Kiln's test servers run jails from the image (4b);
 #   2. test tools: openapi-spec-validator (PyPI) for the OpenAPI check, unless python3 has it,
 #      and the official MCP Python SDK (PyPI mcp 2.x) for the /mcp test, unless python3 has it;
 #   3. the e2e Node project (tests/e2e: `npm ci` from the committed package-lock.json; it
@@ -12,7 +13,8 @@
 #      console/package-lock.json + esbuild, ~10 s fresh, 0 s when up to date) and Debian's
 #      chromium + chromium-driver for the browser test (apt, only when missing: ~90 MB,
 #      ~20 s on a warm mirror);
-#   4b. the default runtime image (`kiln runtime build`, docs/runtimes.md);
+#   4b. the default runtime image (`kiln runtime build`, docs/runtimes.md), the default of
+#      every test server (KILN_RUNTIME_IMAGE=host: the host's /usr);
 #   5. the whole Rust test suite (cargo test; KILN_TEST_RUNNER=nextest for cargo nextest),
 #      whose exit status is this script's; it closes with one "N passed, N failed" line;
 #   6. the habits: `cargo fmt --check` and `cargo clippy --all-targets -D warnings` over the
@@ -43,6 +45,11 @@ apt_install() {
 }
 
 section "runtimes"
+# The host's runtimes, although Kiln's test servers run their jails from the runtime image:
+# kiln-sandbox's own suites run jails on the host's /usr (no Kiln config, no image), kiln-bench's
+# baseline tests spawn the host's python3 (pandas, matplotlib) and node, a few tests use the
+# host's python3 as a tool (the OpenAPI validator, the MCP SDK), and npm builds the e2e project
+# and the console. Already installed on a CI machine: the section takes seconds.
 scripts/install-runtimes.sh --with-npm
 
 section "test tools"
@@ -134,9 +141,9 @@ else
 fi
 
 section "runtime image"
-# The default runtime image (docs/runtimes.md; resources/runtime/recipe.toml), which
-# crates/kiln/tests/image.rs runs against (and every suite, with KILN_RUNTIME_IMAGE=default):
-# built by the same `kiln runtime build` as serve.sh and the container use; a fresh build
+# The default runtime image (docs/runtimes.md; resources/runtime/recipe.toml), which every
+# test server runs its jails from, as `kiln serve` does (KILN_RUNTIME_IMAGE=host: the host's
+# /usr instead): built by the same `kiln runtime build` as serve.sh and the container use; a fresh build
 # downloads ~800 MB and takes tens of minutes, later runs find it built (0 s). Its time is
 # printed by the build's last line.
 command -v debootstrap >/dev/null || apt_install debootstrap

@@ -7,6 +7,8 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+use crate::baseline::Program;
+
 /// Where the numbers come from, so results can be compared across runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MachineInfo {
@@ -22,9 +24,9 @@ pub struct MachineInfo {
     pub git_commit: Option<String>,
     /// Whether tracked files had uncommitted changes.
     pub git_dirty: Option<bool>,
-    /// `--version` of the baseline Python.
+    /// `--version` of the baseline Python (the server's image's when it runs on one).
     pub python: Option<String>,
-    /// `--version` of the baseline Node.
+    /// `--version` of the baseline Node (likewise).
     pub node: Option<String>,
     /// `kiln --version`.
     pub kiln: Option<String>,
@@ -32,7 +34,7 @@ pub struct MachineInfo {
 
 impl MachineInfo {
     /// Collect everything; missing pieces stay `None`.
-    pub fn collect(python: &Path, node: &Path, kiln: &Path) -> MachineInfo {
+    pub fn collect(python: &Program, node: &Program, kiln: &Path) -> MachineInfo {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         MachineInfo {
@@ -45,8 +47,8 @@ impl MachineInfo {
             git_commit: command_line("git", &["rev-parse", "HEAD"]),
             git_dirty: command_line_status("git", &["diff", "--quiet", "HEAD", "--"])
                 .map(|clean| !clean),
-            python: command_line(&python.to_string_lossy(), &["--version"]),
-            node: command_line(&node.to_string_lossy(), &["--version"]),
+            python: version_of(python),
+            node: version_of(node),
             kiln: command_line(&kiln.to_string_lossy(), &["--version"]),
         }
     }
@@ -185,7 +187,10 @@ fn cpu_ms_of_stat(stat: &str) -> Option<f64> {
 /// First line of a command's output (stdout, else stderr: `python --version`
 /// used to print on stderr), `None` if it cannot run or fails.
 fn command_line(program: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(program).args(args).output().ok()?;
+    first_line(Command::new(program).args(args).output().ok()?)
+}
+
+fn first_line(out: std::process::Output) -> Option<String> {
     if !out.status.success() {
         return None;
     }
@@ -198,6 +203,11 @@ fn command_line(program: &str, args: &[&str]) -> Option<String> {
         .lines()
         .next()
         .map(|l| l.trim().to_owned())
+}
+
+/// A baseline interpreter's `--version`, run as the baselines run it (in the image's chroot).
+fn version_of(p: &Program) -> Option<String> {
+    first_line(p.command(&["--version"], None).ok()?.output().ok()?)
 }
 
 /// Whether a command exited 0 (`None` if it could not run, or exited with

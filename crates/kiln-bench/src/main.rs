@@ -28,7 +28,7 @@ use crate::client::KilnClient;
 use crate::machine::MachineInfo;
 use crate::report::{Report, SCHEMA, ServerReport};
 use crate::server::{Server, ServerOptions};
-use crate::settings::{Cli, Scenario, Settings};
+use crate::settings::{BareImage, Cli, Scenario, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -54,19 +54,13 @@ fn file_stamp(t: OffsetDateTime) -> anyhow::Result<String> {
     t.format(&f).context("format the timestamp")
 }
 
-async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
+async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let started = OffsetDateTime::now_utc();
     let started_at = started.format(&Rfc3339).context("format the start time")?;
     let out_path = match &settings.out {
         Some(p) => p.clone(),
         None => PathBuf::from("bench-results").join(format!("{}.json", file_stamp(started)?)),
     };
-    scenarios::check_runtime(&settings.python, "python")?;
-    if settings.scenarios.contains(&Scenario::E) || settings.scenarios.contains(&Scenario::P) {
-        scenarios::check_runtime(&settings.node, "node")?;
-    }
-    let machine = MachineInfo::collect(&settings.python, &settings.node, &settings.kiln);
-
     install_crypto_provider();
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -104,6 +98,28 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     };
     let kiln = KilnClient::new(http, &origin);
     let health = kiln.health().await.ok();
+    // a server on a runtime image: the baselines run the image's interpreters, in a chroot of
+    // the same image, so both sides run the same Python and Node
+    settings.bare_image = health
+        .as_ref()
+        .and_then(|h| BareImage::from_health(h, &settings.runtime_dir()));
+    match &settings.bare_image {
+        Some(i) => eprintln!(
+            "kiln-bench: baselines spawn the interpreters of the server's runtime image {} in a chroot of {}",
+            i.id,
+            i.root.display()
+        ),
+        None => eprintln!("kiln-bench: baselines spawn the host's interpreters"),
+    }
+    scenarios::check_runtime(&settings.bare_python().host_path(), "python")?;
+    if settings.scenarios.contains(&Scenario::E) || settings.scenarios.contains(&Scenario::P) {
+        scenarios::check_runtime(&settings.bare_node().host_path(), "node")?;
+    }
+    let machine = MachineInfo::collect(
+        &settings.bare_python(),
+        &settings.bare_node(),
+        &settings.kiln,
+    );
     // let start-up work (probes, the fork-server's preload, the warm pool) settle before reading the idle size;
     // nothing is measured yet
     if server.is_some() {
@@ -163,6 +179,15 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         ),
         "Kiln latency is client-side: HTTP request sent → whole response read, over loopback with a pooled connection; baseline latency is spawn → exit with output read.".into(),
         "Every answer is verified (stdout value, and for B that plot.png is among the outputs; for B2 stdout equal to the baseline's and the heatmap among the outputs); failed requests are excluded from latencies and counted in `verified`.".into(),
+        match &settings.bare_image {
+            Some(i) => format!(
+                "Baselines run the server's runtime image's own interpreters ({}, {}): each spawned process enters a chroot of {} (and its working directory there) before it executes the interpreter, with no process in between.",
+                machine.python.as_deref().unwrap_or("python ?"),
+                machine.node.as_deref().unwrap_or("node ?"),
+                i.root.display()
+            ),
+            None => "Baselines run the host's interpreters (the server runs its jails on the host's /usr, or its image is not on this machine).".into(),
+        },
     ];
     if settings.scenarios.contains(&Scenario::P) {
         notes.push(

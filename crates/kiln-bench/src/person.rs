@@ -7,13 +7,12 @@
 //! whatever work one run leaves behind (pool refill, workspace reset,
 //! template switch) shows up in the next measured request.
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::bail;
 use serde_json::json;
 
-use crate::baseline::{self, ScriptDir};
+use crate::baseline::{self, Program, ScriptDir};
 use crate::client::KilnClient;
 use crate::measure::{RunOutcome, Sample};
 use crate::prom;
@@ -100,8 +99,8 @@ async fn kiln_sequence(kiln: &KilnClient, seq: Sequence, n: usize) -> RunOutcome
 
 /// The baseline side of one sequence: the same programs as bare spawns.
 fn baseline_sequence(
-    python: &Path,
-    node: &Path,
+    python: &Program,
+    node: &Program,
     data: &ScriptDir,
     seq: Sequence,
     n: usize,
@@ -150,8 +149,8 @@ pub async fn person(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
             .pool_max_idle_per_host(0)
             .build()?,
     );
-    let data = ScriptDir::new(workload::DATA_RUN_SCRIPT, None)?;
-    let (python, node) = (s.python.as_path(), s.node.as_path());
+    let (python, node) = (&s.bare_python(), &s.bare_node());
+    let data = ScriptDir::new(python, workload::DATA_RUN_SCRIPT, None)?;
     let sequences = Sequence::all();
     // warm both sides' paths once (templates, page cache)
     for seq in [Sequence::HelloAfterData, Sequence::JsAfterPy] {

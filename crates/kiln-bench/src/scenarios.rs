@@ -138,7 +138,8 @@ pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
 
 /// Scenario id, title and what its baseline measures.
 fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
-    let py = s.python.display();
+    let py = s.bare_python().describe();
+    let node = s.bare_node().describe();
     match sc {
         Scenario::A => (
             "A",
@@ -152,7 +153,7 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
             "B",
             "pandas CSV + plot, 1 client".into(),
             format!(
-                "the same script run by `{py}` on the host in a temp dir holding the 1,000-row CSV, {} times",
+                "the same script run by `{py}` in a temp dir holding the 1,000-row CSV, {} times",
                 s.b_requests
             ),
         ),
@@ -160,7 +161,7 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
             "B2",
             "seaborn, scikit-learn, statsmodels, scipy + sympy snippets, 1 client".into(),
             format!(
-                "each snippet run by `{py}` on the host in a temp dir, {} times per snippet",
+                "each snippet run by `{py}` in a temp dir, {} times per snippet",
                 s.b2_requests
             ),
         ),
@@ -200,16 +201,14 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
                 s.p_requests
             ),
             format!(
-                "the same sequences as bare spawns of `{py}` and `{}` with the same pauses",
-                s.node.display()
+                "the same sequences as bare spawns of `{py}` and `{node}` with the same pauses",
             ),
         ),
         Scenario::E => (
             "E",
             "js hello, 1 client".into(),
             format!(
-                "`{} -e \"console.log('hello')\"` spawned directly (clean env), {} times",
-                s.node.display(),
+                "`{node} -e \"console.log('hello')\"` spawned directly (clean env), {} times",
                 s.e_requests
             ),
         ),
@@ -351,8 +350,8 @@ async fn hello(
         expect_hello(&r)?;
         Ok(Sample::single(took))
     };
-    let node = s.node.as_path();
-    let python = s.python.as_path();
+    let (node, python) = (s.bare_node(), s.bare_python());
+    let (node, python) = (&node, &python);
     let base_one = move |_: usize, _: usize| {
         if lang == "js" {
             baseline::js_hello(node)
@@ -425,8 +424,8 @@ async fn analysis(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
         }
         Ok(Sample::single(took))
     };
-    let dir = AnalysisDir::new()?;
-    let python = s.python.as_path();
+    let python = &s.bare_python();
+    let dir = AnalysisDir::new(python)?;
     let base_one = |_: usize, _: usize| dir.run(python);
 
     let warmup = s.warmup.min(2);
@@ -455,12 +454,12 @@ async fn analysis(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
 /// answer must equal the baseline's (same script, same machine).
 async fn snippets(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
     let s = ctx.settings;
-    let python = s.python.as_path();
+    let python = &s.bare_python();
     let mut metrics = Vec::new();
     let mut all = Runs::default();
     let before = ctx.phases().await;
     for (name, script, output) in workload::SNIPPETS {
-        let dir = ScriptDir::new(script, *output)?;
+        let dir = ScriptDir::new(python, script, *output)?;
         let (_, expected) =
             blocking(|| dir.run(python)).with_context(|| format!("{name}: baseline"))?;
         let body = json!({"lang": "py", "code": script});
@@ -551,11 +550,11 @@ async fn upload_and_sum(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
         .unwrap_or(Duration::ZERO)
         .as_nanos() as u64;
     let kiln = ctx.kiln;
+    let python = &s.bare_python();
     let dirs = (0..s.d_users)
-        .map(|_| SumDir::new())
+        .map(|_| SumDir::new(python))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let dirs = &dirs;
-    let python = s.python.as_path();
     let base_seed = seed ^ 0x5EED_0000_0000_0000;
     let base_one = move |run: usize| {
         move |user: usize, request: usize| -> anyhow::Result<Sample> {

@@ -1,12 +1,17 @@
 //! Command line and the effective settings of a run: full defaults, the
 //! `--quick` smoke configuration, explicit overrides, scenario selection.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use serde::Serialize;
+
+use crate::baseline::Program;
+
+/// Kiln's default `runtime_dir`.
+const DEFAULT_RUNTIME_DIR: &str = "/var/lib/kiln/runtimes";
 
 /// Benchmark Kiln against direct runtime spawns on the same machine.
 ///
@@ -158,9 +163,69 @@ pub struct Settings {
     pub startup_timeout: Duration,
     /// An external server's origin (`--url`); `None`: one is started.
     pub url: Option<String>,
+    /// The runtime image the measured server runs its jails from, when it runs on one that
+    /// is on this machine (read from its `/health`): the baselines then spawn `python` and
+    /// `node` inside it (in a chroot), not the host's. `None`: the host's.
+    pub bare_image: Option<BareImage>,
+}
+
+/// A runtime image the baselines run their interpreters from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BareImage {
+    /// The id the server's `/health` names (`recipe-…`, `import-…`, or a root's path).
+    pub id: String,
+    /// Its root filesystem on this machine.
+    pub root: PathBuf,
+}
+
+impl BareImage {
+    /// The image a server's `/health` answer names, found on this machine: an id's root in
+    /// `runtime_dir`, or a root given by path. `None` when the server runs on the host's
+    /// `/usr` or its image is not here (a server elsewhere, `--url`).
+    pub fn from_health(health: &serde_json::Value, runtime_dir: &Path) -> Option<BareImage> {
+        let id = health["runtime_image"]["id"].as_str()?;
+        let root = if id.starts_with('/') {
+            PathBuf::from(id)
+        } else if (id.starts_with("recipe-") || id.starts_with("import-"))
+            && !id.contains(['/', '.'])
+        {
+            runtime_dir.join(id).join("rootfs")
+        } else {
+            return None;
+        };
+        root.join("usr").is_dir().then(|| BareImage {
+            id: id.to_owned(),
+            root,
+        })
+    }
 }
 
 impl Settings {
+    /// The baselines' Python: `--python`, in the server's image when it runs on one.
+    pub fn bare_python(&self) -> Program {
+        self.bare(&self.python)
+    }
+
+    /// The baselines' Node: `--node`, in the server's image when it runs on one.
+    pub fn bare_node(&self) -> Program {
+        self.bare(&self.node)
+    }
+
+    fn bare(&self, path: &Path) -> Program {
+        Program {
+            image: self.bare_image.as_ref().map(|i| i.root.clone()),
+            ..Program::host(path)
+        }
+    }
+
+    /// Where the server keeps its runtime images: its `KILN_RUNTIME_DIR`, else Kiln's default.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.server_env
+            .iter()
+            .find(|(k, _)| k == "KILN_RUNTIME_DIR")
+            .map_or_else(|| PathBuf::from(DEFAULT_RUNTIME_DIR), |(_, v)| v.into())
+    }
+
     /// Apply the defaults (full or quick) to what the command line left open.
     pub fn resolve(cli: Cli) -> anyhow::Result<Settings> {
         let q = cli.quick;
@@ -205,6 +270,7 @@ impl Settings {
                     .trim_end_matches("/v1")
                     .to_owned()
             }),
+            bare_image: None,
         };
         if let Some(u) = &s.url
             && !(u.starts_with("http://") || u.starts_with("https://"))
@@ -246,6 +312,43 @@ mod tests {
         let mut v = vec!["kiln-bench"];
         v.extend_from_slice(args);
         Settings::resolve(Cli::try_parse_from(v)?)
+    }
+
+    #[test]
+    fn the_baselines_image_is_the_one_the_servers_health_names_when_it_is_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = "recipe-0123456789abcdef";
+        std::fs::create_dir_all(dir.path().join(id).join("rootfs/usr")).unwrap();
+        let health = serde_json::json!({"runtime_image": {"id": id, "digest": "x"}});
+        let img = BareImage::from_health(&health, dir.path()).unwrap();
+        assert_eq!(img.root, dir.path().join(id).join("rootfs"));
+        // a root given by path is used as it is
+        let by_path = serde_json::json!({"runtime_image": {"id": img.root}});
+        assert_eq!(
+            BareImage::from_health(&by_path, Path::new("/nowhere"))
+                .unwrap()
+                .root,
+            img.root
+        );
+        // the host's /usr, an image not on this machine, or an id that is a path: the host's
+        for other in [
+            serde_json::json!({"status": "ok"}),
+            serde_json::json!({"runtime_image": null}),
+            serde_json::json!({"runtime_image": {"id": "recipe-fedcba9876543210"}}),
+            serde_json::json!({"runtime_image": {"id": "recipe-../../etc"}}),
+        ] {
+            assert_eq!(BareImage::from_health(&other, dir.path()), None, "{other}");
+        }
+        let mut s = parse(&[]).unwrap();
+        assert_eq!(s.bare_python(), Program::host("/usr/bin/python3"));
+        s.bare_image = Some(img.clone());
+        assert_eq!(s.bare_node().image.as_deref(), Some(img.root.as_path()));
+        assert_eq!(
+            parse(&["--server-env", "KILN_RUNTIME_DIR=/srv/images"])
+                .unwrap()
+                .runtime_dir(),
+            Path::new("/srv/images")
+        );
     }
 
     #[test]

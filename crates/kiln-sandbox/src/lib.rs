@@ -83,6 +83,7 @@ pub use sandbox::{ParkSpec, ParkedJail, Sandbox};
 pub use seccomp::{DEFAULT_PROFILE as DEFAULT_SECCOMP_PROFILE, PolicyError};
 pub use slots::Slot;
 pub use spec::{JAIL_UID, ParkMode};
+pub use sys::chroot_before_exec;
 pub use tree::remove_tree;
 pub use warm::{WarmConfig, WarmPool, WarmStats};
 pub use zygote::{ZygoteConfig, ZygoteInfo, find_image_libpython, find_libpython, zygote_main};

@@ -28,10 +28,11 @@ pub struct Config {
     /// Where runtime images live (`kiln runtime build|import|list`; docs/runtimes.md).
     pub runtime_dir: PathBuf,
     /// The runtime image jails run from: `default` (the image of the compiled-in recipe), an
-    /// image id (`recipe-…`, `import-…`) or an absolute path to a root filesystem. Unset: the
-    /// host's `/usr` and `/etc` entries, as before images existed. The one switch to make
-    /// images the default.
-    pub runtime_image: Option<String>,
+    /// image id (`recipe-…`, `import-…`), an absolute path to a root filesystem, or `host`:
+    /// the host's `/usr` and `/etc` entries (for development, or a host where an image
+    /// cannot be built). A server whose image is not built refuses to start, naming
+    /// `kiln runtime build` (docs/runtimes.md).
+    pub runtime_image: String,
     /// `none`, `api-key`, `jwt` or `api-key,jwt`. Unset: `api-key` when a
     /// key is set, else `none`.
     pub auth: Option<String>,
@@ -338,7 +339,7 @@ impl Default for Config {
             listen: "127.0.0.1:8000".into(),
             data_dir: PathBuf::from("./kiln-data"),
             runtime_dir: PathBuf::from("/var/lib/kiln/runtimes"),
-            runtime_image: None,
+            runtime_image: DEFAULT_IMAGE.to_owned(),
             work_dir: None,
             auth: None,
             api_key: None,
@@ -464,6 +465,11 @@ mod storage;
 pub use self::auth::Auth;
 pub use self::sessions::SessionSizing;
 
+/// `runtime_image`'s default: the compiled-in recipe's image.
+pub const DEFAULT_IMAGE: &str = "default";
+/// `runtime_image = "host"`: jails run from the host's `/usr`, no image.
+pub const HOST_IMAGE: &str = "host";
+
 impl Config {
     /// Layer defaults, `file`, and the environment.
     pub fn load(file: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -497,8 +503,24 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The image `runtime_image` names (`default`, an image id or a root's path); `None` for
+    /// `host`: jails run from the host's `/usr`.
+    pub fn runtime_image(&self) -> Option<&str> {
+        (self.runtime_image != HOST_IMAGE).then_some(self.runtime_image.as_str())
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         self.listen_addr()?;
+        let image = self.runtime_image.as_str();
+        if !(image == DEFAULT_IMAGE
+            || image == HOST_IMAGE
+            || crate::runtime::is_image_id(image)
+            || image.starts_with('/'))
+        {
+            bail!(
+                "runtime_image must be `default`, `host`, an image id (recipe-…, import-…; `kiln runtime list`) or an absolute path, not {image:?}"
+            );
+        }
         self.auth_mode()?;
         if self.max_concurrency == 0 {
             bail!("max_concurrency must be at least 1");
@@ -592,6 +614,38 @@ mod tests {
         assert_eq!(c.pids, 256);
         assert_eq!(c.timeout_secs, 30);
         assert_eq!(c.auth_mode().unwrap(), Auth::None);
+    }
+
+    #[test]
+    fn jails_run_from_the_default_image_unless_host_is_asked_for() {
+        let c = Config::default();
+        assert_eq!(c.runtime_image(), Some("default"));
+        let host = Config {
+            runtime_image: "host".to_owned(),
+            ..Config::default()
+        };
+        host.validate().unwrap();
+        assert_eq!(host.runtime_image(), None);
+        for ok in [
+            "recipe-0123456789abcdef",
+            "import-0123456789abcdef",
+            "/srv/rootfs",
+        ] {
+            let c = Config {
+                runtime_image: ok.to_owned(),
+                ..Config::default()
+            };
+            c.validate().unwrap();
+            assert_eq!(c.runtime_image(), Some(ok));
+        }
+        for bad in ["", "Host", "debian:13", "recipe-../x", "rootfs"] {
+            let c = Config {
+                runtime_image: bad.to_owned(),
+                ..Config::default()
+            };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("runtime_image must be"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -609,8 +609,29 @@ pub fn judge_runtimes(missing: &[(String, String)], total: usize) -> Finding {
             missing.len(),
             names.join(", ")
         ),
-        "run scripts/install-runtimes.sh as root (Debian 12), or drop those languages from your agents",
+        "the default runtime image has every language (an imported one may lack some); with runtime_image = \"host\", run scripts/install-runtimes.sh as root (Debian 12); or drop those languages from your agents",
     )
+}
+
+/// The runtime image jails run from: `error` when `runtime_image` names one that is not there
+/// (the server would refuse to start); `image` the image's id, `None` for `host`.
+pub fn judge_image(image: Option<&str>, error: Option<&str>) -> Finding {
+    const CHECK: &str = "image";
+    match (error, image) {
+        (Some(e), _) => Finding::fail(
+            CHECK,
+            format!("{e}; `kiln serve` refuses to start without it"),
+            "run `kiln runtime build` as root (or `kiln runtime import`), or set runtime_image = \"host\"",
+        ),
+        (None, Some(id)) => Finding::ok(
+            CHECK,
+            format!("jails run from runtime image {id}; nothing of the host's /usr reaches them"),
+        ),
+        (None, None) => Finding::ok(
+            CHECK,
+            "jails run from the host's /usr (runtime_image = \"host\")",
+        ),
+    }
 }
 
 /// Free space where the data dir lives.
@@ -1139,6 +1160,21 @@ mod tests {
         assert_eq!(r.level, Level::Warn);
         assert!(r.message.contains("512 huge pages"));
         assert_eq!(judge_hugepages(0, 64, 2048).level, Level::Warn);
+    }
+
+    #[test]
+    fn a_missing_runtime_image_fails_the_check_and_names_the_build_command() {
+        let f = judge_image(
+            Some("default"),
+            Some("the default runtime image recipe-x is not built"),
+        );
+        assert_eq!(f.level, Level::Fail);
+        assert!(f.message.contains("refuses to start"), "{}", f.message);
+        assert!(f.fix.unwrap().contains("kiln runtime build"));
+        assert_eq!(judge_image(Some("recipe-x"), None).level, Level::Ok);
+        let host = judge_image(None, None);
+        assert_eq!(host.level, Level::Ok);
+        assert!(host.message.contains("host's /usr"), "{}", host.message);
     }
 
     #[test]

@@ -673,7 +673,7 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     match &kiln.image {
         Some(i) => info!(image = %i.id, digest = i.digest.as_deref().unwrap_or("-"),
             root = %i.root.display(), "jails run from a runtime image"),
-        None => info!("jails run from the host's /usr (no runtime_image)"),
+        None => info!("jails run from the host's /usr (runtime_image = \"host\")"),
     }
     for l in &kiln.languages {
         match (&l.version, &l.reason) {
@@ -862,6 +862,7 @@ pub fn doctor(config: &Config) -> ExitCode {
     let report = kiln_sandbox::probe_host();
     println!("Kiln {} doctor", env!("CARGO_PKG_VERSION"));
     println!("{report}");
+    let mut image = (None, None);
     let languages = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -876,6 +877,7 @@ pub fn doctor(config: &Config) -> ExitCode {
                         i.id,
                         i.root.display()
                     );
+                    image.0 = Some(i.id.clone());
                     probe_languages(Some(&i.root)).await
                 }
                 Ok(None) => {
@@ -884,6 +886,7 @@ pub fn doctor(config: &Config) -> ExitCode {
                 }
                 Err(e) => {
                     println!("runtime image: FAILED {e:#}");
+                    image.1 = Some(format!("{e:#}"));
                     Vec::new()
                 }
             }
@@ -902,7 +905,15 @@ pub fn doctor(config: &Config) -> ExitCode {
             (None, r) => println!("  {:<5} MISSING {}", l.name, r.as_deref().unwrap_or("")),
         }
     }
-    let findings = doctor::checks(config, &report, &languages);
+    let mut findings = doctor::checks(config, &report, &languages);
+    if image.1.is_some() {
+        // no image, no languages probed: "all 0 languages" would read as a pass
+        findings.retain(|f| f.check != "runtimes");
+    }
+    findings.insert(
+        0,
+        doctor::judge_image(image.0.as_deref(), image.1.as_deref()),
+    );
     println!("checks:");
     for f in &findings {
         println!("{f}");

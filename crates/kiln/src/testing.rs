@@ -39,11 +39,12 @@ impl TestServer {
             data_dir: data_dir.path().to_owned(),
             jail_helper: Some(helper.to_owned()),
             shutdown_grace_secs: 5,
-            // every suite runs against a runtime image with KILN_RUNTIME_IMAGE set
-            // (scripts/test.sh --image; docs/runtimes.md)
+            // every suite runs on the default runtime image, as a server does;
+            // KILN_RUNTIME_IMAGE names another (`host`: the host's /usr; docs/runtimes.md)
             runtime_image: std::env::var("KILN_RUNTIME_IMAGE")
                 .ok()
-                .filter(|v| !v.is_empty()),
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| Config::default().runtime_image),
             runtime_dir: std::env::var_os("KILN_RUNTIME_DIR")
                 .filter(|v| !v.is_empty())
                 .map_or_else(|| Config::default().runtime_dir, Into::into),

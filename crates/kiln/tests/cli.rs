@@ -1,7 +1,7 @@
 //! The `kiln` binary itself: `doctor`, `exec` (input files, saved outputs),
 //! `health` and `doctor` taking `serve`'s flags, `serve` reporting a busy
-//! port before it starts anything and stopping cleanly on SIGTERM, and its
-//! log on a pipe.
+//! port before it starts anything (and a runtime image that is not built) and stopping
+//! cleanly on SIGTERM, and its log on a pipe.
 
 mod common;
 
@@ -576,6 +576,58 @@ fn serve_reports_a_busy_port_before_starting_anything_and_names_its_holder() {
         "{log}{err}"
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn serve_without_its_runtime_image_refuses_in_one_line_naming_the_build_command() {
+    common::require_root();
+    let data = tempfile::tempdir().unwrap();
+    let no_images = tempfile::tempdir().unwrap();
+    // `kiln <command>` at the default configuration, with a runtime dir holding no image
+    let kiln = |command: &str| {
+        Command::new(KILN)
+            .args([command, "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path())
+            .env("KILN_RUNTIME_DIR", no_images.path())
+            .env_remove("KILN_RUNTIME_IMAGE")
+            .env_remove("KILN_CONFIG")
+            .env("KILN_LOG_FORMAT", "text")
+            .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+            .output()
+            .unwrap()
+    };
+    let started = Instant::now();
+    let out = kiln("serve");
+    let (log, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{log}{err}");
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("kiln runtime build"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    assert!(
+        refusal[0].starts_with("kiln: the default runtime image recipe-"),
+        "{err}"
+    );
+    assert!(refusal[0].contains("runtime_image = \"host\""), "{err}");
+    // nothing served, no jail started
+    assert!(!log.contains("sandbox ready"), "{log}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // and `kiln doctor` fails the same check, rather than passing "all 0 languages"
+    let out = kiln("doctor");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{report}");
+    let failed = check_lines(&report, "image");
+    assert!(
+        failed
+            .iter()
+            .any(|l| l.contains("FAIL") && l.contains("kiln runtime build")),
+        "{report}"
+    );
+    assert!(check_lines(&report, "runtimes").is_empty(), "{report}");
 }
 
 #[test]

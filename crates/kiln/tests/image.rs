@@ -16,7 +16,7 @@ use serde_json::Value;
 fn image_name() -> String {
     std::env::var("KILN_RUNTIME_IMAGE")
         .ok()
-        .filter(|v| !v.is_empty())
+        .filter(|v| !v.is_empty() && v != "host")
         .unwrap_or_else(|| "default".to_owned())
 }
 
@@ -29,7 +29,7 @@ async fn image_server() -> Option<TestServer> {
         eprintln!("SKIP: {e:#}");
         return None;
     }
-    Some(server_with(|c| c.runtime_image = Some(image_name())).await)
+    Some(server_with(|c| c.runtime_image = image_name()).await)
 }
 
 fn stdout(r: &Value) -> &str {
@@ -124,6 +124,33 @@ async fn every_interpreter_a_run_sees_is_the_images_not_the_hosts() {
     ] {
         assert!(out.contains(want), "{want} missing: {r}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_left_at_its_default_runs_nothing_from_the_hosts_usr() {
+    // the configuration's own default, whatever KILN_RUNTIME_IMAGE says
+    let default = kiln::config::Config::default().runtime_image;
+    let dir = std::env::var_os("KILN_RUNTIME_DIR")
+        .map_or(kiln::config::Config::default().runtime_dir, Into::into);
+    if let Err(e) = Store::new(dir).resolve(&default) {
+        assert!(std::env::var_os("CI").is_none(), "{e:#}");
+        eprintln!("SKIP: {e:#}");
+        return;
+    }
+    let s = server_with(|c| c.runtime_image = default).await;
+    let health: Value = json_of(client().get(format!("{}/health", s.v1()))).await;
+    let id = health["runtime_image"]["id"].as_str().unwrap_or_default();
+    assert!(id.starts_with("recipe-"), "{health}");
+    let r = run(
+        &s,
+        "bash",
+        "python3 -c 'import sys; print(sys.version_info[:2])'; \
+         ls /usr/lib/python3.11 2>/dev/null || echo no-python3.11",
+    )
+    .await;
+    let out = stdout(&r);
+    assert!(out.contains("(3, 13)"), "{r}");
+    assert!(out.contains("no-python3.11"), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

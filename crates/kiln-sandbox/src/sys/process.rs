@@ -288,3 +288,39 @@ pub fn set_sigchld_ignored(ignored: bool) -> Result<(), Errno> {
     // SAFETY: SIG_IGN and SIG_DFL install no handler code.
     unsafe { signal(Signal::SIGCHLD, handler) }.map(|_| ())
 }
+
+/// Makes the process `cmd` spawns `chroot(2)` into `root` and start in `dir` (a path inside
+/// that root) before it executes its program, with no process of its own in between: the way
+/// kiln-bench spawns a runtime image's interpreter as a bare baseline (the program path is then
+/// looked up inside `root`). Needs `CAP_SYS_CHROOT`. Fails for a path with a NUL byte.
+pub fn chroot_before_exec(
+    cmd: &mut std::process::Command,
+    root: &std::path::Path,
+    dir: &std::path::Path,
+) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let c = |p: &std::path::Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))
+    };
+    // made here, in the parent: the hook must not allocate
+    let (root, dir) = (c(root)?, c(dir)?);
+    let hook = move || -> io::Result<()> {
+        // SAFETY: chroot and chdir on NUL-terminated strings that live as long as the hook;
+        // both are async-signal-safe and nothing is allocated (this runs between fork and
+        // exec in a copy of a possibly multi-threaded process).
+        unsafe {
+            if libc::chroot(root.as_ptr()) != 0 || libc::chdir(dir.as_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook only calls async-signal-safe functions and does not allocate, as
+    // required for code running between fork and exec.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+    Ok(())
+}

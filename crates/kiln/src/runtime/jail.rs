@@ -25,10 +25,10 @@ const IMAGE_ETC_FAMILIES: &[&str] = &[
     "gitconfig",
 ];
 
-/// The image jails run from, if `runtime_image` is set: sets it on `sc` (and the image's
-/// `/etc` entries) and returns its root and id.
+/// The image jails run from, unless `runtime_image` is `host`: sets it on `sc` (and the
+/// image's `/etc` entries) and returns its root and id.
 pub fn configure(config: &Config, sc: &mut SandboxConfig) -> anyhow::Result<Option<ImageRef>> {
-    let Some(name) = &config.runtime_image else {
+    let Some(name) = config.runtime_image() else {
         return Ok(None);
     };
     let store = Store::new(&config.runtime_dir);

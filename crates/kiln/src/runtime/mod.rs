@@ -186,8 +186,15 @@ impl Store {
         };
         match self.get(&id) {
             Some(img) => Ok(img.root),
+            None if name == "default" => bail!(
+                "the default runtime image {id} is not built in {}: run `kiln runtime build` once \
+                 (about 15 minutes and 4 GB; scripts/serve.sh does it), or set runtime_image = \
+                 \"host\" to run jails from the host's /usr",
+                self.dir.display()
+            ),
             None => bail!(
-                "runtime image {id} is not in {} (build it with `kiln runtime build`, or import one)",
+                "runtime image {id} is not in {}: build it with `kiln runtime build --recipe`, \
+                 or import it with `kiln runtime import` (`kiln runtime list` shows what is there)",
                 self.dir.display()
             ),
         }
@@ -295,6 +302,18 @@ mod tests {
         ] {
             assert!(!is_image_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_missing_default_image_names_the_build_command_and_the_host_opt_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Store::new(dir.path()).resolve("default").unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        assert!(msg.contains("`kiln runtime build`"), "{msg}");
+        assert!(msg.contains("runtime_image = \"host\""), "{msg}");
+        let id = Recipe::parse(DEFAULT_RECIPE).unwrap().image_id();
+        assert!(msg.contains(&id), "{msg}");
     }
 
     #[test]
