@@ -316,12 +316,12 @@ async fn open_runtime(
     let id = kiln_exec::sessions::runtime_session_id(&parsed.caller, hint);
     let mut seat = None;
     if state.config.runtime_session_live
-        && req.lang.name() == "py"
+        && req.lang == Language::default_kernel()
         && let Some(named) = &state.runtime_kernels
     {
-        let owner = parsed.caller.principal.user_key();
+        let owner = kiln_core::Owner::of(&parsed.caller);
         let name = kiln_exec::workers::WorkerName::Runtime(id.clone());
-        match named.get_or_start(owner.as_str(), &name, "py").await {
+        match named.get_or_start(&owner, &name, req.lang).await {
             Ok((session, _)) => seat = Some(named.kernels().seat(session)),
             Err(e) => tracing::warn!(
                 runtime_session = %id, error = %e,
