@@ -11,9 +11,10 @@
 //! | `GET /sessions/{session_id}/files` | list the workspace |
 //! | `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | one file of the workspace |
 //!
-//! A session belongs to the principal that created it; every route asks
-//! the one access rule (no claim) with the creator's user key, exactly as
-//! the runs API does.
+//! A session belongs to the principal that created it (its `Owner`); every
+//! route asks the one access rule, `access::may`, for what it does (read,
+//! or control: evaluate, interrupt, put or delete files, close), exactly
+//! as the runs API does.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,11 +3,11 @@
 //! workspace that persists between evaluations. Not to be confused with
 //! [`crate::sessions`] (seed 000's named *file* workspaces).
 //!
-//! - Owner: a kernel belongs to the principal that created it (its user
-//!   key); the faces check reads with the one access rule.
+//! - Owner: a kernel belongs to the principal that created it (its
+//!   [`Owner`]); the faces ask the one access rule, `access::may`.
 //! - Caps: at most `max_total` live kernels on the node (503 past it) and
 //!   `max_per_owner` per owner (429), counted by [`crate::caps::Caps`] per
-//!   principal (the owner's user key), whatever face started the kernel and
+//!   principal (the owner's key), whatever face started the kernel and
 //!   whatever it is named. The binary gives kernels slots of
 //!   their own (`max_total` of them beyond the run concurrency and the warm
 //!   pool), so kernels never starve one-shot runs of jails.
