@@ -279,14 +279,10 @@ impl Kernels {
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
         self.inner.host.can_start(language)?;
         self.forget_lost();
-        let cap = self
-            .inner
-            .caps
-            .acquire(owner.key().as_str())
-            .map_err(|e| match e {
-                CapError::Principal(n) => KernelsError::OwnerCap(n),
-                CapError::Total(n) => KernelsError::NodeFull(n),
-            })?;
+        let cap = self.inner.caps.acquire(owner).map_err(|e| match e {
+            CapError::Principal(n) => KernelsError::OwnerCap(n),
+            CapError::Total(n) => KernelsError::NodeFull(n),
+        })?;
         let kernel = self
             .inner
             .host

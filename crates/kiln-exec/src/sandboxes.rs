@@ -151,7 +151,7 @@ impl Sandboxes {
         let owner = Owner::of(caller);
         // an expired sandbox of the caller's must not hold a place
         self.expire(now);
-        let place = self.inner.caps.acquire(owner.key().as_str())?;
+        let place = self.inner.caps.acquire(&owner)?;
         let sandbox = Arc::new(Sandbox {
             id: Nanoid::random(),
             creator: caller.clone(),

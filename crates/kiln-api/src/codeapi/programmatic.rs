@@ -266,7 +266,7 @@ pub async fn programmatic(
     let parsed = parse_initial(&mut obj)?;
     let attached = super::workspace::requested(&headers, &obj)?;
     let verdict = starts_code(&state, &caller, peer.0).await?;
-    let place = match ptc.caps.acquire(owner.key().as_str()) {
+    let place = match ptc.caps.acquire(&owner) {
         Ok(place) => place,
         Err(e) => {
             let (status, msg) = match e {
