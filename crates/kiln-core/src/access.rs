@@ -1,22 +1,25 @@
 //! The one access rule, in two entry points over one core:
 //!
-//! - [`may`]: may this caller read, change or control a thing it may own (a
-//!   run, kernel, runtime session, project, sandbox, programmatic run, MCP
-//!   session; see [`crate::owner`])? Every face and registry asks it; none
-//!   compares owners itself.
+//! - [`may`]: may this caller see, use or act for a thing an [`Owner`] owns
+//!   (a run, kernel, bridge sandbox, programmatic run or request, MCP
+//!   session)? Every face and registry asks it; none compares owners
+//!   itself. (Runtime sessions, file workspaces and projects need no check:
+//!   their ids are derived from the caller's own `Owner`, so a caller only
+//!   ever names its own.)
 //! - [`may_read`]: may this caller read something stored under a session
 //!   key (a storage session's files, by-reference inputs)? Its case without
 //!   a claim is [`may`]'s read rule, widened to the tenant's shared (agent
 //!   and skill) keys; [`may_write_stored`] is the write case.
 //!
 //! [`may`], by [`Action`]:
-//! - `Read` and `Control` (see it, cancel or close it, named by its
-//!   server-minted id): an identified caller only its own; an identity-less
+//! - `Read` (see it or what it produced) and `Control` (evaluate in it, put
+//!   or delete its files, interrupt, cancel or close it), named by its
+//!   server-minted id: an identified caller only its own; an identity-less
 //!   caller anything (ids are 126-bit capabilities) unless the deployment
 //!   requires identity (then 401).
-//! - `Write` (put into it or act in its name where the name is no
-//!   capability: a signed continuation, a client-chosen request id, a
-//!   protocol session): only its owner, identified or not.
+//! - `Write` (act in its owner's name where the name is no capability: a
+//!   signed continuation, a client-chosen request id, a protocol session):
+//!   only its owner, identified or not.
 //!
 //! A *claim* is the scope a request names for what it reads: an explicit
 //! `kind`/`id`/`version` (G2/G3), a G1 `entity_id`, both, or neither.
@@ -155,11 +158,12 @@ pub fn may_read(
 pub enum Action {
     /// See it or what it produced, named by its server-minted id.
     Read,
-    /// Put something into it, or act in its name where the name is no
-    /// capability (a signed continuation, a client-chosen request id, a
-    /// protocol session): its owner only.
+    /// Act in its owner's name where the name is no capability (a signed
+    /// continuation, a client-chosen request id, a protocol session): its
+    /// owner only.
     Write,
-    /// Cancel, interrupt, close or delete it, named by its server-minted id.
+    /// Use or end it, named by its server-minted id: evaluate in it, put or
+    /// delete its files, interrupt, cancel, close.
     Control,
 }
 
