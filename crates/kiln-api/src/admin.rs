@@ -233,7 +233,7 @@ fn summary(i: &kiln_exec::RunInfo) -> RunSummary {
         run_id: i.id.as_str().to_owned(),
         status: i.phase.as_str().to_owned(),
         lang: i.lang.to_owned(),
-        principal: i.owner.user_key().as_str().to_owned(),
+        principal: i.owner.key().to_string(),
         detached: i.detached,
         created_at_ms: unix_ms(i.created_at),
         finished_at_ms: i.finished_at.map(unix_ms),
@@ -537,7 +537,7 @@ pub async fn kernels(State(envs): State<Environments>) -> Result<Json<Vec<Kernel
                 let info = kernels.info(s);
                 KernelView {
                     session_id: info.id.as_str().to_owned(),
-                    owner: s.owner().to_owned(),
+                    owner: s.owner().key().to_string(),
                     lang: info.lang.to_owned(),
                     created_at_ms: unix_ms(info.created_at),
                     age_secs: now

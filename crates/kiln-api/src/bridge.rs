@@ -29,7 +29,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use kiln_core::access::{Caller, Claim};
+use kiln_core::access::Action::{self, Control, Read};
+use kiln_core::access::Caller;
 use kiln_core::outcome::{ExitStatus, RunStatus};
 use kiln_core::{Language, RelPath};
 use kiln_exec::projects::ProjectError;
@@ -41,7 +42,7 @@ use utoipa::ToSchema;
 
 use crate::config::AppState;
 use crate::error::ApiError;
-use crate::identity::{Identity, authorize, header_user_id, resolve_caller};
+use crate::identity::{Identity, authorize_owned, header_user_id, resolve_caller};
 use crate::kit::{Admitted, FileBody, NoBody, Open, Unresolved};
 
 /// Where a sandbox's project is in its jails.
@@ -282,20 +283,21 @@ fn caller(
     )?)
 }
 
-/// The sandbox `id` if the caller may use it (the one access rule, with
-/// the creator's user key); someone else's is not found, as a missing one.
+/// The sandbox `id` if the caller may do `action` to it (the one access
+/// rule); someone else's is not found, as a missing one.
 fn find(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
     id: Result<Path<String>, PathRejection>,
+    action: Action,
 ) -> Result<(Caller, Arc<Sandbox>), BridgeError> {
     let caller = caller(state, identity, headers)?;
     let Path(id) = id.map_err(|_| BridgeError::Invalid("malformed sandbox id".into()))?;
     let id = kiln_core::Nanoid::parse(&id)
         .map_err(|_| BridgeError::Invalid("malformed sandbox id".into()))?;
     let sandbox = registry(state)?.get(&id)?;
-    match authorize(&state.config, &caller, &Claim::none(), &id, sandbox.owner()) {
+    match authorize_owned(&state.config, &caller, action, &id, sandbox.owner()) {
         Ok(()) => Ok((caller, sandbox)),
         Err(ApiError::SessionForbidden { .. }) => Err(BridgeError::NotFound("no such sandbox")),
         Err(e) => Err(e.into()),
@@ -356,7 +358,7 @@ pub async fn delete(
     headers: HeaderMap,
     id: IdPath,
 ) -> Result<Response, BridgeError> {
-    let (_, sandbox) = find(&state, &identity, &headers, id)?;
+    let (_, sandbox) = find(&state, &identity, &headers, id, Control)?;
     registry(&state)?.remove(sandbox.id())?;
     project::remove(&state, &sandbox).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -382,7 +384,7 @@ pub async fn running(
     headers: HeaderMap,
     id: IdPath,
 ) -> Result<Response, BridgeError> {
-    find(&state, &identity, &headers, id)?;
+    find(&state, &identity, &headers, id, Read)?;
     Ok(Json(Running { running: true }).into_response())
 }
 
@@ -412,7 +414,7 @@ pub async fn exec(
     id: IdPath,
     admitted: Admitted<BridgeError>,
 ) -> Result<Response, BridgeError> {
-    let (caller, sandbox) = find(&state, &identity, &headers, id)?;
+    let (caller, sandbox) = find(&state, &identity, &headers, id, Control)?;
     let body: ExecBody = admitted.json()?;
     if body.argv.is_empty() || body.argv[0].is_empty() {
         return Err(BridgeError::Invalid(
@@ -433,8 +435,8 @@ pub async fn exec(
         return Err(ApiError::Exec(ExecError::Busy { retry_after }).into());
     }
     let verdict = crate::rate::starts_code(&state, &caller, peer.0).await?;
-    let bash = Language::resolve("bash")
-        .ok_or_else(|| BridgeError::Invalid("bash is not available".into()))?;
+    let bash =
+        Language::shell().ok_or_else(|| BridgeError::Invalid("bash is not available".into()))?;
     let req = ExecRequest {
         lang: bash,
         code: LAUNCH.to_owned(),
@@ -596,7 +598,7 @@ pub async fn read_file(
     path: FilePath,
 ) -> Result<Response, BridgeError> {
     let (id, rel) = file_path(path)?;
-    let (_, sandbox) = find(&state, &identity, &headers, id)?;
+    let (_, sandbox) = find(&state, &identity, &headers, id, Read)?;
     let bytes = project::read(&state, &sandbox, &rel).await?;
     let mut resp = Body::from(bytes).into_response();
     let h = resp.headers_mut();
@@ -638,7 +640,7 @@ pub async fn write_file(
     admitted: Admitted<BridgeError, Unresolved, FileBody, Open>,
 ) -> Result<Response, BridgeError> {
     let (id, rel) = file_path(path)?;
-    let (_, sandbox) = find(&state, &identity, &headers, id)?;
+    let (_, sandbox) = find(&state, &identity, &headers, id, Control)?;
     project::write(&state, &sandbox, &rel, admitted.body.to_vec()).await?;
     Ok(Json(Written { ok: true }).into_response())
 }

@@ -387,7 +387,7 @@ async fn buffered(
 }
 
 /// Whether `owner`'s node sent a heartbeat within `dead_after`.
-fn alive(cluster: &Cluster, owner: &kiln_store::Owner) -> bool {
+fn alive(cluster: &Cluster, owner: &kiln_store::OwnerRecord) -> bool {
     owner.heartbeat_at_ms.is_some_and(|t| {
         now_ms() - t <= i64::try_from(cluster.dead_after.as_millis()).unwrap_or(i64::MAX)
     })

@@ -13,9 +13,9 @@
 //! `entity_id` into a claim and the rule's refusals into envelopes.
 
 use axum::http::HeaderMap;
-use kiln_core::access::{Claim, Denied, Policy, may_read};
+use kiln_core::access::{Action, Claim, Denied, Policy, may, may_read};
 use kiln_core::id::is_resource_id;
-use kiln_core::{Kind, Nanoid, Principal, SessionKey};
+use kiln_core::{Kind, Nanoid, Owner, Principal, SessionKey};
 use serde::Deserialize;
 
 pub use kiln_core::access::{ANONYMOUS, Caller};
@@ -198,13 +198,32 @@ pub fn authorize(
     session: &Nanoid,
     stored: &SessionKey,
 ) -> Result<(), ApiError> {
-    may_read(policy(config), caller, claim, stored).map_err(|d| match d {
+    may_read(policy(config), caller, claim, stored).map_err(|d| refusal(d, session))
+}
+
+/// A refusal of the access rule about `id` as an envelope.
+fn refusal(denied: Denied, id: &Nanoid) -> ApiError {
+    match denied {
         Denied::BadClaim(e) => ApiError::BadRequest(e.to_string()),
         Denied::IdentityRequired => ApiError::IdentityRequired,
         Denied::Forbidden => ApiError::SessionForbidden {
-            session: session.clone(),
+            session: id.clone(),
         },
-    })
+    }
+}
+
+/// May `caller` do `action` to the thing `id` that `owner` owns (a run, a
+/// kernel, a sandbox)? The one access rule's refusals as envelopes: not
+/// the caller's is `SessionForbidden` (403; a face that hides others'
+/// things maps it to its 404).
+pub fn authorize_owned(
+    config: &ApiConfig,
+    caller: &Caller,
+    action: Action,
+    id: &Nanoid,
+    owner: &Owner,
+) -> Result<(), ApiError> {
+    may(policy(config), caller, action, owner).map_err(|d| refusal(d, id))
 }
 
 /// May `caller`, naming `query`, read the session whose stored key is

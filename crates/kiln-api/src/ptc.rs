@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use kiln_core::Principal;
+use kiln_core::Owner;
 use kiln_exec::RunHandle;
 use kiln_exec::caps::{CapGuard, Caps};
 use kiln_exec::ptc::{Bridge, PtcLimits, ToolResult};
@@ -60,7 +60,7 @@ impl std::fmt::Debug for PtcSettings {
 pub(crate) struct Execution {
     pub(crate) run: RunHandle,
     pub(crate) bridge: Arc<Bridge>,
-    pub(crate) owner: String,
+    pub(crate) owner: Owner,
     /// What the answers call `session_id` until the run has its outputs.
     pub(crate) session_id: String,
     /// Held while a request (the first, or a continuation) is served.
@@ -84,7 +84,7 @@ pub(crate) struct Progress {
 
 /// A request in flight, by its `X-LibreChat-Code-Request-ID`.
 pub(crate) struct InFlight {
-    pub(crate) owner: String,
+    pub(crate) owner: Owner,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -145,9 +145,9 @@ impl Programmatic {
         });
     }
 
-    pub(crate) fn token(&self, run_id: &str, owner: &str) -> String {
+    pub(crate) fn token(&self, run_id: &str, owner: &Owner) -> String {
         let exp = unix_now() + self.settings.limits.state_ttl.as_secs();
-        let payload = json!({"e": run_id, "o": owner, "x": exp}).to_string();
+        let payload = json!({"e": run_id, "o": owner.token_hash(), "x": exp}).to_string();
         let tag = ring::hmac::sign(&self.key, payload.as_bytes());
         format!(
             "{}.{}",
@@ -156,7 +156,8 @@ impl Programmatic {
         )
     }
 
-    /// The token's `(run id, owner, expiry)` if this server signed it.
+    /// The token's `(run id, owner's token hash, expiry)` if this server
+    /// signed it.
     pub(crate) fn verify(&self, token: &str) -> Option<(String, String, u64)> {
         let (payload, tag) = token.split_once('.')?;
         let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
@@ -175,13 +176,4 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// A principal as a token names it: a hash, so the token shows no identity.
-pub(crate) fn owner_of(p: &Principal) -> String {
-    let d = ring::digest::digest(
-        &ring::digest::SHA256,
-        format!("{}\0{}", p.tenant, p.user_id).as_bytes(),
-    );
-    hex::encode(&d.as_ref()[..16])
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use kiln_core::{Owner, Principal};
 
 use crate::config::AppState;
 use crate::error::ApiError;
@@ -222,7 +223,7 @@ impl RateLimits {
 /// the request named one, else the client's address.
 pub fn code_key(caller: &kiln_core::access::Caller, peer: Option<SocketAddr>) -> String {
     if caller.identified {
-        caller.principal.user_key().as_str().to_owned()
+        Owner::of(caller).key().to_string()
     } else {
         address_key(peer)
     }
@@ -250,7 +251,7 @@ pub async fn starts_code(
 pub fn request_key(state: &AppState, req: &Request) -> String {
     let tenant = &state.config.tenant;
     if let Some(Identity(Some(c))) = req.extensions().get::<Identity>() {
-        return c.principal.user_key().as_str().to_owned();
+        return Owner::of(c).key().to_string();
     }
     let hinted = header_user_id(req.headers())
         .ok()
@@ -261,7 +262,12 @@ pub fn request_key(state: &AppState, req: &Request) -> String {
             q.user_hint().map(str::to_owned)
         });
     match hinted {
-        Some(user) => format!("{tenant}:user:{user}"),
+        Some(user) => Owner::new(Principal {
+            tenant: tenant.clone(),
+            user_id: user,
+        })
+        .key()
+        .to_string(),
         None => address_key(
             req.extensions()
                 .get::<ConnectInfo<SocketAddr>>()

@@ -16,8 +16,8 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_core::access::Claim;
-use kiln_core::{StepUsage, Usage};
+use kiln_core::access::Action;
+use kiln_core::{Owner, StepUsage, Usage};
 use kiln_exec::RunHandle;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -25,7 +25,7 @@ use utoipa::ToSchema;
 use crate::codeapi::exec::{CodeApi, ExecResponse};
 use crate::config::AppState;
 use crate::error::ApiError;
-use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
+use crate::identity::{Identity, authorize_owned, header_user_id, parse_id, resolve_caller};
 use crate::sse::{self, Early};
 pub use crate::sse::{RunLinks, RunStarted, started_response};
 
@@ -149,12 +149,13 @@ impl RunView {
 
 type RunPath = Result<Path<String>, PathRejection>;
 
-/// The run named in the path, if the caller may see it.
+/// The run named in the path, if the caller may do `action` to it.
 fn find(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
     path: RunPath,
+    action: Action,
 ) -> Result<RunHandle, ApiError> {
     let Path(id) = path.map_err(|_| ApiError::MalformedId)?;
     let id = parse_id(&id)?;
@@ -163,8 +164,13 @@ fn find(
         .runs
         .get(&id)
         .ok_or_else(|| ApiError::RunNotFound(id.clone()))?;
-    let owner = run.caller().principal.user_key();
-    authorize(&state.config, &caller, &Claim::none(), &id, &owner)?;
+    authorize_owned(
+        &state.config,
+        &caller,
+        action,
+        &id,
+        &Owner::of(run.caller()),
+    )?;
     Ok(run)
 }
 
@@ -189,7 +195,7 @@ pub async fn get_run(
     headers: HeaderMap,
     path: RunPath,
 ) -> Result<Response, ApiError> {
-    let run = find(&state, &identity, &headers, path)?;
+    let run = find(&state, &identity, &headers, path, Action::Read)?;
     Ok(Json(RunView::of(&run)).into_response())
 }
 
@@ -214,7 +220,7 @@ pub async fn run_events(
     headers: HeaderMap,
     path: RunPath,
 ) -> Result<Response, ApiError> {
-    let run = find(&state, &identity, &headers, path)?;
+    let run = find(&state, &identity, &headers, path, Action::Read)?;
     Ok(sse::respond(run.clone(), Arc::new(CodeApi::default()), Early::Event, ()).await)
 }
 
@@ -241,7 +247,7 @@ pub async fn cancel_run(
     headers: HeaderMap,
     path: RunPath,
 ) -> Result<Response, ApiError> {
-    let run = find(&state, &identity, &headers, path)?;
+    let run = find(&state, &identity, &headers, path, Action::Control)?;
     let over = run.info().phase.is_over();
     if !over {
         tracing::info!(run = %run.id(), "run cancelled on request");

@@ -11,9 +11,10 @@
 //! | `GET /sessions/{session_id}/files` | list the workspace |
 //! | `GET|PUT|DELETE /sessions/{session_id}/files/{path}` | one file of the workspace |
 //!
-//! A session belongs to the principal that created it; every route asks
-//! the one access rule (no claim) with the creator's user key, exactly as
-//! the runs API does.
+//! A session belongs to the principal that created it (its `Owner`); every
+//! route asks the one access rule, `access::may`, for what it does (read,
+//! or control: evaluate, interrupt, put or delete files, close), exactly
+//! as the runs API does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,15 +27,15 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use kiln_core::access::Claim;
-use kiln_core::{RelPath, SessionKey};
+use kiln_core::access::Action::{self, Control, Read};
+use kiln_core::{Owner, RelPath};
 use kiln_exec::kernels::{EvalResult, Kernels, Session, SessionInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::config::AppState;
 use crate::error::ApiError;
-use crate::identity::{Identity, authorize, header_user_id, parse_id, resolve_caller};
+use crate::identity::{Identity, authorize_owned, header_user_id, parse_id, resolve_caller};
 use crate::kit::{Admitted, FileBody, JsonBody, Open, Unresolved};
 use crate::runs::rfc3339;
 
@@ -225,15 +226,15 @@ pub(crate) fn kernels(state: &AppState) -> Result<&Kernels, ApiError> {
 type SessionPath = Result<Path<String>, PathRejection>;
 type FilePath = Result<Path<(String, String)>, PathRejection>;
 
-/// The caller's user key (a session's owner).
+/// The caller, and the owner of what it starts.
 pub(crate) fn owner_of(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
-) -> Result<(kiln_core::access::Caller, SessionKey), ApiError> {
+) -> Result<(kiln_core::access::Caller, Owner), ApiError> {
     let caller = resolve_caller(&state.config, identity, &[header_user_id(headers)?])?;
-    let key = caller.principal.user_key();
-    Ok((caller, key))
+    let owner = Owner::of(&caller);
+    Ok((caller, owner))
 }
 
 /// The session `id`, if the caller may use it (the one access rule, as for
@@ -244,12 +245,12 @@ pub(crate) fn find(
     identity: &Identity,
     headers: &HeaderMap,
     id: &str,
+    action: Action,
 ) -> Result<Arc<Session>, ApiError> {
     let id = parse_id(id)?;
     let (caller, _) = owner_of(state, identity, headers)?;
     let session = kernels(state)?.get(&id)?;
-    let owner = SessionKey::from_stored(session.owner().to_owned());
-    authorize(&state.config, &caller, &Claim::none(), &id, &owner)?;
+    authorize_owned(&state.config, &caller, action, &id, session.owner())?;
     Ok(session)
 }
 
@@ -319,7 +320,7 @@ pub async fn get_session(
     headers: HeaderMap,
     path: SessionPath,
 ) -> Result<Response, ApiError> {
-    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let session = find(&state, &identity, &headers, &session_id(path)?, Read)?;
     let info = kernels(&state)?.info(&session);
     Ok(Json(view(&info)).into_response())
 }
@@ -346,7 +347,7 @@ pub async fn delete_session(
     path: SessionPath,
 ) -> Result<Response, ApiError> {
     let id = session_id(path)?;
-    find(&state, &identity, &headers, &id)?;
+    find(&state, &identity, &headers, &id, Control)?;
     let id = parse_id(&id)?;
     kernels(&state)?.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -380,7 +381,7 @@ pub async fn exec(
     path: SessionPath,
     admitted: Admitted<ApiError, Unresolved, JsonBody, Open>,
 ) -> Result<Response, ApiError> {
-    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let session = find(&state, &identity, &headers, &session_id(path)?, Control)?;
     let body: ExecBody = admitted.json()?;
     let timeout = match body.timeout {
         Some(0) => return Err(ApiError::BadRequest("timeout must be positive".into())),
@@ -451,7 +452,7 @@ pub async fn interrupt(
     headers: HeaderMap,
     path: SessionPath,
 ) -> Result<Response, ApiError> {
-    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let session = find(&state, &identity, &headers, &session_id(path)?, Control)?;
     let kernels = kernels(&state)?;
     kernels.interrupt(&session).await?;
     Ok((StatusCode::ACCEPTED, Json(view(&kernels.info(&session)))).into_response())
@@ -479,7 +480,7 @@ pub async fn list_files(
     headers: HeaderMap,
     path: SessionPath,
 ) -> Result<Response, ApiError> {
-    let session = find(&state, &identity, &headers, &session_id(path)?)?;
+    let session = find(&state, &identity, &headers, &session_id(path)?, Read)?;
     let files = kernels(&state)?.list_files(session).await?;
     let files = files
         .into_iter()
@@ -512,7 +513,7 @@ pub async fn get_file(
     path: FilePath,
 ) -> Result<Response, ApiError> {
     let (id, rel) = file_path(path)?;
-    let session = find(&state, &identity, &headers, &id)?;
+    let session = find(&state, &identity, &headers, &id, Read)?;
     let content_type = kiln_exec::content_type(rel.as_str());
     let name = rel.as_str().to_owned();
     let (file, size) = kernels(&state)?.read_file(session, rel).await?;
@@ -568,7 +569,7 @@ pub async fn put_file(
     admitted: Admitted<ApiError, Unresolved, FileBody, Open>,
 ) -> Result<Response, ApiError> {
     let (id, rel) = file_path(path)?;
-    let session = find(&state, &identity, &headers, &id)?;
+    let session = find(&state, &identity, &headers, &id, Control)?;
     kernels(&state)?
         .write_file(session, rel, admitted.body)
         .await?;
@@ -599,7 +600,7 @@ pub async fn delete_file(
     path: FilePath,
 ) -> Result<Response, ApiError> {
     let (id, rel) = file_path(path)?;
-    let session = find(&state, &identity, &headers, &id)?;
+    let session = find(&state, &identity, &headers, &id, Control)?;
     kernels(&state)?.delete_file(session, rel).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

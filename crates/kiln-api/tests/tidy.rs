@@ -455,3 +455,111 @@ fn unsafe_code_stands_only_in_the_sandbox_s_sys_and_embed_modules() {
     let sys_dir = root.join("kiln-sandbox/src/sys");
     assert!(sys.contains("unsafe {") || sys_dir.is_dir());
 }
+
+/// Every name the language table knows a language by (names, aliases,
+/// common names), lowercase.
+fn language_names() -> BTreeSet<String> {
+    kiln_core::Language::all()
+        .flat_map(|l| {
+            let s = l.spec();
+            std::iter::once(s.name)
+                .chain(s.aliases.iter().copied())
+                .chain(std::iter::once(s.common_name))
+                .map(str::to_ascii_lowercase)
+        })
+        .collect()
+}
+
+/// What in `code` compares a language name string or formats or compares
+/// an owner by hand, one line each.
+fn ownership_and_language_offences(code: &str, names: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let l = line.trim();
+        let compares_a_name = names.iter().any(|n| {
+            let lit = format!("\"{n}\"");
+            [
+                format!("== {lit}"),
+                format!("!= {lit}"),
+                format!("{lit} =="),
+                format!("{lit} !="),
+                format!("{lit} |"),
+                format!("| {lit}"),
+                format!("{lit} =>"),
+            ]
+            .iter()
+            .any(|p| l.to_ascii_lowercase().contains(p.as_str()))
+        });
+        let owner_by_hand = [
+            ":user:",
+            "}|{",
+            ".principal ==",
+            ".principal !=",
+            "== caller.principal",
+            "user_key() ==",
+            "user_key() !=",
+            ".owner ==",
+            ".owner !=",
+            ".owner() ==",
+            ".owner() !=",
+        ]
+        .iter()
+        .any(|p| l.contains(p));
+        if compares_a_name || owner_by_hand {
+            out.push(l.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn no_face_or_registry_compares_language_names_or_owners_by_hand() {
+    let names = language_names();
+    // the check sees what it looks for
+    for bad in [
+        r#"if req.lang.name() == "py" {"#,
+        r#"Some(l) if matches!(l.as_str(), "python" | "python3") => Ok(()),"#,
+        r#""bash" => "bash","#,
+        r#"let key = format!("{owner}|{name}");"#,
+        r#"Some(s) if s.key == caller.principal.user_key() => {}"#,
+        r#"Some(r) if r.owner != owner => forbidden(),"#,
+        r#"let k = format!("{}:user:{}", tenant, user);"#,
+    ] {
+        assert_eq!(
+            ownership_and_language_offences(bad, &names).len(),
+            1,
+            "not seen: {bad}"
+        );
+    }
+    for fine in [
+        r#"let lang = Language::for_tools(s).ok_or_else(|| bad("no"))?;"#,
+        r#"may(policy, caller, Action::Read, session.owner())?;"#,
+        r#"json!({"lang": "py", "code": code})"#,
+    ] {
+        assert!(
+            ownership_and_language_offences(fine, &names).is_empty(),
+            "wrongly seen: {fine}"
+        );
+    }
+    let root = crates_dir();
+    let mut offences = Vec::new();
+    for krate in ["kiln-api", "kiln-exec"] {
+        let mut files = Vec::new();
+        rust_files(&root.join(krate).join("src"), &mut files);
+        for file in files.iter().filter(|f| {
+            // unit tests in files of their own
+            let name = f.file_name().unwrap().to_string_lossy();
+            name != "tests.rs" && !name.ends_with("_tests.rs")
+        }) {
+            let code = code_of(&std::fs::read_to_string(file).unwrap());
+            for l in ownership_and_language_offences(&code, &names) {
+                offences.push(format!("{}: {l}", file.display()));
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "compare languages through kiln_core's table (Language::resolve, kernel(), tools()) \
+         and owners through kiln_core::access::may and Owner's methods: {offences:#?}"
+    );
+}

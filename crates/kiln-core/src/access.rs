@@ -1,7 +1,25 @@
-//! The one access rule: may this caller read something stored under a
-//! session key? Every face (LibreChat's routes, seed 000's, the runs API)
-//! and the executor (by-reference inputs) ask [`may_read`]; none keeps a
-//! copy of the rule.
+//! The one access rule, in two entry points over one core:
+//!
+//! - [`may`]: may this caller see, use or act for a thing an [`Owner`] owns
+//!   (a run, kernel, bridge sandbox, programmatic run or request, MCP
+//!   session)? Every face and registry asks it; none compares owners
+//!   itself. (Runtime sessions, file workspaces and projects need no check:
+//!   their ids are derived from the caller's own `Owner`, so a caller only
+//!   ever names its own.)
+//! - [`may_read`]: may this caller read something stored under a session
+//!   key (a storage session's files, by-reference inputs)? Its case without
+//!   a claim is [`may`]'s read rule, widened to the tenant's shared (agent
+//!   and skill) keys; [`may_write_stored`] is the write case.
+//!
+//! [`may`], by [`Action`]:
+//! - `Read` (see it or what it produced) and `Control` (evaluate in it, put
+//!   or delete its files, interrupt, cancel or close it), named by its
+//!   server-minted id: an identified caller only its own; an identity-less
+//!   caller anything (ids are 126-bit capabilities) unless the deployment
+//!   requires identity (then 401).
+//! - `Write` (act in its owner's name where the name is no capability: a
+//!   signed continuation, a client-chosen request id, a protocol session):
+//!   only its owner, identified or not.
 //!
 //! A *claim* is the scope a request names for what it reads: an explicit
 //! `kind`/`id`/`version` (G2/G3), a G1 `entity_id`, both, or neither.
@@ -22,6 +40,7 @@
 //! identity (a JWT) backs it: with auth `none`, any caller can claim any user.
 
 use crate::id::is_resource_id;
+use crate::owner::Owner;
 use crate::scope::{Kind, Principal, ScopeError, SessionKey};
 
 /// Who is asking: the principal and whether any identity source named it.
@@ -126,12 +145,63 @@ pub fn may_read(
             Err(Denied::Forbidden)
         };
     }
-    if caller.identified {
-        let p = &caller.principal;
+    identity_decides(policy, caller, |p| {
         let s = stored.as_str();
         let shared = s.starts_with(&format!("{}:agent:", p.tenant))
             || s.starts_with(&format!("{}:skill:", p.tenant));
-        if *stored == p.user_key() || shared {
+        *stored == p.user_key() || shared
+    })
+}
+
+/// What a caller does with an owned thing (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// See it or what it produced, named by its server-minted id.
+    Read,
+    /// Act in its owner's name where the name is no capability (a signed
+    /// continuation, a client-chosen request id, a protocol session): its
+    /// owner only.
+    Write,
+    /// Use or end it, named by its server-minted id: evaluate in it, put or
+    /// delete its files, interrupt, cancel, close.
+    Control,
+}
+
+/// May `caller` do `action` to a thing `owner` owns? The one rule for
+/// runs, kernels, runtime sessions, projects, sandboxes, programmatic runs
+/// and MCP sessions. Refuses with `Forbidden` (the face picks 403 or 404)
+/// or `IdentityRequired` (401).
+pub fn may(policy: Policy, caller: &Caller, action: Action, owner: &Owner) -> Result<(), Denied> {
+    let own = |p: &Principal| p == owner.principal();
+    match action {
+        Action::Read | Action::Control => identity_decides(policy, caller, own),
+        Action::Write if own(&caller.principal) => Ok(()),
+        Action::Write => Err(Denied::Forbidden),
+    }
+}
+
+/// May `caller` write into the storage session whose key is `stored`
+/// (upload into it, add a run's outputs to it)? Only into its own user
+/// key's, identified or not: agent and skill sessions are written by
+/// whoever created them, under their own new session.
+pub fn may_write_stored(caller: &Caller, stored: &SessionKey) -> Result<(), Denied> {
+    if *stored == Owner::of(caller).key() {
+        Ok(())
+    } else {
+        Err(Denied::Forbidden)
+    }
+}
+
+/// The core of both rules without a claim: an identified caller reaches
+/// what `own` says is its own; an identity-less caller anything, unless the
+/// deployment requires identity.
+fn identity_decides(
+    policy: Policy,
+    caller: &Caller,
+    own: impl FnOnce(&Principal) -> bool,
+) -> Result<(), Denied> {
+    if caller.identified {
+        if own(&caller.principal) {
             Ok(())
         } else {
             Err(Denied::Forbidden)
@@ -306,6 +376,120 @@ mod tests {
         };
         assert_eq!(
             may_read(OPEN, &anon, &with_entity, &stored),
+            Err(Denied::Forbidden)
+        );
+    }
+
+    fn owner(user: &str) -> Owner {
+        Owner::of(&caller(user))
+    }
+
+    const STRICT: Policy = Policy {
+        require_identity: true,
+    };
+
+    #[test]
+    fn an_identified_caller_reads_and_controls_only_its_own() {
+        for action in [Action::Read, Action::Control] {
+            assert_eq!(may(OPEN, &caller("alice"), action, &owner("alice")), Ok(()));
+            assert_eq!(
+                may(OPEN, &caller("bob"), action, &owner("alice")),
+                Err(Denied::Forbidden)
+            );
+            // the tenant is part of the owner
+            assert_eq!(
+                may(
+                    OPEN,
+                    &Caller::identified("other", "alice"),
+                    action,
+                    &owner("alice")
+                ),
+                Err(Denied::Forbidden)
+            );
+            // requiring identity changes nothing for an identified caller
+            assert_eq!(
+                may(STRICT, &caller("alice"), action, &owner("alice")),
+                Ok(())
+            );
+        }
+    }
+
+    #[test]
+    fn an_identity_less_caller_reads_and_controls_by_id_unless_identity_is_required() {
+        for action in [Action::Read, Action::Control] {
+            assert_eq!(may(OPEN, &anonymous(), action, &owner("alice")), Ok(()));
+            assert_eq!(
+                may(OPEN, &anonymous(), action, &Owner::of(&anonymous())),
+                Ok(())
+            );
+            assert_eq!(
+                may(STRICT, &anonymous(), action, &owner("alice")),
+                Err(Denied::IdentityRequired)
+            );
+            assert_eq!(
+                may(STRICT, &anonymous(), action, &Owner::of(&anonymous())),
+                Err(Denied::IdentityRequired)
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_owner_writes_identified_or_not() {
+        for policy in [OPEN, STRICT] {
+            assert_eq!(
+                may(policy, &caller("alice"), Action::Write, &owner("alice")),
+                Ok(())
+            );
+            assert_eq!(
+                may(policy, &caller("bob"), Action::Write, &owner("alice")),
+                Err(Denied::Forbidden)
+            );
+            assert_eq!(
+                may(policy, &anonymous(), Action::Write, &owner("alice")),
+                Err(Denied::Forbidden)
+            );
+            assert_eq!(
+                may(
+                    policy,
+                    &anonymous(),
+                    Action::Write,
+                    &Owner::of(&anonymous())
+                ),
+                Ok(())
+            );
+            // an identified caller named `anonymous` is the same principal
+            assert_eq!(
+                may(
+                    policy,
+                    &caller(ANONYMOUS),
+                    Action::Write,
+                    &Owner::of(&anonymous())
+                ),
+                Ok(())
+            );
+        }
+    }
+
+    #[test]
+    fn a_storage_session_is_written_only_under_the_callers_own_user_key() {
+        assert_eq!(
+            may_write_stored(&caller("alice"), &key("local:user:alice")),
+            Ok(())
+        );
+        assert_eq!(
+            may_write_stored(&caller("bob"), &key("local:user:alice")),
+            Err(Denied::Forbidden)
+        );
+        assert_eq!(
+            may_write_stored(&caller("alice"), &key("local:agent:alice")),
+            Err(Denied::Forbidden)
+        );
+        assert_eq!(
+            may_write_stored(&anonymous(), &key("local:user:anonymous")),
+            Ok(())
+        );
+        assert_eq!(
+            may_write_stored(&anonymous(), &key("local:user:alice")),
             Err(Denied::Forbidden)
         );
     }

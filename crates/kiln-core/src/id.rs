@@ -41,6 +41,13 @@ impl Nanoid {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An id built of [`NANOID_LEN`] alphabet characters by this crate
+    /// (see [`crate::owner::Owner::derive_id`]).
+    pub(crate) fn from_derived(s: String) -> Self {
+        debug_assert!(is_nanoid(&s));
+        Nanoid(s)
+    }
 }
 
 /// True when `s` is exactly 21 characters of `[A-Za-z0-9_-]`.

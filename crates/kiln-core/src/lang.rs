@@ -77,6 +77,39 @@ pub struct LanguageSpec {
     pub common_name: &'static str,
     /// How its warm jails are prepared; `None`: generic ones.
     pub warm: Option<WarmRecipe>,
+    /// Its live kernel (sessions, workers, live runtime sessions), if it
+    /// has one.
+    pub kernel: Option<KernelRecipe>,
+    /// Programmatic tool calling (`/exec/programmatic`) runs it, if set.
+    pub tools: Option<ToolSurface>,
+}
+
+/// How a language's live kernel is built (see kiln-exec's kernel host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelRecipe {
+    /// A fork of the Python fork-server running `warm::PYTHON_KERNEL`.
+    Python,
+    /// A pre-started node running `warm::NODE_KERNEL`.
+    Node,
+}
+
+/// How programmatic tool calling offers the tools to a language's program.
+#[derive(Debug)]
+pub struct ToolSurface {
+    /// The names `/exec/programmatic` accepts for it (`language`/`lang`,
+    /// exactly as spelled: the contract's own enum).
+    pub names: &'static [&'static str],
+    /// What the tools look like inside the program.
+    pub style: ToolStyle,
+}
+
+/// The shape of the tools a program calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolStyle {
+    /// Async Python functions; results arrive as Python values.
+    Python,
+    /// Shell functions; a string result arrives as is, anything else as JSON.
+    Shell,
 }
 
 /// Budget of compilers that are quick on anything a chat produces.
@@ -261,6 +294,11 @@ pub static LANGUAGES: &[LanguageSpec] = &[
             interpreter: "/usr/bin/python3",
             templates: PY_TEMPLATES,
         }),
+        kernel: Some(KernelRecipe::Python),
+        tools: Some(ToolSurface {
+            names: &["python", "py"],
+            style: ToolStyle::Python,
+        }),
     },
     LanguageSpec {
         name: "js",
@@ -294,6 +332,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
             ],
             etc_files: &[("node_warm.js", warm::NODE_BOOTSTRAP)],
         }),
+        kernel: Some(KernelRecipe::Node),
+        tools: None,
     },
     LanguageSpec {
         name: "ts",
@@ -331,6 +371,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "typescript",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "c",
@@ -354,6 +396,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "c",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "cpp",
@@ -376,6 +420,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "cpp",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "java",
@@ -422,6 +468,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &["java-17-openjdk"],
         common_name: "java",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "php",
@@ -438,6 +486,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &["php"],
         common_name: "php",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "rs",
@@ -461,6 +511,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "rust",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "go",
@@ -495,6 +547,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "go",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "d",
@@ -512,6 +566,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "d",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "f90",
@@ -535,6 +591,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "fortran",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "r",
@@ -555,6 +613,8 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &["R"],
         common_name: "r",
         warm: None,
+        kernel: None,
+        tools: None,
     },
     LanguageSpec {
         name: "bash",
@@ -573,6 +633,11 @@ pub static LANGUAGES: &[LanguageSpec] = &[
         etc: &[],
         common_name: "bash",
         warm: None,
+        kernel: None,
+        tools: Some(ToolSurface {
+            names: &["bash"],
+            style: ToolStyle::Shell,
+        }),
     },
 ];
 
@@ -603,6 +668,50 @@ impl Language {
 
     pub fn all() -> impl Iterator<Item = Language> {
         LANGUAGES.iter().map(Language)
+    }
+
+    /// Its live kernel's recipe, if it has a kernel.
+    pub fn kernel(&self) -> Option<KernelRecipe> {
+        self.0.kernel
+    }
+
+    /// The languages that have a live kernel, in table order.
+    pub fn with_kernels() -> impl Iterator<Item = Language> {
+        Language::all().filter(|l| l.kernel().is_some())
+    }
+
+    /// The kernel language of faces whose kernels name no language (seed
+    /// 003's runtime sessions, seed 004's workers, LibreChat's live runtime
+    /// sessions): the table's first language with a kernel, Python.
+    pub fn default_kernel() -> Language {
+        Language::with_kernels()
+            .next()
+            .unwrap_or(Language(&LANGUAGES[0]))
+    }
+
+    /// How programmatic tool calling offers tools to it, if it does.
+    pub fn tools(&self) -> Option<&'static ToolSurface> {
+        self.0.tools.as_ref()
+    }
+
+    /// The language `/exec/programmatic` means by `name` (exactly as
+    /// spelled, see [`ToolSurface::names`]); `None`: it runs no such one.
+    pub fn for_tools(name: &str) -> Option<Language> {
+        Language::all().find(|l| l.tools().is_some_and(|t| t.names.contains(&name)))
+    }
+
+    /// What `/exec/programmatic` runs when the request names no language:
+    /// the table's first language with tools, Python.
+    pub fn default_for_tools() -> Language {
+        Language::all()
+            .find(|l| l.tools().is_some())
+            .unwrap_or(Language(&LANGUAGES[0]))
+    }
+
+    /// The POSIX shell (`bash`): what the sandbox bridge runs its launcher
+    /// with.
+    pub fn shell() -> Option<Language> {
+        Language::all().find(|l| l.tools().is_some_and(|t| t.style == ToolStyle::Shell))
     }
 
     /// The run argv with placeholders filled and `args` appended.
@@ -758,6 +867,38 @@ pub fn etc_binds() -> Vec<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_table_says_which_languages_have_kernels_and_tools() {
+        let names = |it: &mut dyn Iterator<Item = Language>| -> Vec<&str> {
+            it.map(|l| l.name()).collect()
+        };
+        assert_eq!(names(&mut Language::with_kernels()), ["py", "js"]);
+        assert_eq!(Language::default_kernel().name(), "py");
+        assert_eq!(
+            Language::resolve("py").and_then(|l| l.kernel()),
+            Some(KernelRecipe::Python)
+        );
+        assert_eq!(
+            Language::resolve("node").and_then(|l| l.kernel()),
+            Some(KernelRecipe::Node)
+        );
+        assert!(Language::resolve("bash").unwrap().kernel().is_none());
+        let tools: Vec<&str> = Language::all()
+            .filter(|l| l.tools().is_some())
+            .map(|l| l.name())
+            .collect();
+        assert_eq!(tools, ["py", "bash"]);
+        assert_eq!(Language::default_for_tools().name(), "py");
+        // programmatic names are the contract's, exactly as spelled
+        assert_eq!(Language::for_tools("python").map(|l| l.name()), Some("py"));
+        assert_eq!(Language::for_tools("py").map(|l| l.name()), Some("py"));
+        assert_eq!(Language::for_tools("bash").map(|l| l.name()), Some("bash"));
+        for refused in ["python3", "Python", "js", "sh", ""] {
+            assert!(Language::for_tools(refused).is_none(), "{refused}");
+        }
+        assert_eq!(Language::shell().map(|l| l.name()), Some("bash"));
+    }
+
     use super::*;
 
     fn limits() -> Limits {

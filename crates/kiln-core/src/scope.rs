@@ -11,7 +11,7 @@ use std::fmt;
 use crate::id::is_resource_id;
 
 /// The caller, as established by authentication and identity hints.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Principal {
     pub tenant: String,
     pub user_id: String,

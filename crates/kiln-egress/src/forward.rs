@@ -21,6 +21,7 @@ use futures::{Stream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::{Frame, Incoming};
+use kiln_core::Owner;
 use percent_encoding::percent_decode_str;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -490,14 +491,11 @@ async fn forward(
         return Err(too_large_request(&service));
     }
 
-    let user_key = format!(
-        "{}/{}",
-        ctx.grant.principal().tenant,
-        ctx.grant.principal().user_id
-    );
-    rate_limit(&service, &user_key)?;
+    let user_key = Owner::new(ctx.grant.principal().clone()).key();
+    let user_key = user_key.as_str();
+    rate_limit(&service, user_key)?;
     if !g.reserve_request() {
-        give_back(&service, &user_key);
+        give_back(&service, user_key);
         return Err(Refused::new(
             StatusCode::TOO_MANY_REQUESTS,
             "grant_exhausted",
@@ -511,7 +509,7 @@ async fn forward(
         Ok(p) => p,
         Err(e) => {
             g.release_request();
-            give_back(&service, &user_key);
+            give_back(&service, user_key);
             return Err(e);
         }
     };

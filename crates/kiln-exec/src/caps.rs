@@ -7,13 +7,15 @@
 //! with it (whatever face started them: the sessions API, seed 004's
 //! workers, seed 003's runtime sessions, LibreChat's live runtime
 //! sessions), programmatic tool calling counts its runs alive (running or
-//! paused). The key is the principal — never a name the principal chose —
+//! paused). The key is the [`Owner`] — never a name the principal chose —
 //! so one caller cannot multiply its share by naming more things.
 //!
 //! A place is held by a [`CapGuard`] and given back when it drops.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use kiln_core::Owner;
 
 /// Why a place was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -28,7 +30,7 @@ pub enum CapError {
 
 #[derive(Debug, Default)]
 struct Held {
-    by: HashMap<String, usize>,
+    by: HashMap<Owner, usize>,
     total: usize,
 }
 
@@ -65,7 +67,7 @@ impl Caps {
     /// Takes a place for `principal`, or says which cap is full (the
     /// principal's first: a caller at its own cap is told so even when the
     /// node is full too).
-    pub fn acquire(&self, principal: &str) -> Result<CapGuard, CapError> {
+    pub fn acquire(&self, principal: &Owner) -> Result<CapGuard, CapError> {
         let mut held = lock(&self.held);
         let mine = held.by.get(principal).copied().unwrap_or(0);
         if mine >= self.per_principal {
@@ -74,11 +76,11 @@ impl Caps {
         if held.total >= self.total {
             return Err(CapError::Total(held.total));
         }
-        *held.by.entry(principal.to_owned()).or_default() += 1;
+        *held.by.entry(principal.clone()).or_default() += 1;
         held.total += 1;
         Ok(CapGuard {
             held: Arc::clone(&self.held),
-            principal: principal.to_owned(),
+            principal: principal.clone(),
         })
     }
 
@@ -88,7 +90,7 @@ impl Caps {
     }
 
     /// Places `principal` holds.
-    pub fn held_by(&self, principal: &str) -> usize {
+    pub fn held_by(&self, principal: &Owner) -> usize {
         lock(&self.held).by.get(principal).copied().unwrap_or(0)
     }
 }
@@ -97,11 +99,11 @@ impl Caps {
 #[derive(Debug)]
 pub struct CapGuard {
     held: Arc<Mutex<Held>>,
-    principal: String,
+    principal: Owner,
 }
 
 impl CapGuard {
-    pub fn principal(&self) -> &str {
+    pub fn principal(&self) -> &Owner {
         &self.principal
     }
 }
@@ -121,23 +123,31 @@ impl Drop for CapGuard {
 
 #[cfg(test)]
 mod tests {
+    use kiln_core::access::Caller;
+
     use super::*;
+
+    fn p(user: &str) -> Owner {
+        Owner::of(&Caller::identified("local", user))
+    }
 
     #[test]
     fn a_principal_at_its_cap_is_refused_and_others_are_not() {
         let caps = Caps::new(2, 3);
-        let a1 = caps.acquire("a").expect("a1");
-        let _a2 = caps.acquire("a").expect("a2");
-        assert_eq!(caps.acquire("a").unwrap_err(), CapError::Principal(2));
-        let b1 = caps.acquire("b").expect("b1");
+        let a1 = caps.acquire(&p("a")).expect("a1");
+        let _a2 = caps.acquire(&p("a")).expect("a2");
+        assert_eq!(caps.acquire(&p("a")).unwrap_err(), CapError::Principal(2));
+        let b1 = caps.acquire(&p("b")).expect("b1");
         // the node is full: a newcomer is told so, a capped caller its own cap
-        assert_eq!(caps.acquire("c").unwrap_err(), CapError::Total(3));
-        assert_eq!(caps.acquire("a").unwrap_err(), CapError::Principal(2));
+        assert_eq!(caps.acquire(&p("c")).unwrap_err(), CapError::Total(3));
+        assert_eq!(caps.acquire(&p("a")).unwrap_err(), CapError::Principal(2));
         drop(a1);
-        assert_eq!((caps.held(), caps.held_by("a")), (2, 1));
-        let _c1 = caps.acquire("c").expect("a place given back is free again");
+        assert_eq!((caps.held(), caps.held_by(&p("a"))), (2, 1));
+        let _c1 = caps
+            .acquire(&p("c"))
+            .expect("a place given back is free again");
         drop(b1);
-        assert_eq!(caps.held_by("b"), 0);
+        assert_eq!(caps.held_by(&p("b")), 0);
     }
 
     #[test]
@@ -148,7 +158,7 @@ mod tests {
                 .map(|i| {
                     let caps = caps.clone();
                     s.spawn(move || {
-                        caps.acquire(if i.is_multiple_of(2) { "a" } else { "b" })
+                        caps.acquire(&p(if i.is_multiple_of(2) { "a" } else { "b" }))
                             .ok()
                     })
                 })
@@ -159,7 +169,7 @@ mod tests {
                 .collect()
         });
         assert_eq!(guards.len(), 5);
-        assert!(caps.held_by("a") <= 3 && caps.held_by("b") <= 3);
+        assert!(caps.held_by(&p("a")) <= 3 && caps.held_by(&p("b")) <= 3);
         drop(guards);
         assert_eq!(caps.held(), 0);
     }

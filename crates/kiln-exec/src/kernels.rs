@@ -3,11 +3,11 @@
 //! workspace that persists between evaluations. Not to be confused with
 //! [`crate::sessions`] (seed 000's named *file* workspaces).
 //!
-//! - Owner: a kernel belongs to the principal that created it (its user
-//!   key); the faces check reads with the one access rule.
+//! - Owner: a kernel belongs to the principal that created it (its
+//!   [`Owner`]); the faces ask the one access rule, `access::may`.
 //! - Caps: at most `max_total` live kernels on the node (503 past it) and
 //!   `max_per_owner` per owner (429), counted by [`crate::caps::Caps`] per
-//!   principal (the owner's user key), whatever face started the kernel and
+//!   principal (the owner's key), whatever face started the kernel and
 //!   whatever it is named. The binary gives kernels slots of
 //!   their own (`max_total` of them beyond the run concurrency and the warm
 //!   pool), so kernels never starve one-shot runs of jails.
@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use kiln_core::access::Caller;
-use kiln_core::{Language, Limits, Nanoid, RelPath};
+use kiln_core::{Language, Limits, Nanoid, Owner, RelPath};
 pub use kiln_sandbox::{EvalError, EvalFile, EvalResult, KernelLost, OutputSink, OutputStream};
 use kiln_sandbox::{EvalLimits, KernelError, Sandbox};
 
@@ -112,7 +112,7 @@ struct Clock {
 /// One live kernel and what the registry knows of it.
 pub struct Session {
     id: Nanoid,
-    owner: String,
+    owner: Owner,
     lang: &'static str,
     created: Instant,
     created_at: SystemTime,
@@ -139,8 +139,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Session {
-    /// The owner's user key (`SessionKey` of the creator).
-    pub fn owner(&self) -> &str {
+    /// Who created it (faces ask [`kiln_core::access::may`] with it).
+    pub fn owner(&self) -> &Owner {
         &self.owner
     }
 
@@ -246,37 +246,36 @@ impl Kernels {
         &self.inner.cfg
     }
 
-    /// Starts a kernel of `lang` for `owner` (a user key), idle TTL
-    /// `ttl` (at most the configured one).
+    /// Starts a kernel of `lang` for `owner`, idle TTL `ttl` (at most the
+    /// configured one).
     pub async fn create(
         &self,
-        owner: &str,
+        owner: &Owner,
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
         self.start(owner, lang, ttl).await
     }
 
-    /// [`Kernels::create`] for `caller` (its user key owns the kernel).
+    /// [`Kernels::create`] for `caller` (its principal owns the kernel).
     pub async fn create_as(
         &self,
         caller: &Caller,
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
-        let owner = caller.principal.user_key();
-        self.start(owner.as_str(), lang, ttl).await
+        self.start(&Owner::of(caller), lang, ttl).await
     }
 
     async fn start(
         &self,
-        owner: &str,
+        owner: &Owner,
         lang: &str,
         ttl: Option<Duration>,
     ) -> Result<SessionInfo, KernelsError> {
         let cfg = &self.inner.cfg;
         let language = Language::resolve(lang)
-            .filter(|l| matches!(l.name(), "py" | "js"))
+            .filter(|l| l.kernel().is_some())
             .ok_or_else(|| KernelsError::Language(lang.to_owned()))?;
         self.inner.host.can_start(language)?;
         self.forget_lost();
@@ -292,7 +291,7 @@ impl Kernels {
         let now = SystemTime::now();
         let session = Arc::new(Session {
             id: Nanoid::random(),
-            owner: owner.to_owned(),
+            owner: owner.clone(),
             lang: language.name(),
             created: Instant::now(),
             created_at: now,

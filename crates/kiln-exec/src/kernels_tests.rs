@@ -155,8 +155,15 @@ fn registry(tweak: impl FnOnce(&mut KernelsConfig)) -> (Kernels, Arc<FakeHost>) 
     (Kernels::hosted(host.clone(), cfg), host)
 }
 
-async fn session(kernels: &Kernels, owner: &str) -> Arc<Session> {
-    let info = kernels.create(owner, "py", None).await.expect("create");
+fn owner(user: &str) -> Owner {
+    Owner::of(&Caller::identified("local", user))
+}
+
+async fn session(kernels: &Kernels, user: &str) -> Arc<Session> {
+    let info = kernels
+        .create(&owner(user), "py", None)
+        .await
+        .expect("create");
     kernels.get(&info.id).expect("listed")
 }
 
@@ -220,15 +227,15 @@ async fn kernels_are_capped_per_principal_and_per_node() {
         c.max_total = 2;
     });
     let mine = session(&kernels, "alice").await;
-    let again = kernels.create("alice", "py", None).await;
+    let again = kernels.create(&owner("alice"), "py", None).await;
     assert_eq!(again.unwrap_err(), KernelsError::OwnerCap(1));
     session(&kernels, "bob").await;
-    let third = kernels.create("carol", "py", None).await;
+    let third = kernels.create(&owner("carol"), "py", None).await;
     assert_eq!(third.unwrap_err(), KernelsError::NodeFull(2));
     // a closed kernel gives its place back
     kernels.delete(mine.id()).await.unwrap();
     session(&kernels, "alice").await;
-    let unsupported = kernels.create("dave", "bash", None).await;
+    let unsupported = kernels.create(&owner("dave"), "bash", None).await;
     assert!(matches!(unsupported, Err(KernelsError::Language(_))));
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use kiln_core::access::Caller;
-use kiln_core::{Nanoid, SessionKey};
+use kiln_core::{Nanoid, Owner};
 
 use crate::caps::{CapError, CapGuard, Caps};
 use crate::expiring::Expiring;
@@ -69,7 +69,7 @@ impl From<CapError> for SandboxesError {
 pub struct Sandbox {
     id: Nanoid,
     creator: Caller,
-    owner: SessionKey,
+    owner: Owner,
     created_at: SystemTime,
     _place: CapGuard,
 }
@@ -79,8 +79,8 @@ impl Sandbox {
         &self.id
     }
 
-    /// The creator's user key (the access rule's stored key).
-    pub fn owner(&self) -> &SessionKey {
+    /// Its owner, the creator's principal (what the access rule asks about).
+    pub fn owner(&self) -> &Owner {
         &self.owner
     }
 
@@ -137,10 +137,10 @@ impl Sandboxes {
     }
 
     fn create_at(&self, caller: &Caller, now: Instant) -> Result<Arc<Sandbox>, SandboxesError> {
-        let owner = caller.principal.user_key();
+        let owner = Owner::of(caller);
         // an expired sandbox of the caller's must not hold a place
         self.expire(now);
-        let place = self.inner.caps.acquire(owner.as_str())?;
+        let place = self.inner.caps.acquire(&owner)?;
         let sandbox = Arc::new(Sandbox {
             id: Nanoid::random(),
             creator: caller.clone(),
@@ -274,10 +274,10 @@ mod tests {
     }
 
     #[test]
-    fn owner_is_the_callers_user_key_and_the_project_name_is_the_id() {
+    fn owner_is_the_callers_principal_and_the_project_name_is_the_id() {
         let r = registry(3, 10, 60);
         let s = r.create(&caller("alice")).expect("a");
-        assert_eq!(s.owner(), &caller("alice").principal.user_key());
+        assert_eq!(s.owner(), &Owner::of(&caller("alice")));
         assert_eq!(s.project_name(), format!("sandbox-{}", s.id().as_str()));
     }
 }

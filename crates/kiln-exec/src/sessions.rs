@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use crate::expiring::Expiring;
 use crate::turns::{Taken, Turns};
 use kiln_core::Nanoid;
-use kiln_core::access::Caller;
+use kiln_core::Owner;
+use kiln_core::access::{Caller, may_write_stored};
 use kiln_core::id::is_resource_id;
 use kiln_store::{Store, StoreError};
 use sha2::{Digest, Sha256};
@@ -71,9 +72,6 @@ pub fn runtime_session_id(caller: &Caller, hint: &str) -> String {
     id
 }
 
-/// The URL-safe nanoid alphabet, indexed by 6-bit values.
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
 impl FileSessions {
     pub fn new(store: Store, ttl: Duration) -> FileSessions {
         FileSessions {
@@ -103,8 +101,8 @@ impl FileSessions {
         Self::derive(RUNTIME_SESSION, caller, hint)
     }
 
-    /// An id in `namespace` derived from `caller` and `name` (also the
-    /// projects' ids, see [`crate::projects`]).
+    /// An id in `namespace` derived from `caller` (its [`Owner`]) and
+    /// `name` (also the projects' ids, see [`crate::projects`]).
     pub(crate) fn derive(
         namespace: &[u8],
         caller: &Caller,
@@ -113,21 +111,7 @@ impl FileSessions {
         if !is_resource_id(name) {
             return Err(BadSessionName);
         }
-        let p = &caller.principal;
-        let digest = Sha256::new()
-            .chain_update(namespace)
-            .chain_update(p.tenant.as_bytes())
-            .chain_update(b"\0")
-            .chain_update(p.user_id.as_bytes())
-            .chain_update(b"\0")
-            .chain_update(name.as_bytes())
-            .finalize();
-        let id: String = digest
-            .iter()
-            .take(kiln_core::id::NANOID_LEN)
-            .map(|b| ALPHABET[usize::from(b & 63)] as char)
-            .collect();
-        Nanoid::parse(&id).map_err(|_| BadSessionName)
+        Ok(Owner::of(caller).derive_id(namespace, name))
     }
 
     /// The session's storage id, creating the storage session on first use,
@@ -157,12 +141,15 @@ impl FileSessions {
     }
 
     async fn open_id(&self, caller: &Caller, id: Nanoid) -> Result<Nanoid, OpenError> {
-        let key = caller.principal.user_key();
         match self.store.session(&id).await? {
-            Some(s) if s.key == key => {}
+            Some(s) if may_write_stored(caller, &s.key).is_ok() => {}
             // derived from the caller: another key means a collision
             Some(_) => return Err(OpenError::Conflict),
-            None => match self.store.create_session(&id, &key).await {
+            None => match self
+                .store
+                .create_session(&id, &Owner::of(caller).key())
+                .await
+            {
                 Ok(()) | Err(StoreError::Conflict(_)) => {}
                 Err(e) => return Err(e.into()),
             },
@@ -176,7 +163,7 @@ impl FileSessions {
     pub async fn find(&self, caller: &Caller, name: &str) -> Result<Option<Nanoid>, OpenError> {
         let id = Self::storage_id(caller, name)?;
         match self.store.session(&id).await? {
-            Some(s) if s.key == caller.principal.user_key() => {
+            Some(s) if may_write_stored(caller, &s.key).is_ok() => {
                 self.touch(&id);
                 Ok(Some(id))
             }

@@ -7,7 +7,7 @@
 //! - A name is a [`WorkerName`]: the face it belongs to is part of the key,
 //!   not a prefix of a string, so no string a client sends in one face
 //!   (a `user_uuid`, a runtime session hint) can name another face's kernel.
-//! - A named kernel belongs to its owner (the principal's user key) and
+//! - A named kernel belongs to its [`Owner`] (a principal) and
 //!   counts against the owner's cap like any of the owner's kernels,
 //!   whatever face started it and however many names the owner uses: a
 //!   name is the caller's choice, so caps never count per name. No other
@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use kiln_core::Nanoid;
+use kiln_core::{Language, Nanoid, Owner};
 
 use crate::kernels::{Kernels, KernelsError, Session};
 
@@ -47,7 +47,7 @@ pub enum WorkerName {
 #[derive(Clone)]
 pub struct Workers {
     kernels: Kernels,
-    names: Arc<Mutex<HashMap<(String, WorkerName), Entry>>>,
+    names: Arc<Mutex<HashMap<(Owner, WorkerName), Entry>>>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -72,7 +72,7 @@ impl Workers {
         &self.kernels
     }
 
-    fn entry(&self, owner: &str, name: &WorkerName) -> Entry {
+    fn entry(&self, owner: &Owner, name: &WorkerName) -> Entry {
         let mut names = lock(&self.names);
         // forget names whose kernel is gone (expired, released elsewhere)
         if names.len() > 2 * self.kernels.config().max_total + 64 {
@@ -81,7 +81,7 @@ impl Workers {
                 Err(_) => true,
             });
         }
-        Arc::clone(names.entry((owner.to_owned(), name.clone())).or_default())
+        Arc::clone(names.entry((owner.clone(), name.clone())).or_default())
     }
 
     /// The live `lang` kernel `name` of `owner`, started now if there is
@@ -89,9 +89,9 @@ impl Workers {
     /// now.
     pub async fn get_or_start(
         &self,
-        owner: &str,
+        owner: &Owner,
         name: &WorkerName,
-        lang: &str,
+        lang: Language,
     ) -> Result<(Arc<Session>, bool), KernelsError> {
         let entry = self.entry(owner, name);
         let mut id = entry.lock().await;
@@ -106,16 +106,16 @@ impl Workers {
             }
             *id = None;
         }
-        let info = self.kernels.create(owner, lang, None).await?;
+        let info = self.kernels.create(owner, lang.name(), None).await?;
         let session = self.kernels.get(&info.id)?;
         *id = Some(info.id);
         Ok((session, true))
     }
 
     /// The live kernel `name` of `owner`, if one runs; never starts one.
-    pub fn find(&self, owner: &str, name: &WorkerName) -> Option<Arc<Session>> {
+    pub fn find(&self, owner: &Owner, name: &WorkerName) -> Option<Arc<Session>> {
         let entry = lock(&self.names)
-            .get(&(owner.to_owned(), name.clone()))
+            .get(&(owner.clone(), name.clone()))
             .cloned()?;
         let id = entry.try_lock().ok()?.clone()?;
         self.kernels
@@ -126,8 +126,8 @@ impl Workers {
 
     /// Closes the kernel `name` of `owner` and forgets the name; `false`
     /// when there was none.
-    pub async fn release(&self, owner: &str, name: &WorkerName) -> bool {
-        let Some(entry) = lock(&self.names).remove(&(owner.to_owned(), name.clone())) else {
+    pub async fn release(&self, owner: &Owner, name: &WorkerName) -> bool {
+        let Some(entry) = lock(&self.names).remove(&(owner.clone(), name.clone())) else {
             return false;
         };
         let id = entry.lock().await.take();

@@ -69,7 +69,7 @@ use rand::Rng as _;
 
 pub use backend::{Backends, BlobBackend, MetaBackend, S3Config};
 pub use error::StoreError;
-pub use nodes::{NodeRow, Owner, RateStep};
+pub use nodes::{NodeRow, OwnerRecord, RateStep};
 pub use usage::StoredBytes;
 
 use crate::blobs::{Blobs, run_blocking};

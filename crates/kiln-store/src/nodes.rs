@@ -10,9 +10,11 @@
 use crate::meta::with_pool;
 use crate::{Store, StoreError};
 
-/// A node-local thing's owner, as recorded.
+/// Which node holds a node-local thing (a run, kernel, runtime session,
+/// worker or project), as recorded: the node that "owns" it among several,
+/// not the principal that owns it (that is `kiln_core::Owner`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner {
+pub struct OwnerRecord {
     pub node_id: String,
     /// Where the owner is reached; `None` when its node row is gone (it
     /// stopped, or was pruned as dead).
@@ -131,7 +133,7 @@ impl Store {
     }
 
     /// The recorded owner of the `kind` thing `id`, with its node's state.
-    pub async fn owner(&self, kind: &str, id: &str) -> Result<Option<Owner>, StoreError> {
+    pub async fn owner(&self, kind: &str, id: &str) -> Result<Option<OwnerRecord>, StoreError> {
         type Row = (String, Option<String>, Option<i64>, Option<bool>);
         let row: Option<Row> = with_pool!(self.inner.meta.pool(), |p| sqlx::query_as(
             "SELECT o.node_id, n.url, n.heartbeat_at, n.draining FROM owners o \
@@ -141,12 +143,14 @@ impl Store {
         .bind(id)
         .fetch_optional(p)
         .await?);
-        Ok(row.map(|(node_id, url, heartbeat_at_ms, draining)| Owner {
-            node_id,
-            url,
-            heartbeat_at_ms,
-            draining: draining.unwrap_or(false),
-        }))
+        Ok(
+            row.map(|(node_id, url, heartbeat_at_ms, draining)| OwnerRecord {
+                node_id,
+                url,
+                heartbeat_at_ms,
+                draining: draining.unwrap_or(false),
+            }),
+        )
     }
 
     /// Removes the nodes whose last heartbeat is older than `dead_before_ms`

@@ -246,12 +246,12 @@ async fn open_runtime(
         })?;
     let mut seat = None;
     if state.config.runtime_session_live
-        && parsed.req.lang.name() == "py"
+        && parsed.req.lang == Language::default_kernel()
         && let Some(named) = &state.envs.runtime_kernels
     {
-        let owner = parsed.caller.principal.user_key();
+        let owner = kiln_core::Owner::of(&parsed.caller);
         let name = kiln_exec::workers::WorkerName::Runtime(call.id.clone());
-        match named.get_or_start(owner.as_str(), &name, "py").await {
+        match named.get_or_start(&owner, &name, parsed.req.lang).await {
             Ok((session, _)) => seat = Some(named.kernels().seat(session)),
             Err(e) => tracing::warn!(
                 runtime_session = %call.id, error = %e,

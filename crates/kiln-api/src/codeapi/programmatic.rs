@@ -35,7 +35,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_core::Language;
+use kiln_core::access::{Action, Caller, Policy, may};
+use kiln_core::{Language, Owner};
 use kiln_exec::caps::CapError;
 use kiln_exec::ptc::{Bridge, BridgeFailure, ResumeError, Resumed, ToolDef, ToolResult};
 use kiln_exec::turns::Turn;
@@ -48,10 +49,10 @@ use super::exec::{FileOut, parse_files};
 use crate::body::parse_object;
 use crate::config::AppState;
 use crate::error::ApiError;
-use crate::identity::{Identity, header_user_id, resolve_caller};
+use crate::identity::{Identity, header_user_id, policy, resolve_caller};
 use crate::kit::envelope::plain;
 use crate::kit::{Admitted, BodyKind, Open, Unresolved};
-use crate::ptc::{Execution, InFlight, lock, owner_of, unix_now};
+use crate::ptc::{Execution, InFlight, lock, unix_now};
 pub use crate::ptc::{Programmatic, PtcSettings};
 use crate::rate::{Peer, stamp, starts_code};
 
@@ -96,7 +97,7 @@ fn valid_request_id(s: &str) -> bool {
 fn register<'a>(
     ptc: &'a Programmatic,
     headers: &HeaderMap,
-    owner: &str,
+    owner: &Owner,
 ) -> Result<RequestGuard<'a>, (StatusCode, &'static str)> {
     let cancel = CancellationToken::new();
     let Some(v) = headers.get(REQUEST_ID_HEADER) else {
@@ -125,7 +126,7 @@ fn register<'a>(
     requests.insert(
         id.clone(),
         InFlight {
-            owner: owner.to_owned(),
+            owner: owner.clone(),
             cancel: cancel.clone(),
         },
     );
@@ -247,7 +248,7 @@ pub async fn programmatic(
         &identity,
         &[header_user_id(&headers)?, user_id.as_deref()],
     )?;
-    let owner = owner_of(&caller.principal);
+    let owner = Owner::of(&caller);
     let ptc = Arc::clone(&state.ptc);
     ptc.sweep(&state.runs);
     let guard = match register(&ptc, &headers, &owner) {
@@ -255,7 +256,7 @@ pub async fn programmatic(
         Err((status, msg)) => return Ok(plain(status, msg)),
     };
     if obj.contains_key("continuation_token") {
-        return Ok(continuation(&ptc, &owner, &obj, &guard.cancel).await);
+        return Ok(continuation(&ptc, &caller, &obj, &guard.cancel).await);
     }
     let parsed = parse_initial(&mut obj)?;
     let attached = super::workspace::requested(&headers, &obj)?;
@@ -370,16 +371,12 @@ fn parse_initial(obj: &mut Map<String, Value>) -> Result<Initial, ApiError> {
         .filter(|v| !v.is_null())
         .or_else(|| obj.get("lang").filter(|v| !v.is_null()));
     let lang = match lang_field {
-        None => "python",
-        Some(Value::String(s)) => match s.as_str() {
-            "python" | "py" => "python",
-            "bash" => "bash",
-            other => return Err(bad(format!("Unsupported language: {other}"))),
-        },
+        None => Language::default_for_tools(),
+        Some(Value::String(s)) => {
+            Language::for_tools(s).ok_or_else(|| bad(format!("Unsupported language: {s}")))?
+        }
         Some(other) => return Err(bad(format!("Unsupported language: {other}"))),
     };
-    let lang = Language::resolve(lang)
-        .ok_or_else(|| bad(format!("Unsupported language: {lang} (not installed)")))?;
     let tools = parse_tools(obj.get("tools"), lang)?;
     let timeout_ms = match obj.get("timeout").filter(|v| !v.is_null()) {
         None => None,
@@ -512,7 +509,7 @@ fn is_call_id(s: &str) -> bool {
 
 async fn continuation(
     ptc: &Programmatic,
-    owner: &str,
+    caller: &Caller,
     obj: &Map<String, Value>,
     cancel: &CancellationToken,
 ) -> Response {
@@ -527,12 +524,18 @@ async fn continuation(
     else {
         return plain(StatusCode::BAD_REQUEST, "Invalid continuation token");
     };
-    if token_owner != owner {
+    // a token issued to someone else: continuing acts in its owner's name
+    if !Owner::of(caller).named_by(&token_owner) {
         return plain(StatusCode::FORBIDDEN, "Forbidden");
     }
     let found = lock(&ptc.executions).get(&run_id).cloned();
     let exec = match found {
-        Some(e) if exp >= unix_now() && e.owner == owner => e,
+        Some(e)
+            if exp >= unix_now()
+                && may(Policy::default(), caller, Action::Write, &e.owner).is_ok() =>
+        {
+            e
+        }
         _ => return plain(StatusCode::NOT_FOUND, "Execution not found or expired"),
     };
     let Some(_busy) = exec.busy.try_take() else {
@@ -762,11 +765,14 @@ pub async fn cancel(
         ));
     };
     let caller = resolve_caller(&state.config, &identity, &[header_user_id(&headers)?])?;
-    let owner = owner_of(&caller.principal);
     let requests = lock(&state.ptc.requests);
     Ok(match requests.get(&id) {
         None => (StatusCode::OK, Json(json!({"status": "already_completed"}))).into_response(),
-        Some(r) if r.owner != owner => plain(StatusCode::FORBIDDEN, "Forbidden"),
+        // a request id is the client's choice, no capability: only the
+        // request's owner cancels it
+        Some(r) if may(policy(&state.config), &caller, Action::Write, &r.owner).is_err() => {
+            plain(StatusCode::FORBIDDEN, "Forbidden")
+        }
         Some(r) => {
             r.cancel.cancel();
             (
@@ -791,9 +797,12 @@ mod tests {
             secret: Some(b"k1".to_vec()),
             ..PtcSettings::default()
         });
-        let t = ptc.token("run1", "owner1");
+        let alice = Owner::of(&Caller::identified("local", "alice"));
+        let t = ptc.token("run1", &alice);
         let (run, owner, exp) = ptc.verify(&t).expect("valid");
-        assert_eq!((run.as_str(), owner.as_str()), ("run1", "owner1"));
+        assert_eq!(run.as_str(), "run1");
+        assert!(alice.named_by(&owner));
+        assert!(!Owner::of(&Caller::identified("local", "bob")).named_by(&owner));
         assert!(exp > unix_now());
         // another server's secret
         let other = Programmatic::new(PtcSettings {
@@ -806,7 +815,7 @@ mod tests {
         let forged = URL_SAFE_NO_PAD.encode(
             String::from_utf8(URL_SAFE_NO_PAD.decode(p).expect("b64"))
                 .expect("utf8")
-                .replace("owner1", "owner2"),
+                .replace("run1", "run2"),
         );
         assert!(ptc.verify(&format!("{forged}.{tag}")).is_none());
         assert!(ptc.verify("garbage").is_none());

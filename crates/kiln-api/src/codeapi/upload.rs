@@ -390,7 +390,7 @@ async fn receive_parts(
                 )?;
                 scope.insert(Scope {
                     key: form.session_key(&caller)?,
-                    owner: caller.principal.user_key(),
+                    owner: kiln_core::Owner::of(&caller).key(),
                     read_only: form.read_only()?,
                     created: false,
                 })

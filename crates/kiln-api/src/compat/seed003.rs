@@ -30,15 +30,15 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use kiln_core::access::Claim;
-use kiln_core::{RelPath, SessionKey};
+use kiln_core::access::Action::{self, Control, Read};
+use kiln_core::{Language, Owner, RelPath};
 use kiln_exec::kernels::Session;
 use kiln_exec::workers::WorkerName;
 use serde::Deserialize;
 
 use super::{Envelope, workers};
 use crate::config::AppState;
-use crate::identity::{Identity, authorize, parse_id};
+use crate::identity::{Identity, authorize_owned, parse_id};
 use crate::kit::{Admitted, JsonBody, Open, Unresolved};
 
 /// The seed's workspace directory.
@@ -58,24 +58,28 @@ fn bad(message: impl Into<String>) -> Fail {
     Fail::new(StatusCode::BAD_REQUEST, message)
 }
 
+/// Runtime sessions run the default kernel language (Python): any name the
+/// table resolves to it is accepted.
 fn check_language(language: Option<&str>) -> Result<(), Fail> {
-    match language.map(|l| l.trim().to_ascii_lowercase()) {
+    let kernel = Language::default_kernel();
+    match language {
         None => Ok(()),
-        Some(l) if matches!(l.as_str(), "python" | "python3" | "py") => Ok(()),
+        Some(l) if Language::resolve(l) == Some(kernel) => Ok(()),
         Some(l) => Err(bad(format!(
-            "unsupported language {l:?}: runtime sessions run python"
+            "unsupported language {:?}: runtime sessions run {}",
+            l.trim().to_ascii_lowercase(),
+            kernel.spec().common_name
         ))),
     }
 }
 
-/// The caller and its user key.
+/// The caller and the owner of what it starts.
 fn caller(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
-) -> Result<(kiln_core::access::Caller, String), Fail> {
-    let (caller, key) = crate::sessions::owner_of(state, identity, headers)?;
-    Ok((caller, key.as_str().to_owned()))
+) -> Result<(kiln_core::access::Caller, Owner), Fail> {
+    Ok(crate::sessions::owner_of(state, identity, headers)?)
 }
 
 /// The session `session_id` names (the caller's default runtime session, or
@@ -85,11 +89,12 @@ async fn session(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
-    session_id: Option<&str>,
+    session_id: &Option<String>,
+    action: Action,
 ) -> Result<(Arc<Session>, String), Fail> {
     let workers = workers(state)?;
     let (caller, owner) = caller(state, identity, headers)?;
-    match session_id {
+    match session_id.as_deref() {
         Some(id) => {
             let id = parse_id(id)?;
             let session = workers.kernels().get(&id)?;
@@ -99,13 +104,16 @@ async fn session(
             if default.is_some_and(|d| workers.kernels().info(&d).id == id) {
                 return Ok((session, id.as_str().to_owned()));
             }
-            let stored = SessionKey::from_stored(session.owner().to_owned());
-            authorize(&state.config, &caller, &Claim::none(), &id, &stored)?;
+            authorize_owned(&state.config, &caller, action, &id, session.owner())?;
             Ok((session, id.as_str().to_owned()))
         }
         None => {
             let (session, _) = workers
-                .get_or_start(&owner, &WorkerName::Seed003Default, "py")
+                .get_or_start(
+                    &owner,
+                    &WorkerName::Seed003Default,
+                    Language::default_kernel(),
+                )
                 .await?;
             let id = workers.kernels().info(&session).id.as_str().to_owned();
             Ok((session, id))
@@ -170,7 +178,7 @@ pub async fn code(
     };
     let (caller, _) = caller(&state, &identity, &headers)?;
     crate::rate::starts_code(&state, &caller, peer.0).await?;
-    let (session, id) = session(&state, &identity, &headers, body.session_id.as_deref()).await?;
+    let (session, id) = session(&state, &identity, &headers, &body.session_id, Control).await?;
     let kernels = workers(&state)?.kernels();
     let watch = crate::evals::start(
         &state, &headers, caller, kernels, session, body.code, timeout,
@@ -253,13 +261,13 @@ pub async fn create_session(
     let (_, owner) = caller(&state, &identity, &headers)?;
     let info = workers(&state)?
         .kernels()
-        .create(&owner, "py", None)
+        .create(&owner, Language::default_kernel().name(), None)
         .await?;
     Ok((
         StatusCode::CREATED,
         Json(serde_json::json!({
             "session_id": info.id.as_str(),
-            "language": "python",
+            "language": Language::default_kernel().spec().common_name,
             "created_at": crate::runs::rfc3339(info.created_at),
         })),
     )
@@ -274,7 +282,7 @@ pub async fn delete_session(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Fail> {
     let Path(id) = path.map_err(|_| bad("malformed session id"))?;
-    let (session, id) = session(&state, &identity, &headers, Some(&id)).await?;
+    let (session, id) = session(&state, &identity, &headers, &Some(id), Control).await?;
     drop(session);
     workers(&state)?.kernels().delete(&parse_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -304,7 +312,7 @@ pub async fn list_files(
     let q = files_query(q)?;
     let dir = q.path.unwrap_or_else(|| WORKSPACE.to_owned());
     let prefix = workspace_path(&dir)?.map(|p| format!("{}/", p.as_str()));
-    let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
+    let (session, _) = session(&state, &identity, &headers, &q.session_id, Read).await?;
     let files = workers(&state)?.kernels().list_files(session).await?;
     let files: Vec<serde_json::Value> = files
         .into_iter()
@@ -329,7 +337,7 @@ pub async fn upload(
 ) -> Result<Response, Fail> {
     let q = files_query(q)?;
     let mut multipart = multipart.map_err(|_| bad("the body must be multipart/form-data"))?;
-    let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
+    let (session, _) = session(&state, &identity, &headers, &q.session_id, Control).await?;
     let kernels = workers(&state)?.kernels();
     let mut dir = q.path.unwrap_or_else(|| WORKSPACE.to_owned());
     let mut written = Vec::new();
@@ -378,7 +386,7 @@ pub async fn download(
     let q = files_query(q)?;
     let path = q.path.ok_or_else(|| bad("path is required"))?;
     let rel = workspace_path(&path)?.ok_or_else(|| bad("path names a directory"))?;
-    let (session, _) = session(&state, &identity, &headers, q.session_id.as_deref()).await?;
+    let (session, _) = session(&state, &identity, &headers, &q.session_id, Read).await?;
     let content_type = kiln_exec::content_type(rel.as_str());
     let name = rel.as_str().to_owned();
     let (file, size) = workers(&state)?.kernels().read_file(session, rel).await?;

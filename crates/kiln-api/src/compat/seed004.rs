@@ -23,7 +23,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures::{StreamExt, TryStreamExt};
-use kiln_core::RelPath;
+use kiln_core::{Language, Owner, RelPath};
 use kiln_exec::kernels::{EvalResult, KernelsError, Session};
 use kiln_exec::workers::{WorkerName, Workers};
 use kiln_exec::{FetchError, Fetcher};
@@ -95,10 +95,10 @@ fn fetcher(state: &AppState) -> Result<&Fetcher, Fail> {
     })
 }
 
-/// The caller's user key (the principal's, as every face uses).
-fn owner(state: &AppState, identity: &Identity, headers: &HeaderMap) -> Result<String, Fail> {
-    let (_, key) = crate::sessions::owner_of(state, identity, headers)?;
-    Ok(key.as_str().to_owned())
+/// The owner of the caller's workers.
+fn owner(state: &AppState, identity: &Identity, headers: &HeaderMap) -> Result<Owner, Fail> {
+    let (_, owner) = crate::sessions::owner_of(state, identity, headers)?;
+    Ok(owner)
 }
 
 /// A refusal of the shared layer in FastAPI's words (a bad body is
@@ -236,11 +236,12 @@ pub async fn execute(
 ) -> Result<Response, Fail> {
     let user = user_uuid(&q)?;
     let workers = workers(&state)?;
-    let (caller, key) = crate::sessions::owner_of(&state, &identity, &headers)?;
-    let owner = key.as_str().to_owned();
+    let (caller, owner) = crate::sessions::owner_of(&state, &identity, &headers)?;
     let body: ExecuteBody = admitted.json().map_err(detail)?;
     crate::rate::starts_code(&state, &caller, peer.0).await?;
-    let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
+    let (session, _) = workers
+        .get_or_start(&owner, &user, Language::default_kernel())
+        .await?;
     let worker_id = session_id(workers, &session);
     let watch = crate::evals::start(
         &state,
@@ -351,7 +352,9 @@ pub async fn import(
             .iter()
             .map(|f| (f.path.as_str(), f.name.as_str())),
     )?;
-    let (session, _) = workers.get_or_start(&owner, &user, "py").await?;
+    let (session, _) = workers
+        .get_or_start(&owner, &user, Language::default_kernel())
+        .await?;
     let transfers: Vec<_> = body
         .files
         .into_iter()

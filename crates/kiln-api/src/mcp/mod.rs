@@ -38,7 +38,8 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_core::Nanoid;
+use kiln_core::access::{Action, Caller, Policy, may};
+use kiln_core::{Nanoid, Owner};
 use serde_json::{Map, Value, json};
 
 use crate::config::AppState;
@@ -265,8 +266,15 @@ pub struct McpSessions(Mutex<HashMap<String, LegacySession>>);
 
 #[derive(Debug)]
 struct LegacySession {
-    owner: String,
+    owner: Owner,
     last_used: Instant,
+}
+
+/// Whether `caller` may use a session `owner` opened (the one access rule;
+/// writing acts in the owner's name, so the deployment's policy, which only
+/// widens reading and controlling by id, plays no part).
+fn mine(caller: &Caller, owner: &Owner) -> bool {
+    may(Policy::default(), caller, Action::Write, owner).is_ok()
 }
 
 const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
@@ -277,7 +285,7 @@ impl McpSessions {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn open(&self, owner: &str) -> String {
+    fn open(&self, caller: &Caller) -> String {
         let id = Nanoid::random().as_str().to_owned();
         let now = Instant::now();
         let mut map = self.lock();
@@ -293,19 +301,21 @@ impl McpSessions {
         map.insert(
             id.clone(),
             LegacySession {
-                owner: owner.to_owned(),
+                owner: Owner::of(caller),
                 last_used: now,
             },
         );
         id
     }
 
-    /// Whether `id` is a live session of `owner` (touching it).
-    fn touch(&self, id: &str, owner: &str) -> bool {
+    /// Whether `id` is a live session `caller` may use (touching it): a
+    /// protocol session acts in its owner's name, so only its owner may
+    /// ([`Action::Write`]).
+    fn touch(&self, id: &str, caller: &Caller) -> bool {
         let now = Instant::now();
         let mut map = self.lock();
         match map.get_mut(id) {
-            Some(s) if s.owner == owner && now.duration_since(s.last_used) < SESSION_IDLE => {
+            Some(s) if mine(caller, &s.owner) && now.duration_since(s.last_used) < SESSION_IDLE => {
                 s.last_used = now;
                 true
             }
@@ -313,9 +323,9 @@ impl McpSessions {
         }
     }
 
-    fn close(&self, id: &str, owner: &str) -> bool {
+    fn close(&self, id: &str, caller: &Caller) -> bool {
         let mut map = self.lock();
-        if map.get(id).is_some_and(|s| s.owner == owner) {
+        if map.get(id).is_some_and(|s| mine(caller, &s.owner)) {
             map.remove(id);
             true
         } else {
@@ -368,9 +378,7 @@ pub async fn post(
         Ok(era) => era,
         Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &id, Err(e))),
     };
-    let owner = resolve_caller(&state.config, &identity, &[header_user_id(&headers)?])?
-        .principal
-        .user_key();
+    let caller = resolve_caller(&state.config, &identity, &[header_user_id(&headers)?])?;
     let call = Call {
         state: &state,
         identity: &identity,
@@ -397,7 +405,7 @@ pub async fn post(
             Ok(reply(status, &id, result))
         }
         Era::Legacy if method == "initialize" => {
-            let session = sessions.open(owner.as_str());
+            let session = sessions.open(&caller);
             let mut resp = reply(StatusCode::OK, &id, Ok(initialize(&params)));
             if let Ok(v) = HeaderValue::from_str(&session) {
                 resp.headers_mut().insert(SESSION_HEADER, v);
@@ -421,7 +429,7 @@ pub async fn post(
                 );
                 return Ok(reply(StatusCode::BAD_REQUEST, &id, Err(e)));
             };
-            if !sessions.touch(session, owner.as_str()) {
+            if !sessions.touch(session, &caller) {
                 let e = RpcError::new(code::INVALID_REQUEST, "Session not found");
                 return Ok(reply(StatusCode::NOT_FOUND, &id, Err(e)));
             }
@@ -455,14 +463,12 @@ pub async fn delete(
     identity: Identity,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let owner = resolve_caller(&state.config, &identity, &[header_user_id(&headers)?])?
-        .principal
-        .user_key();
+    let caller = resolve_caller(&state.config, &identity, &[header_user_id(&headers)?])?;
     let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
         let e = RpcError::new(code::INVALID_REQUEST, "Mcp-Session-Id is required");
         return Ok(reply(StatusCode::BAD_REQUEST, &Value::Null, Err(e)));
     };
-    if sessions.close(id, owner.as_str()) {
+    if sessions.close(id, &caller) {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         let e = RpcError::new(code::INVALID_REQUEST, "Session not found");
@@ -705,12 +711,18 @@ mod tests {
 
     #[test]
     fn legacy_sessions_belong_to_their_opener() {
+        let (alice, bob) = (
+            Caller::identified("local", "alice"),
+            Caller::identified("local", "bob"),
+        );
         let s = McpSessions::default();
-        let id = s.open("local:user:alice");
-        assert!(s.touch(&id, "local:user:alice"));
-        assert!(!s.touch(&id, "local:user:bob"));
-        assert!(!s.close(&id, "local:user:bob"));
-        assert!(s.close(&id, "local:user:alice"));
-        assert!(!s.touch(&id, "local:user:alice"));
+        let id = s.open(&alice);
+        assert!(s.touch(&id, &alice));
+        assert!(!s.touch(&id, &bob));
+        // an identity-less caller does not use someone else's either
+        assert!(!s.touch(&id, &Caller::anonymous("local")));
+        assert!(!s.close(&id, &bob));
+        assert!(s.close(&id, &alice));
+        assert!(!s.touch(&id, &alice));
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use futures::TryStreamExt as _;
-use kiln_core::access::{Caller, Claim};
+use kiln_core::access::{Action, Caller, Claim};
 use kiln_core::outcome::{ExitStatus, signal_name};
 use kiln_core::{Language, Nanoid, RelPath};
 use kiln_exec::kernels::{EvalResult, Session};
@@ -34,6 +34,7 @@ const INLINE_IMAGE_MAX: u64 = 4 * 1024 * 1024;
 /// The tools, described for a model.
 pub fn definitions() -> Value {
     let langs: Vec<&str> = Language::all().map(|l| l.name()).collect();
+    let kernel_langs: Vec<&str> = Language::with_kernels().map(|l| l.name()).collect();
     json!([
         {
             "name": "execute_code",
@@ -76,7 +77,7 @@ pub fn definitions() -> Value {
             "inputSchema": {
                 "type": "object",
                 "properties": {
-                    "lang": { "type": "string", "enum": ["py", "js"], "description": "py (Python 3) or js (Node.js)." }
+                    "lang": { "type": "string", "enum": kernel_langs, "description": "py (Python 3) or js (Node.js)." }
                 },
                 "required": ["lang"]
             },
@@ -337,7 +338,7 @@ async fn evaluate(
     args: &Map<String, Value>,
 ) -> Result<Value, ApiError> {
     let state = call.state;
-    let session = find(state, call.identity, call.headers, id)?;
+    let session = find(state, call.identity, call.headers, id, Action::Control)?;
     let kernels = kernels(state)?.clone();
     let info = kernels.info(&session);
     let lang = string_arg(args, "lang")?.ok_or_else(|| bad("lang is required"))?;
@@ -455,7 +456,7 @@ async fn create_session(call: &Call<'_>, args: &Map<String, Value>) -> Result<Va
 
 async fn close_session(call: &Call<'_>, args: &Map<String, Value>) -> Result<Value, ApiError> {
     let id = string_arg(args, "session_id")?.ok_or_else(|| bad("session_id is required"))?;
-    find(call.state, call.identity, call.headers, id)?;
+    find(call.state, call.identity, call.headers, id, Action::Control)?;
     kernels(call.state)?.delete(&parse_id(id)?).await?;
     Ok(json!({
         "content": [{ "type": "text", "text": format!("Closed session {id}.") }],
@@ -555,8 +556,14 @@ pub(super) async fn read(call: &Call<'_>, params: &Map<String, Value>) -> Result
                 .map_err(|e| rpc_error(&e))?
         }
         Resource::Workspace { session, path } => {
-            let s = find(call.state, call.identity, call.headers, &session)
-                .map_err(|e| rpc_error(&e))?;
+            let s = find(
+                call.state,
+                call.identity,
+                call.headers,
+                &session,
+                Action::Read,
+            )
+            .map_err(|e| rpc_error(&e))?;
             let k = kernels(call.state).map_err(|e| rpc_error(&e))?;
             let mime = kiln_exec::content_type(path.as_str());
             let bytes = workspace_bytes(k, s, path, limit)

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use kiln_core::access::{Caller, Policy, may_read};
+use kiln_core::access::{Caller, Policy, may_read, may_write_stored};
 use kiln_core::{Nanoid, SessionKey};
 use kiln_store::{ObjectMeta, Store};
 
@@ -89,7 +89,7 @@ pub(crate) async fn outputs(
         .await
         .map_err(|e| ExecError::Storage(e.to_string()))?
     {
-        Some(s) if s.key == caller.principal.user_key() => Ok(()),
+        Some(s) if may_write_stored(caller, &s.key).is_ok() => Ok(()),
         _ => Err(ExecError::Unauthorized),
     }
 }

@@ -165,7 +165,7 @@ async fn request(
 /// A result as the program reads it.
 fn render(lang: Language, v: &Value) -> String {
     match v {
-        Value::String(s) if lang.name() == "bash" => s.clone(),
+        Value::String(s) if super::program::is_shell(lang) => s.clone(),
         v => v.to_string(),
     }
 }

@@ -16,6 +16,7 @@
 //! the model was told are the names that exist.
 
 use kiln_core::Language;
+use kiln_core::lang::ToolStyle;
 use serde_json::Value;
 
 use super::{TOOLS_PORT, ToolDef};
@@ -68,9 +69,14 @@ pub fn bash_name(name: &str) -> String {
     normalise(name, &['-', '.'], BASH_RESERVED)
 }
 
+/// Whether `lang`'s tools are shell functions (the table's tool style).
+pub(crate) fn is_shell(lang: Language) -> bool {
+    lang.tools().map(|t| t.style) == Some(ToolStyle::Shell)
+}
+
 /// The function name of `name` in `lang`'s surface.
 pub fn function_name(lang: Language, name: &str) -> String {
-    if lang.name() == "bash" {
+    if is_shell(lang) {
         bash_name(name)
     } else {
         python_name(name)
@@ -79,7 +85,7 @@ pub fn function_name(lang: Language, name: &str) -> String {
 
 /// The whole program: the surface, then `code`.
 pub fn program(lang: Language, tools: &[ToolDef], code: &str) -> String {
-    if lang.name() == "bash" {
+    if is_shell(lang) {
         bash_program(tools, code)
     } else {
         python_program(tools, code)

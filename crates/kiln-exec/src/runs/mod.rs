@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::FutureExt as _;
 use kiln_core::access::Caller;
-use kiln_core::{Nanoid, Principal};
+use kiln_core::{Nanoid, Owner, Principal};
 use kiln_sandbox::{OutputSink, OutputStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -447,7 +447,7 @@ pub struct StartOptions {
 #[derive(Debug, Clone)]
 pub struct RunInfo {
     pub id: Nanoid,
-    pub owner: Principal,
+    pub owner: Owner,
     pub lang: &'static str,
     pub detached: bool,
     pub phase: Phase,
@@ -478,7 +478,7 @@ impl RunHandle {
         drop(t);
         RunInfo {
             id: self.0.id.clone(),
-            owner: self.0.caller.principal.clone(),
+            owner: Owner::of(&self.0.caller),
             lang: self.0.lang,
             detached: self.0.detached,
             phase: self.0.phase(),

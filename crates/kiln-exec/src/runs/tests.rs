@@ -117,7 +117,7 @@ async fn a_run_is_found_by_id_watched_from_the_start_and_kept_when_done() {
     let h = runs.get(&id).expect("kept after it ended");
     let info = h.info();
     assert_eq!(info.phase, Phase::Finished);
-    assert_eq!(info.owner, caller("alice").principal);
+    assert_eq!(info.owner, kiln_core::Owner::of(&caller("alice")));
     assert!(info.started_at.is_some() && info.finished_at.is_some());
     // a late watcher replays everything
     let mut sub = h.subscribe();
