@@ -4,6 +4,7 @@
 
 mod baseline;
 mod client;
+mod density;
 mod machine;
 mod measure;
 mod person;
@@ -118,6 +119,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let ctx = scenarios::Ctx {
         settings: &settings,
         kiln: &kiln,
+        server_pid: server.as_ref().map(Server::pid),
         template_cpu: Default::default(),
     };
     let all = async {
