@@ -9,9 +9,16 @@
 #     (Pss, Private_Clean + Private_Dirty), divided by IDLE. What appeared also includes the
 #     warm pool refilling behind the kernels, so the figure is an upper bound per kernel.
 # Next to it, the same machine's bare `python3 -c pass` and `node -e 0` spawn times.
+# With --phases N instead: where a `py` create goes (issue 28; BENCHMARKS.md, "Live-kernel
+# density"): 5 unmeasured and N measured sequential creates, each followed by a first
+# evaluation (`print(6*7)`, checked) and a delete, 50 ms apart; p50 / p95 / mean, ms, of the
+# create (HTTP), create -> first output, and from the server's `kernel started` log line
+# `slot` (the uid slot and its workspace filesystem; older servers do not log it, it is then
+# inside `rest`), `park` (the jail built, the kernel forked from the template), `ready` (the
+# go -> the kernel's `ready` frame) and `rest` (create - park - ready: HTTP, the registry).
 #
 #   scripts/bench-sessions.sh [--kiln target/release/kiln] [--runs 30] [--warmup 5] [--idle 3] \
-#     [--langs "py js"]
+#     [--langs "py js"] [--phases 100]
 # Needs curl and python3 (for the JSON and the arithmetic).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +28,7 @@ runs=30
 warmup=5
 idle=3
 langs="py js"
+phases=
 while (($#)); do
   case "$1" in
     --kiln) kiln=$2; shift 2 ;;
@@ -28,7 +36,8 @@ while (($#)); do
     --warmup) warmup=$2; shift 2 ;;
     --idle) idle=$2; shift 2 ;;
     --langs) langs=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --phases) phases=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +53,7 @@ trap cleanup EXIT
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 base="http://127.0.0.1:$port/v1"
-KILN_LISTEN="127.0.0.1:$port" KILN_DATA_DIR="$work/data" KILN_MAX_SESSIONS=$((idle + 2)) \
+KILN_LOG_FORMAT=json KILN_LISTEN="127.0.0.1:$port" KILN_DATA_DIR="$work/data" KILN_MAX_SESSIONS=$((idle + 2)) \
   KILN_MAX_SESSIONS_PER_USER=$((idle + 1)) "$kiln" serve >"$work/kiln.log" 2>&1 &
 server=$!
 for _ in $(seq 1 600); do
@@ -52,6 +61,64 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 curl -fsS "$base/health" >/dev/null || { cat "$work/kiln.log" >&2; exit 1; }
+
+if [[ -n $phases ]]; then
+  echo "kiln $kiln, $phases creates; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  python3 - "$base" "$phases" "$work/kiln.log" <<'PY'
+import json, math, sys, time, urllib.request
+
+base, n, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def req(method, url, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    r = urllib.request.Request(url, data=data, method=method,
+                               headers={"content-type": "application/json"})
+    with urllib.request.urlopen(r, timeout=60) as resp:
+        return resp.read()
+
+# the first create waits for the fork-server (503 until it runs)
+for _ in range(600):
+    try:
+        first = json.loads(req("POST", base + "/sessions", {"lang": "py"}))
+        break
+    except Exception:
+        time.sleep(0.2)
+else:
+    sys.exit("no py kernel after 2 minutes")
+req("DELETE", base + "/sessions/" + first["session_id"])
+rows = []
+for i in range(n + 5):
+    t0 = time.perf_counter()
+    sid = json.loads(req("POST", base + "/sessions", {"lang": "py"}))["session_id"]
+    t1 = time.perf_counter()
+    out = json.loads(req("POST", base + f"/sessions/{sid}/exec", {"code": "print(6*7)"}))
+    t2 = time.perf_counter()
+    if out.get("stdout", "").strip() != "42":
+        sys.exit(f"first evaluation printed {out!r}")
+    req("DELETE", base + "/sessions/" + sid)
+    time.sleep(0.05)
+    if i >= 5:
+        rows.append(((t1 - t0) * 1000, (t2 - t0) * 1000))
+time.sleep(0.5)
+started = [json.loads(l)["fields"] for l in open(log) if '"kernel started"' in l][-n:]
+
+def show(name, v):
+    s = sorted(v)
+    q = lambda p: s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+    print(f"| {name} | {q(50):.1f} | {q(95):.1f} | {sum(s) / len(s):.1f} |")
+
+print("| phase (ms) | p50 | p95 | mean |\n|---|---:|---:|---:|")
+show("create (HTTP)", [c for c, _ in rows])
+show("create -> first output", [f for _, f in rows])
+if started and "slot_ms" in started[0]:
+    show("slot", [s["slot_ms"] for s in started])
+show("park", [s["park_ms"] for s in started])
+show("ready", [s["ready_ms"] for s in started])
+show("rest", [c - s["park_ms"] - s["ready_ms"] for (c, _), s in zip(rows, started)])
+PY
+  echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  exit 0
+fi
 
 # POST /v1/sessions, retried while the server's fork-servers start; prints "<seconds> <id>"
 create() {

@@ -74,65 +74,87 @@ impl KilnClient {
         }
     }
 
-    /// Run `body` through `/v1/exec`; the duration covers send → full body.
-    pub async fn exec(&self, body: &Value) -> anyhow::Result<(Duration, ExecResponse)> {
+    /// POST `body` as JSON to `url` and parse the answer's JSON, timed
+    /// send → full body; a status `ok` refuses is an error, as is an answer
+    /// that is not a `T`.
+    async fn post_json<T: serde::de::DeserializeOwned>(
+        &self,
+        url: String,
+        body: &Value,
+        ok: impl Fn(reqwest::StatusCode) -> bool,
+    ) -> anyhow::Result<(Duration, T)> {
+        let what = format!("POST {}", url.strip_prefix(&self.origin).unwrap_or(&url));
         let t = Instant::now();
         let r = self
             .http
-            .post(format!("{}/exec", self.v1))
+            .post(&url)
             .json(body)
             .send()
             .await
-            .context("POST /v1/exec")?;
+            .with_context(|| what.clone())?;
         let status = r.status();
-        let bytes = r.bytes().await.context("read /v1/exec response")?;
+        let bytes = r
+            .bytes()
+            .await
+            .with_context(|| format!("{what}: read the answer"))?;
         let took = t.elapsed();
-        if !status.is_success() {
-            bail!("POST /v1/exec: HTTP {status}: {}", snippet(&bytes));
+        if !ok(status) {
+            bail!("{what}: HTTP {status}: {}", snippet(&bytes));
         }
-        let resp: ExecResponse = serde_json::from_slice(&bytes)
-            .with_context(|| format!("POST /v1/exec: not an exec response: {}", snippet(&bytes)))?;
-        Ok((took, resp))
+        let v = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{what}: unexpected answer: {}", snippet(&bytes)))?;
+        Ok((took, v))
+    }
+
+    /// Run `body` through `/v1/exec`; the duration covers send → full body.
+    pub async fn exec(&self, body: &Value) -> anyhow::Result<(Duration, ExecResponse)> {
+        let url = format!("{}/exec", self.v1);
+        self.post_json(url, body, |s| s.is_success()).await
     }
 
     /// Evaluate `code` in `user`'s live kernel through seed 004's face
     /// (`POST /api/v1/execute?user_uuid=`); its `result_text`, timed send →
     /// full body.
     pub async fn stateful(&self, user: &str, code: &str) -> anyhow::Result<(Duration, String)> {
-        let t = Instant::now();
-        let r = self
-            .http
-            .post(format!("{}/api/v1/execute?user_uuid={user}", self.origin))
-            .json(&json!({ "code": code }))
-            .send()
-            .await
-            .context("POST /api/v1/execute")?;
-        let status = r.status();
-        let bytes = r.bytes().await.context("read /api/v1/execute response")?;
-        let took = t.elapsed();
-        if !status.is_success() {
-            bail!("POST /api/v1/execute: HTTP {status}: {}", snippet(&bytes));
-        }
-        let v: Value = serde_json::from_slice(&bytes)
-            .with_context(|| format!("POST /api/v1/execute: not JSON: {}", snippet(&bytes)))?;
+        let url = format!("{}/api/v1/execute?user_uuid={user}", self.origin);
+        let (took, v): (Duration, Value) = self
+            .post_json(url, &json!({ "code": code }), |s| s.is_success())
+            .await?;
         Ok((
             took,
             v["result_text"].as_str().unwrap_or_default().to_owned(),
         ))
     }
 
+    /// Start a live kernel (`POST /v1/sessions`); its id, timed send →
+    /// full body.
+    pub async fn create_session(&self, lang: &str) -> anyhow::Result<(Duration, String)> {
+        let url = format!("{}/sessions", self.v1);
+        let (took, v): (Duration, Value) = self
+            .post_json(url, &json!({ "lang": lang }), |s| {
+                s == reqwest::StatusCode::CREATED
+            })
+            .await?;
+        match v["session_id"].as_str() {
+            Some(id) => Ok((took, id.to_owned())),
+            None => bail!("POST /v1/sessions: no session_id in {v}"),
+        }
+    }
+
+    /// Evaluate `code` in live kernel `id` (`POST /v1/sessions/{id}/exec`);
+    /// its stdout, timed send → full body.
+    pub async fn session_exec(&self, id: &str, code: &str) -> anyhow::Result<(Duration, String)> {
+        let url = format!("{}/sessions/{id}/exec", self.v1);
+        let (took, r): (Duration, ExecResponse) = self
+            .post_json(url, &json!({ "code": code }), |s| s.is_success())
+            .await?;
+        Ok((took, r.stdout))
+    }
+
     /// Close `user`'s live kernel (`POST /api/v1/release?user_uuid=`).
     pub async fn release(&self, user: &str) -> anyhow::Result<()> {
-        let r = self
-            .http
-            .post(format!("{}/api/v1/release?user_uuid={user}", self.origin))
-            .send()
-            .await
-            .context("POST /api/v1/release")?;
-        if r.status() != reqwest::StatusCode::NO_CONTENT {
-            bail!("POST /api/v1/release: HTTP {}", r.status());
-        }
-        Ok(())
+        let url = format!("{}/api/v1/release?user_uuid={user}", self.origin);
+        no_content(self.http.post(url), "POST /api/v1/release").await
     }
 
     /// Upload one file as LibreChat does for a user attachment
@@ -182,6 +204,12 @@ impl KilnClient {
         }
     }
 
+    /// Close live kernel `id` (`DELETE /v1/sessions/{id}`).
+    pub async fn delete_session(&self, id: &str) -> anyhow::Result<()> {
+        let url = format!("{}/sessions/{id}", self.v1);
+        no_content(self.http.delete(url), "DELETE /v1/sessions/{id}").await
+    }
+
     /// `GET /v1/health` as JSON.
     pub async fn health(&self) -> anyhow::Result<Value> {
         let r = self
@@ -211,6 +239,15 @@ impl KilnClient {
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("no metrics endpoint")))
     }
+}
+
+/// Sends `req`, which must answer 204 No Content.
+async fn no_content(req: reqwest::RequestBuilder, what: &str) -> anyhow::Result<()> {
+    let r = req.send().await.context(what.to_owned())?;
+    if r.status() != reqwest::StatusCode::NO_CONTENT {
+        bail!("{what}: HTTP {}", r.status());
+    }
+    Ok(())
 }
 
 /// The start of a response body, for error messages.

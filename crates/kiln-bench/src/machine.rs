@@ -98,6 +98,15 @@ pub struct Descendants {
 
 /// Walks `/proc` for every descendant of `pid` and sums their `Pss`.
 pub fn descendants(pid: u32) -> Descendants {
+    let pids = descendant_pids(pid);
+    Descendants {
+        processes: u32::try_from(pids.len()).unwrap_or(u32::MAX),
+        pss_kib: memory_of(&pids).pss_kib,
+    }
+}
+
+/// Every descendant of `pid` now (children, their children, ...), sorted.
+pub fn descendant_pids(pid: u32) -> Vec<u32> {
     let mut parent_of = std::collections::HashMap::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
@@ -118,16 +127,13 @@ pub fn descendants(pid: u32) -> Descendants {
             parent_of.insert(p, ppid);
         }
     }
-    let mut d = Descendants::default();
+    let mut out = Vec::new();
     for (&p, _) in parent_of.iter() {
         let mut cur = p;
         let mut hops = 0;
         while let Some(&pp) = parent_of.get(&cur) {
             if pp == pid {
-                d.processes += 1;
-                let rollup =
-                    std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap_or_default();
-                d.pss_kib += kib_field(&rollup, "Pss").unwrap_or(0);
+                out.push(p);
                 break;
             }
             cur = pp;
@@ -137,7 +143,70 @@ pub fn descendants(pid: u32) -> Descendants {
             }
         }
     }
-    d
+    out.sort_unstable();
+    out
+}
+
+/// The memory of a set of processes, from their `smaps_rollup`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessesMemory {
+    pub processes: u32,
+    /// Summed proportional set size (a page shared by n processes counts
+    /// 1/n for each).
+    pub pss_kib: u64,
+    /// Summed pages only one process maps (`Private_Clean + Private_Dirty`).
+    pub private_kib: u64,
+}
+
+/// Sums the `smaps_rollup` of `pids` (those gone count nothing).
+pub fn memory_of(pids: &[u32]) -> ProcessesMemory {
+    let mut m = ProcessesMemory::default();
+    for p in pids {
+        let Ok(rollup) = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")) else {
+            continue;
+        };
+        let field = |k: &str| kib_field(&rollup, k).unwrap_or(0);
+        m.processes += 1;
+        m.pss_kib += field("Pss");
+        m.private_kib += field("Private_Clean") + field("Private_Dirty");
+    }
+    m
+}
+
+/// The memory cgroups `pids` live in (each once) and their summed usage,
+/// bytes: what the kernel charges them, page cache and kernel memory
+/// included (cgroup v2 `memory.current`, v1 `memory.usage_in_bytes`).
+pub fn cgroups_memory(pids: &[u32]) -> (usize, u64) {
+    let mut files = std::collections::BTreeSet::new();
+    for p in pids {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{p}/cgroup")) else {
+            continue;
+        };
+        files.extend(memory_usage_file(&text));
+    }
+    let bytes = files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .sum();
+    (files.len(), bytes)
+}
+
+/// The file holding the memory usage of the cgroup a `/proc/<pid>/cgroup`
+/// text names: the v1 memory controller's when it has one, else v2's.
+fn memory_usage_file(cgroup: &str) -> Option<String> {
+    let mut v2 = None;
+    for line in cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            return Some(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"));
+        }
+        if id == "0" && controllers.is_empty() {
+            v2 = Some(format!("/sys/fs/cgroup{path}/memory.current"));
+        }
+    }
+    v2
 }
 
 /// One Python template's fork-server: its memory after start-up (the
@@ -224,6 +293,24 @@ fn command_line_status(program: &str, args: &[&str]) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_processs_memory_cgroup_is_read_from_v1_or_v2() {
+        let cases = [
+            (
+                "9:name=systemd:/\n4:memory:/kiln/k1\n0::/\n",
+                Some("/sys/fs/cgroup/memory/kiln/k1/memory.usage_in_bytes"),
+            ),
+            (
+                "0::/kiln/k2\n",
+                Some("/sys/fs/cgroup/kiln/k2/memory.current"),
+            ),
+            ("1:cpu:/\n", None),
+        ];
+        for (text, file) in cases {
+            assert_eq!(memory_usage_file(text).as_deref(), file, "{text:?}");
+        }
+    }
 
     #[test]
     fn cpu_model_is_the_first_model_name_line() {

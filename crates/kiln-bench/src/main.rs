@@ -4,6 +4,7 @@
 
 mod baseline;
 mod client;
+mod density;
 mod machine;
 mod measure;
 mod person;
@@ -70,7 +71,7 @@ async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
         .context("build the HTTP client")?;
     let opts = ServerOptions {
         kiln: settings.kiln.clone(),
-        env: settings.server_env.clone(),
+        env: settings.server_env(),
         startup_timeout: settings.startup_timeout,
         stop_timeout: Duration::from_secs(60),
     };
@@ -134,6 +135,7 @@ async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let ctx = scenarios::Ctx {
         settings: &settings,
         kiln: &kiln,
+        server_pid: server.as_ref().map(Server::pid),
         template_cpu: Default::default(),
     };
     let all = async {

@@ -23,6 +23,9 @@ pub enum Unit {
     Ms,
     PerSecond,
     Percent,
+    /// A plain number (kernels, processes).
+    Count,
+    Mib,
 }
 
 /// Which direction is good.
@@ -343,6 +346,8 @@ pub fn fmt_value(v: Option<f64>, unit: Unit) -> String {
             Unit::Ms => format!("{v:.1} ms"),
             Unit::PerSecond => format!("{v:.1}/s"),
             Unit::Percent => format!("{v:.1} %"),
+            Unit::Count => format!("{v:.1}"),
+            Unit::Mib => format!("{v:.2} MiB"),
         },
     }
 }

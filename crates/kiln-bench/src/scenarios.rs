@@ -24,6 +24,9 @@ use crate::workload::{self, SplitMix64};
 pub struct Ctx<'a> {
     pub settings: &'a Settings,
     pub kiln: &'a KilnClient,
+    /// The server's pid when this run started it (its processes can be
+    /// weighed).
+    pub server_pid: Option<u32>,
     /// The fork-servers' CPU (template → ms, reaped programs included) at
     /// each [`Ctx::phases`] scrape: a scenario's scrapes bracket its
     /// measured runs.
@@ -99,6 +102,7 @@ pub async fn run(sc: Scenario, ctx: &Ctx<'_>) -> ScenarioReport {
         Scenario::D => upload_and_sum(ctx).await,
         Scenario::S => stateful(ctx).await,
         Scenario::P => crate::person::person(ctx).await,
+        Scenario::K => crate::density::density(ctx).await,
         Scenario::E => {
             hello(
                 ctx,
@@ -204,6 +208,17 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
                 "the same sequences as bare spawns of `{py}` and `{node}` with the same pauses",
             ),
         ),
+        Scenario::K => (
+            "K",
+            format!(
+                "live-kernel density: {} idle py kernels, each created and verified with a first evaluation",
+                s.k_kernels
+            ),
+            format!(
+                "the same py hellos ({} per run) before the kernels were created",
+                s.a_requests
+            ),
+        ),
         Scenario::E => (
             "E",
             "js hello, 1 client".into(),
@@ -217,10 +232,10 @@ fn describe(sc: Scenario, s: &Settings) -> (&'static str, String, String) {
 
 /// A scenario's measured outcome.
 pub(crate) struct Measured {
-    kiln: Tally,
-    baseline: Tally,
-    metrics: Vec<Metric>,
-    phases: Phases,
+    pub(crate) kiln: Tally,
+    pub(crate) baseline: Tally,
+    pub(crate) metrics: Vec<Metric>,
+    pub(crate) phases: Phases,
 }
 
 /// Per-run outcomes of both sides.

@@ -29,7 +29,10 @@ pub struct Cli {
     /// 100 stateful requests through seed 004's face, next to the same
     /// requests as one-shot /v1/exec runs; not in the default set), P (the
     /// latency a person sees: pauses of 0/50/300/1000 ms, hello after a data
-    /// run, js after py, a new connection per request; not in the default set).
+    /// run, js after py, a new connection per request; not in the default set),
+    /// K (live-kernel density: `--k-kernels` idle py kernels, create → first
+    /// output at that density, memory per idle kernel, A's hello before and
+    /// while they sit; not in the default set, use `--runs 1`).
     #[arg(long, value_delimiter = ',', default_value = "A,B,B2,C,D,E")]
     pub scenarios: Vec<String>,
     /// Small counts and one run: a smoke test for CI.
@@ -74,6 +77,9 @@ pub struct Cli {
     /// P: measured requests per sequence and run (default 20, quick 3).
     #[arg(long)]
     pub p_requests: Option<usize>,
+    /// K: idle py kernels created per run (default 1000, quick 10).
+    #[arg(long)]
+    pub k_kernels: Option<usize>,
     /// Python of the baselines.
     #[arg(long, default_value = "/usr/bin/python3")]
     pub python: PathBuf,
@@ -115,6 +121,7 @@ pub enum Scenario {
     E,
     S,
     P,
+    K,
 }
 
 impl Scenario {
@@ -128,7 +135,8 @@ impl Scenario {
             "E" => Scenario::E,
             "S" => Scenario::S,
             "P" => Scenario::P,
-            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E,S,P)"),
+            "K" => Scenario::K,
+            other => bail!("unknown scenario {other:?} (choose from A,B,B2,C,D,E,S,P,K)"),
         })
     }
 }
@@ -152,6 +160,7 @@ pub struct Settings {
     pub s_users: usize,
     pub s_requests: usize,
     pub p_requests: usize,
+    pub k_kernels: usize,
     pub python: PathBuf,
     pub node: PathBuf,
     pub out: Option<PathBuf>,
@@ -201,6 +210,26 @@ impl BareImage {
 }
 
 impl Settings {
+    /// The server's environment: what the command line gave, and for K
+    /// room for its kernels, all under one principal (`KILN_MAX_SESSIONS`,
+    /// `KILN_MAX_SESSIONS_PER_USER`) unless given. S runs on the server's
+    /// own sizing (a binary from before it needs
+    /// `--server-env KILN_MAX_SESSIONS=27`).
+    pub fn server_env(&self) -> Vec<(String, String)> {
+        let mut env = self.server_env.clone();
+        if self.scenarios.contains(&Scenario::K) {
+            for (key, n) in [
+                ("KILN_MAX_SESSIONS", self.k_kernels + 2),
+                ("KILN_MAX_SESSIONS_PER_USER", self.k_kernels + 1),
+            ] {
+                if !env.iter().any(|(k, _)| k == key) {
+                    env.push((key.to_owned(), n.to_string()));
+                }
+            }
+        }
+        env
+    }
+
     /// The baselines' Python: `--python`, in the server's image when it runs on one.
     pub fn bare_python(&self) -> Program {
         self.bare(&self.python)
@@ -259,6 +288,7 @@ impl Settings {
             s_users: pick(cli.s_users, 25, 5),
             s_requests: pick(cli.s_requests, 100, 10),
             p_requests: pick(cli.p_requests, 20, 3),
+            k_kernels: pick(cli.k_kernels, 1000, 10),
             python: cli.python,
             node: cli.node,
             out: cli.out,
@@ -290,6 +320,7 @@ impl Settings {
             ("--s-users", s.s_users),
             ("--s-requests", s.s_requests),
             ("--p-requests", s.p_requests),
+            ("--k-kernels", s.k_kernels),
         ] {
             if v == 0 {
                 bail!("{name} must be at least 1");
@@ -395,6 +426,33 @@ mod tests {
         assert_eq!(s.scenarios, vec![Scenario::A, Scenario::S]);
         assert_eq!((s.s_users, s.s_requests), (25, 100));
         assert!(parse(&["--scenarios", ""]).is_err());
+    }
+
+    #[test]
+    fn k_makes_room_for_its_kernels_under_one_principal_unless_told() {
+        let s = parse(&["--scenarios", "K", "--k-kernels", "300"]).unwrap();
+        let env = s.server_env();
+        assert!(env.contains(&("KILN_MAX_SESSIONS".into(), "302".into())));
+        assert!(env.contains(&("KILN_MAX_SESSIONS_PER_USER".into(), "301".into())));
+        assert_eq!(parse(&["--scenarios", "k"]).unwrap().k_kernels, 1000);
+        let told = parse(&["--scenarios", "K,S", "--server-env", "KILN_MAX_SESSIONS=50"])
+            .unwrap()
+            .server_env();
+        assert_eq!(
+            told.iter()
+                .filter(|(k, _)| k == "KILN_MAX_SESSIONS")
+                .count(),
+            1
+        );
+        assert!(told.contains(&("KILN_MAX_SESSIONS_PER_USER".into(), "1001".into())));
+        assert!(parse(&["--k-kernels", "0"]).is_err());
+        // S runs on the server's own sizing
+        assert!(
+            parse(&["--scenarios", "S"])
+                .unwrap()
+                .server_env()
+                .is_empty()
+        );
     }
 
     #[test]

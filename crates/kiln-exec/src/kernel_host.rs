@@ -131,12 +131,14 @@ impl KernelHost for SandboxHost {
     ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
         Box::pin(async move {
             let (park, argv, template) = self.program(language, &limits)?;
-            // a kernel slot: its filesystem is made now and goes with it
+            // a kernel slot: its filesystem (made ahead, or now) goes with it
+            let t_slot = std::time::Instant::now();
             let slot = self
                 .sandbox
                 .acquire_kernel_slot()
                 .await
                 .map_err(|e| KernelsError::Unavailable(e.to_string()))?;
+            let slot_time = t_slot.elapsed();
             // the evaluation timeouts are the registry's; the jail's own wall
             // and CPU clocks only bound the kernel's life
             let mut life = limits.clone();
@@ -156,6 +158,7 @@ impl KernelHost for SandboxHost {
             let (park, ready) = kernel.start_times();
             tracing::info!(
                 template,
+                slot_ms = slot_time.as_secs_f64() * 1000.0,
                 park_ms = park.as_secs_f64() * 1000.0,
                 ready_ms = ready.as_secs_f64() * 1000.0,
                 "kernel started"

@@ -81,7 +81,7 @@ pub use reaper::init_if_pid1;
 pub use run::{OutputSink, OutputStream, RunRequest, RunResult};
 pub use sandbox::{ParkSpec, ParkedJail, Sandbox};
 pub use seccomp::{DEFAULT_PROFILE as DEFAULT_SECCOMP_PROFILE, PolicyError};
-pub use slots::Slot;
+pub use slots::{READY_KERNEL_SLOTS, Slot};
 pub use spec::{JAIL_UID, ParkMode};
 pub use sys::chroot_before_exec;
 pub use tree::remove_tree;

@@ -4,8 +4,10 @@
 //! inodes) and never takes more of the host than the quota.
 //!
 //! Backends, tried in order ([`QuotaMode::Auto`]):
-//! 1. a sparse ext4 image `<slots_dir>/<i>.img` (`mkfs.ext4`, no journal)
-//!    on a loop device with autoclear, mounted `nosuid,nodev`; emptying a
+//! 1. a sparse ext4 image `<slots_dir>/<i>.img` on a loop device with
+//!    autoclear, mounted `nosuid,nodev`: a sparse copy of one empty
+//!    filesystem `mkfs.ext4` made at start-up (`template.img`, no journal,
+//!    never mounted), so a slot costs no `mkfs` process; emptying a
 //!    slot ends with one `FITRIM`, so deleted files give their blocks back
 //!    to the host (the `discard` mount option did that block by block and
 //!    made removing a large tree take seconds);
@@ -16,14 +18,15 @@
 //! Emptying a slot walks its trees (`tree.rs`, any depth, a few fds) when
 //! they are small, and makes the slot's filesystem afresh when they are
 //! large (more than [`RECREATE_ABOVE_INODES`] in use) or cannot be walked:
-//! a new `mkfs` and mount take ~0.1 s, walking a jail's 40,000-level chain
-//! takes seconds.
+//! a new copy of the template and a mount take milliseconds, walking a
+//! jail's 40,000-level chain takes seconds.
 //!
 //! Slots kept for live kernels (the last `on_demand` ones) get no
 //! filesystem at start: [`SlotFs::take`] makes one when a kernel takes the
-//! slot and [`SlotFs::give_back`] unmounts it and removes its image when the
-//! kernel closes, so a large `max_sessions` costs an idle server no mounts,
-//! no loop devices and no start-up time.
+//! slot, or ahead of it for the few the slot pool keeps ready, and
+//! [`SlotFs::give_back`] unmounts it and removes its image when the kernel
+//! closes, so a large `max_sessions` costs an idle server a few mounts, not
+//! one per kernel slot, and no start-up time.
 //!
 //! [`SlotFs::setup`] first unmounts whatever a previous server left at those
 //! paths; [`SlotFs::teardown`] (on shutdown, on drop of the last
@@ -160,6 +163,8 @@ pub(crate) struct SlotFs {
     bytes: u64,
     inodes: u64,
     quota: WorkspaceQuota,
+    /// The loop backend's empty filesystem has been made (`template.img`).
+    template_made: Mutex<bool>,
     /// Set by [`SlotFs::teardown`]. Held while a slot's filesystem is
     /// mounted again (`recreate`) and during teardown, so a re-creation
     /// racing the teardown cannot leave a mount behind it.
@@ -295,6 +300,7 @@ impl SlotFs {
             quota: WorkspaceQuota::None {
                 reason: "disabled by configuration".to_owned(),
             },
+            template_made: Mutex::new(false),
             torn_down: Mutex::new(false),
         };
         this.clear_all()
@@ -354,6 +360,11 @@ impl SlotFs {
 
     fn image(&self, slot: u32) -> PathBuf {
         self.dir.join(format!("{slot}.img"))
+    }
+
+    /// The empty filesystem every loop-backed slot's image is copied from.
+    fn template(&self) -> PathBuf {
+        self.dir.join("template.img")
     }
 
     /// Unmounts a slot's filesystem (detached if busy) and removes its
@@ -424,23 +435,23 @@ impl SlotFs {
     }
 
     fn mount_all(&self, backend: QuotaMode) -> Result<(), String> {
-        let mkfs = match backend {
-            QuotaMode::Loop => {
-                if let Some(reason) = loop_unavailable() {
-                    return Err(reason);
-                }
-                find_mkfs()
+        let is_loop = backend == QuotaMode::Loop;
+        if is_loop {
+            if let Some(reason) = loop_unavailable() {
+                return Err(reason);
             }
-            _ => None,
-        };
-        // mkfs and the mount take ~0.2 s per slot, mostly waiting: in parallel.
+            self.make_template()?;
+        }
+        // the copy and the mount are mostly waiting: in parallel
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..self.slots - self.on_demand)
                 .map(|i| {
-                    let mkfs = mkfs.as_deref();
-                    s.spawn(move || match mkfs {
-                        Some(mkfs) => self.mount_loop(i, mkfs),
-                        None => self.mount_tmpfs(i),
+                    s.spawn(move || {
+                        if is_loop {
+                            self.mount_loop(i)
+                        } else {
+                            self.mount_tmpfs(i)
+                        }
                     })
                 })
                 .collect();
@@ -456,20 +467,21 @@ impl SlotFs {
         Ok(())
     }
 
-    fn mount_loop(&self, slot: u32, mkfs: &Path) -> Result<(), String> {
-        let image = self.image(slot);
-        let parent = self.parent(slot);
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&image)
-            .map_err(|e| format!("create {}: {e}", image.display()))?;
-        file.set_len(self.bytes)
-            .map_err(|e| format!("size {}: {e}", image.display()))?;
-        let out = Command::new(mkfs)
+    /// Makes the empty filesystem the slots' images are copied from
+    /// (replacing whatever a previous server left at its path): one
+    /// `mkfs.ext4` for the server's life instead of one per slot.
+    fn make_template(&self) -> Result<(), String> {
+        let mut made = lock(&self.template_made);
+        let mkfs = find_mkfs().ok_or("mkfs.ext4 not found")?;
+        let image = self.template();
+        match fs::remove_file(&image) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(format!("remove {}: {e}", image.display()));
+            }
+            _ => {}
+        }
+        drop(self.new_image(&image)?);
+        let out = Command::new(&mkfs)
             .args([
                 "-q",
                 "-F",
@@ -496,6 +508,36 @@ impl SlotFs {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        *made = true;
+        Ok(())
+    }
+
+    /// A new root-only image file of the quota's size, all hole.
+    fn new_image(&self, image: &Path) -> Result<fs::File, String> {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(image)
+            .map_err(|e| format!("create {}: {e}", image.display()))?;
+        file.set_len(self.bytes)
+            .map_err(|e| format!("size {}: {e}", image.display()))?;
+        Ok(file)
+    }
+
+    /// Gives `slot` a sparse copy of the template and mounts it.
+    fn mount_loop(&self, slot: u32) -> Result<(), String> {
+        let image = self.image(slot);
+        let parent = self.parent(slot);
+        let file = self.new_image(&image)?;
+        if !*lock(&self.template_made) {
+            return Err("no template filesystem to copy".to_owned());
+        }
+        fs::File::open(self.template())
+            .and_then(|template| copy_sparse(&template, &file))
+            .map_err(|e| format!("copy the template to {}: {e}", image.display()))?;
         let (device, device_fd) =
             sys::loop_attach(&file).map_err(|e| format!("attach {}: {e}", image.display()))?;
         mount(
@@ -595,10 +637,7 @@ impl SlotFs {
         // Only the mount point is left; whatever is below it now is on the
         // host filesystem and came from no jail.
         match &self.quota {
-            WorkspaceQuota::LoopExt4 => {
-                let mkfs = find_mkfs().ok_or("mkfs.ext4 not found")?;
-                self.mount_loop(slot, &mkfs)
-            }
+            WorkspaceQuota::LoopExt4 => self.mount_loop(slot),
             WorkspaceQuota::Tmpfs { .. } => self.mount_tmpfs(slot),
             WorkspaceQuota::None { .. } => Ok(()),
         }
@@ -622,6 +661,7 @@ impl SlotFs {
             let _ = empty_dir(&parent, &[]);
             let _ = fs::remove_dir(&parent);
         }
+        let _ = fs::remove_file(self.template());
         let _ = fs::remove_dir(&self.dir);
     }
 
@@ -637,11 +677,42 @@ impl SlotFs {
             quota: WorkspaceQuota::None {
                 reason: "test".to_owned(),
             },
+            template_made: Mutex::new(false),
             torn_down: Mutex::new(false),
         };
         this.clear_all().expect("plain slot dirs");
         Arc::new(this)
     }
+}
+
+/// Copies the data of `from` into `to` (as long as `from`, all hole) one
+/// data extent at a time (`SEEK_DATA`/`SEEK_HOLE`), so holes stay holes: a
+/// 1 GiB empty ext4 image is well under a MiB of data. Where the filesystem
+/// shares extents (XFS, btrfs), `copy_file_range` shares them.
+fn copy_sparse(from: &fs::File, to: &fs::File) -> io::Result<()> {
+    use nix::unistd::{Whence, lseek};
+    let len = i64::try_from(from.metadata()?.len()).map_err(io::Error::other)?;
+    let mut at = 0;
+    while at < len {
+        let start = match lseek(from, at, Whence::SeekData) {
+            Ok(s) => s,
+            // no data after `at`
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = lseek(from, start, Whence::SeekHole)?;
+        let (mut off_in, mut off_out) = (start, start);
+        while off_in < end {
+            let want = usize::try_from(end - off_in).map_err(io::Error::other)?;
+            let n =
+                nix::fcntl::copy_file_range(from, Some(&mut off_in), to, Some(&mut off_out), want)?;
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            }
+        }
+        at = end;
+    }
+    Ok(())
 }
 
 impl Drop for SlotFs {
@@ -703,6 +774,40 @@ mod tests {
         fs.teardown();
         assert!(!dir.exists(), "slots dir left behind");
         fs.teardown();
+    }
+
+    #[test]
+    fn the_template_copy_keeps_its_data_and_its_holes() {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        const LEN: u64 = 64 << 20;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut from = fs::File::create_new(dir.path().join("template")).expect("create");
+        from.write_all(&[b'a'; 4096]).expect("write");
+        from.seek(SeekFrom::Start(LEN / 2)).expect("seek");
+        from.write_all(&[b'b'; 8192]).expect("write");
+        from.set_len(LEN).expect("size");
+        let to = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.path().join("slot"))
+            .expect("create");
+        to.set_len(LEN).expect("size");
+        let from = fs::File::open(dir.path().join("template")).expect("open");
+        copy_sparse(&from, &to).expect("copy");
+        let mut copied = Vec::new();
+        (&to).read_to_end(&mut copied).expect("read");
+        let mut original = Vec::new();
+        // the copy moved the template's offset (SEEK_DATA)
+        (&from).rewind().expect("rewind");
+        (&from).read_to_end(&mut original).expect("read");
+        assert_eq!(copied.len() as u64, LEN);
+        assert!(copied == original, "the copy differs from the template");
+        let allocated = to.metadata().expect("stat").blocks() * 512;
+        assert!(
+            allocated < 1 << 20,
+            "the holes were filled: {allocated} bytes"
+        );
     }
 
     #[test]

@@ -12,8 +12,11 @@
 //!
 //! The last `on_demand` indices are kept for live kernels
 //! ([`SlotPool::acquire_on_demand`]) and have a free count of their own: their
-//! filesystem is made when one is taken and removed when it is released
-//! (rather than emptied), so idle kernel slots cost no mount.
+//! filesystem is removed when one is released (rather than emptied), so
+//! idle kernel slots cost no mount. A few of them ([`READY_KERNEL_SLOTS`])
+//! are kept mounted and empty ahead of use, refilled in the background after
+//! every take, so a kernel's create does not wait for its filesystem; a
+//! take that finds none ready mounts one itself.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -24,6 +27,10 @@ use tokio::sync::Semaphore;
 use crate::quota::SlotFs;
 use crate::spec::{ID_RANGE, JAIL_UID};
 
+/// Free kernel slots kept mounted ahead of use (fewer when there are fewer
+/// kernel slots).
+pub const READY_KERNEL_SLOTS: usize = 4;
+
 #[derive(Debug, Default, Clone, Copy)]
 struct SlotState {
     held: bool,
@@ -31,11 +38,15 @@ struct SlotState {
     live_runs: u32,
     /// The slot's workspace area is being emptied.
     cleaning: bool,
+    /// A kernel slot's filesystem is being made ahead of use.
+    mounting: bool,
+    /// A free kernel slot whose filesystem is made, empty and unused.
+    ready: bool,
 }
 
 impl SlotState {
     fn is_free(&self) -> bool {
-        !self.held && self.live_runs == 0 && !self.cleaning
+        !self.held && self.live_runs == 0 && !self.cleaning && !self.mounting
     }
 }
 
@@ -78,17 +89,23 @@ impl SlotPool {
     }
 
     pub(crate) async fn acquire(self: &Arc<Self>) -> Slot {
-        self.take_free(&self.free, 0..self.fixed).await
+        self.take_free(&self.free, 0..self.fixed).await.0
     }
 
-    /// Takes a free on-demand index and mounts its filesystem (any free
-    /// index when there are none). Dropping the slot unmounts it again.
+    /// Takes a free on-demand index, one whose filesystem is ready if any
+    /// (else it is mounted now), and has another made ready in the
+    /// background (any free index when there are no on-demand ones).
+    /// Dropping the slot unmounts it again.
     pub(crate) async fn acquire_on_demand(self: &Arc<Self>) -> Result<Slot, String> {
         let n = self.states().len();
         if self.fixed == n {
             return Ok(self.acquire().await);
         }
-        let slot = self.take_free(&self.free_on_demand, self.fixed..n).await;
+        let (slot, ready) = self.take_free(&self.free_on_demand, self.fixed..n).await;
+        self.refill_in_background();
+        if ready {
+            return Ok(slot);
+        }
         let pool = Arc::clone(self);
         // The slot moves into the blocking task: if this future is dropped
         // the mount still completes, and the slot's drop then unmounts it.
@@ -101,7 +118,8 @@ impl SlotPool {
         mounted.map(|()| slot)
     }
 
-    async fn take_free(self: &Arc<Self>, free: &Semaphore, range: Range<usize>) -> Slot {
+    /// Takes a free index of `range`, a ready one first; whether it was.
+    async fn take_free(self: &Arc<Self>, free: &Semaphore, range: Range<usize>) -> (Slot, bool) {
         // The semaphore is never closed, so acquire cannot fail.
         if let Ok(permit) = free.acquire().await {
             permit.forget();
@@ -109,12 +127,66 @@ impl SlotPool {
         let mut states = self.states();
         let index = range
             .clone()
-            .find(|&i| states[i].is_free())
+            .find(|&i| states[i].is_free() && states[i].ready)
+            .or_else(|| range.clone().find(|&i| states[i].is_free()))
             .unwrap_or_else(|| unreachable!("a permit was taken, so an index is free"));
+        let ready = std::mem::take(&mut states[index].ready);
         states[index].held = true;
-        Slot {
+        let slot = Slot {
             pool: Arc::clone(self),
             index: index as u32,
+        };
+        (slot, ready)
+    }
+
+    /// Makes free kernel slots ready until [`READY_KERNEL_SLOTS`] are (or
+    /// are being made), one at a time; a slot being made ready is not free.
+    /// Blocks while it mounts.
+    pub(crate) fn refill(self: &Arc<Self>) {
+        loop {
+            // a free index leaves the free count while it is made ready
+            let Ok(permit) = self.free_on_demand.try_acquire() else {
+                return;
+            };
+            let index = {
+                let mut states = self.states();
+                let kernel = &states[self.fixed..];
+                let ahead = kernel
+                    .iter()
+                    .filter(|s| s.mounting || (s.ready && s.is_free()))
+                    .count();
+                let target = READY_KERNEL_SLOTS.min(kernel.len());
+                let found =
+                    (self.fixed..states.len()).find(|&i| states[i].is_free() && !states[i].ready);
+                match found {
+                    Some(i) if ahead < target => {
+                        states[i].mounting = true;
+                        i
+                    }
+                    _ => return,
+                }
+            };
+            permit.forget();
+            let made = self.areas.take(index as u32);
+            if let Some(s) = self.states().get_mut(index) {
+                s.mounting = false;
+                s.ready = made.is_ok();
+            }
+            self.free_on_demand.add_permits(1);
+            if let Err(e) = made {
+                tracing::warn!(slot = index, error = %e, "a kernel slot could not be made ready");
+                return;
+            }
+        }
+    }
+
+    fn refill_in_background(self: &Arc<Self>) {
+        let pool = Arc::clone(self);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(move || pool.refill());
+            }
+            Err(_) => pool.refill(),
         }
     }
 
@@ -290,6 +362,70 @@ mod tests {
             .expect("kernel slot");
         assert_eq!(again.index(), index);
         assert_eq!(std::fs::read_dir(&area).expect("read").count(), 0);
+    }
+
+    fn ready_count(pool: &Arc<SlotPool>) -> usize {
+        pool.states()
+            .iter()
+            .filter(|s| s.ready && s.is_free())
+            .count()
+    }
+
+    #[tokio::test]
+    async fn kernel_slots_are_made_ready_ahead_and_taken_first() {
+        let (_dir, pool) = with_on_demand(7, 6);
+        pool.refill();
+        assert_eq!(ready_count(&pool), READY_KERNEL_SLOTS);
+        // a run never takes a kernel slot, ready or not
+        let run = pool.acquire().await;
+        assert_eq!(run.index(), 0);
+        let (k, was_ready) = pool.take_free(&pool.free_on_demand, 1..7).await;
+        assert!(was_ready, "a ready kernel slot is taken first");
+        assert_eq!(ready_count(&pool), READY_KERNEL_SLOTS - 1);
+        pool.refill();
+        assert_eq!(ready_count(&pool), READY_KERNEL_SLOTS);
+        // every kernel slot can still be taken, ready or not, and no more
+        let mut held = vec![k];
+        for _ in 1..6 {
+            let slot = tokio::time::timeout(Duration::from_secs(5), pool.acquire_on_demand())
+                .await
+                .expect("a free kernel slot")
+                .expect("kernel slot");
+            held.push(slot);
+        }
+        let mut got: Vec<u32> = held.iter().map(Slot::index).collect();
+        got.sort_unstable();
+        assert_eq!(got, [1, 2, 3, 4, 5, 6]);
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(50), pool.acquire_on_demand()).await;
+        assert!(waiting.is_err(), "all kernel slots are held");
+        assert_eq!(ready_count(&pool), 0);
+        drop(held);
+        let refilled = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                pool.refill();
+                if ready_count(&pool) == READY_KERNEL_SLOTS {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            refilled.is_ok(),
+            "released kernel slots are made ready again"
+        );
+    }
+
+    #[tokio::test]
+    async fn fewer_kernel_slots_than_the_ready_count_are_all_made_ready() {
+        let (_dir, pool) = with_on_demand(3, 2);
+        pool.refill();
+        assert_eq!(ready_count(&pool), 2);
+        let a = pool.acquire_on_demand().await.expect("kernel slot");
+        let b = pool.acquire_on_demand().await.expect("kernel slot");
+        assert_ne!(a.index(), b.index());
+        assert!(a.index() >= 1 && b.index() >= 1);
     }
 
     #[tokio::test]

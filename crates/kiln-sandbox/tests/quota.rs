@@ -16,7 +16,8 @@ use std::time::Duration;
 use common::*;
 use kiln_core::{ExitStatus, Limits};
 use kiln_sandbox::{
-    QuotaMode, RunResult, Sandbox, SandboxConfig, SandboxError, Slot, WorkspaceQuota,
+    QuotaMode, READY_KERNEL_SLOTS, RunResult, Sandbox, SandboxConfig, SandboxError, Slot,
+    WorkspaceQuota,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -415,23 +416,37 @@ fn a_process_ending_while_another_thread_tears_its_slots_down_leaves_no_mount() 
 }
 
 /// Slot images (`<i>.img`) in a slots dir: one loop device each while
-/// mounted.
+/// mounted (the template the images are copied from is not one).
 fn images_in(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.strip_suffix(".img")
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+                })
                 .count()
         })
         .unwrap_or(0)
 }
 
-/// Kernel slots have a filesystem only while held: a sandbox with 64 of
-/// them mounts no more at start than one with 3 (only the run slots);
-/// taking two adds exactly two mounts and images, which work as a quota
-/// area, and dropping them removes exactly those two again.
+/// Waits up to 20 s for `f` to hold.
+async fn eventually(f: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() && t.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Kernel slots have a filesystem only while held, but for the few kept
+/// ready ahead (`READY_KERNEL_SLOTS`): a sandbox with 64 of them mounts no
+/// more at start than the run slots and the ready ones; taking two takes
+/// ready ones (each its own filesystem, working as a quota area) and two
+/// more are made ready behind them; dropping them removes exactly those
+/// two again.
 #[tokio::test]
-async fn kernel_slots_are_mounted_only_while_a_kernel_holds_them() {
+async fn kernel_slots_are_mounted_only_while_a_kernel_holds_them_or_ready_ahead() {
     const RUN_SLOTS: u32 = 2;
     let uid_base = 2_100_000_000;
     let with_kernel_slots = |name: &str, kernel_slots: u32| {
@@ -454,6 +469,7 @@ async fn kernel_slots_are_mounted_only_while_a_kernel_holds_them() {
         return;
     };
     let few_mounts = mounts_under(&slots_dir("kernels-3")).len();
+    assert_eq!(few_mounts, RUN_SLOTS as usize + 3);
     drop(few);
     let Some(sb) = with_kernel_slots("kernels-64", 64) else {
         return;
@@ -461,24 +477,25 @@ async fn kernel_slots_are_mounted_only_while_a_kernel_holds_them() {
     let dir = slots_dir("kernels-64");
     let start_mounts = mounts_under(&dir);
     let at_start = start_mounts.len();
-    assert_eq!(at_start, RUN_SLOTS as usize, "{start_mounts:?}");
-    assert_eq!(at_start, few_mounts);
-    assert_eq!(images_in(&dir), RUN_SLOTS as usize);
+    let ahead = RUN_SLOTS as usize + READY_KERNEL_SLOTS;
+    assert_eq!(at_start, ahead, "{start_mounts:?}");
+    assert_eq!(images_in(&dir), ahead);
 
     let a = sb.acquire_kernel_slot().await.expect("kernel slot");
     let b = sb.acquire_kernel_slot().await.expect("kernel slot");
     assert!(a.index() >= RUN_SLOTS && b.index() >= RUN_SLOTS);
-    assert_eq!(mounts_under(&dir).len(), at_start + 2);
-    assert_eq!(images_in(&dir), RUN_SLOTS as usize + 2);
     for slot in [&a, &b] {
         assert!(
-            mounts_under(&dir)
+            start_mounts
                 .iter()
                 .any(|m| Path::new(m) == slot.workspace_parent()),
-            "kernel slot {} has no filesystem of its own",
+            "kernel slot {} was not one made ready at start",
             slot.index()
         );
     }
+    eventually(|| mounts_under(&dir).len() == at_start + 2).await;
+    assert_eq!(mounts_under(&dir).len(), at_start + 2);
+    assert_eq!(images_in(&dir), ahead + 2);
     let ws = workspace(&a);
     let r = run_in(&sb, &a, &ws, FILL).await;
     assert_eq!(stdout(&r).trim(), "No space left on device", "{r:?}");
@@ -486,16 +503,11 @@ async fn kernel_slots_are_mounted_only_while_a_kernel_holds_them() {
 
     drop(a);
     drop(b);
-    let t = std::time::Instant::now();
-    while mounts_under(&dir).len() > at_start && t.elapsed() < Duration::from_secs(20) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(mounts_under(&dir), start_mounts);
-    let t = std::time::Instant::now();
-    while images_in(&dir) > RUN_SLOTS as usize && t.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(images_in(&dir), RUN_SLOTS as usize);
+    eventually(|| mounts_under(&dir).len() == at_start).await;
+    assert_eq!(mounts_under(&dir).len(), at_start);
+    eventually(|| images_in(&dir) == ahead).await;
+    assert_eq!(images_in(&dir), ahead);
     sb.shutdown();
     assert!(mounts_under(&dir).is_empty());
+    assert!(!dir.exists(), "the template is removed with the slots");
 }

@@ -555,10 +555,12 @@ impl Config {
             bail!("session_ttl_secs must be at least 1");
         }
         self.runtime_session_mode()?;
-        if self.max_sessions > sessions::MAX_SESSIONS_LIMIT || self.max_sessions_per_user == 0 {
+        let most = SessionSizing::for_this_machine().most_sessions;
+        if self.max_sessions > most || self.max_sessions_per_user == 0 {
             bail!(
-                "max_sessions must be at most {} and max_sessions_per_user at least 1",
-                sessions::MAX_SESSIONS_LIMIT
+                "max_sessions must be at most {most} here ({} MiB of memory per idle kernel) \
+                 and max_sessions_per_user at least 1",
+                sessions::IDLE_KERNEL_BYTES >> 20
             );
         }
         if self.bridge_sandboxes_per_user == 0 || self.bridge_idle_ttl_secs == 0 {

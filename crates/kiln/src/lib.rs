@@ -641,11 +641,28 @@ fn spawn_heartbeat(
     })
 }
 
+/// Raises the soft limit of open files to the hard one: every live kernel
+/// holds a few descriptors in the server (its pipes and process handle), so
+/// a thousand kernels need more than the 1,024 a service usually starts
+/// with (systemd's hard limit is 524,288). Jails set their own limit.
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "open files limit raised"),
+            Err(e) => warn!(error = %e, soft, hard, "open files limit not raised"),
+        },
+        Ok((soft, _)) => info!(limit = soft, "open files limit"),
+        Err(e) => warn!(error = %e, "open files limit unknown"),
+    }
+}
+
 /// `kiln serve`: log setup, build, bind, serve until SIGTERM/SIGINT.
 pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     init_logging(&config.log_format);
     let addr = config.listen_addr()?;
     log_startup(&config)?;
+    raise_open_files();
     match kiln_sandbox::own_mount_namespace() {
         Some(Ok(())) => info!(
             "mount namespace: Kiln's own (its slot filesystems vanish with its last process, even after SIGKILL)"

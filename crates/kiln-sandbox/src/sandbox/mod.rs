@@ -153,6 +153,8 @@ impl Sandbox {
             cfg.kernel_slots,
             Arc::clone(&areas),
         );
+        // the first kernels find their filesystems made
+        slots.refill();
         let launcher = match Launcher::start(&cfg.helper) {
             Ok(l) => {
                 tracing::info!(pid = l.pid(), "jail launcher ready");
@@ -212,9 +214,9 @@ impl Sandbox {
     }
 
     /// Takes a free slot kept for live kernels (`kernel_slots`), waiting
-    /// while all are busy, and gives it its workspace filesystem; the
-    /// filesystem goes away again when the slot is dropped and its runs
-    /// are over. Without kernel slots, any free slot.
+    /// while all are busy, with its workspace filesystem (made ahead for a
+    /// few, else now); the filesystem goes away again when the slot is
+    /// dropped and its runs are over. Without kernel slots, any free slot.
     pub async fn acquire_kernel_slot(&self) -> Result<Slot, SandboxError> {
         self.inner
             .slots

@@ -1,6 +1,6 @@
 //! The default number of live kernels, sized from the machine: the memory
 //! Kiln may use (the host's `MemTotal`, or less when its cgroup is limited)
-//! and the measured cost of an idle kernel (BENCHMARKS.md: 6.2 MiB private
+//! and the measured cost of an idle kernel (BENCHMARKS.md: 6.7 MiB PSS
 //! for `py`, 14.8 MiB for `js`). An explicit `max_sessions` or
 //! `max_sessions_per_user` (TOML, `KILN_*`) always wins.
 
@@ -12,8 +12,17 @@ pub const KERNEL_BUDGET_BYTES: u64 = 64 << 20;
 /// The share of the machine's memory idle kernels may take at most: the
 /// rest is for one-shot runs, the warm pool and the server.
 const MEMORY_SHARE_DIVISOR: u64 = 2;
-/// The most `max_sessions` the configuration accepts (uid slots).
-pub const MAX_SESSIONS_LIMIT: u32 = 256;
+/// Memory per kernel at the most `max_sessions` accepted: an idle `py`
+/// kernel takes ~6.7 MiB (PSS: 6.5 private and its share of the template),
+/// a `js` one ~15 MiB (BENCHMARKS.md, "Live-kernel density").
+pub const IDLE_KERNEL_BYTES: u64 = 16 << 20;
+/// The most `max_sessions` accepted whatever the memory (what the old
+/// fixed limit allowed), and when the memory is unknown.
+const MOST_SESSIONS_FLOOR: u32 = 256;
+/// The most `max_sessions` accepted at all: uid slots of 65,536 ids above
+/// the default `uid_base` fit below 2^32 up to ~65,500; kernels beyond a
+/// few thousand per node want more nodes.
+const MOST_SESSIONS_CEILING: u32 = 16_384;
 /// The default when the machine's memory is unknown, or very small.
 const FLOOR_SESSIONS: u32 = 3;
 
@@ -21,6 +30,9 @@ const FLOOR_SESSIONS: u32 = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionSizing {
     pub max_sessions: u32,
+    /// The most `max_sessions` this memory allows (what the configuration
+    /// accepts): every kernel idle at [`IDLE_KERNEL_BYTES`].
+    pub most_sessions: u32,
     pub max_sessions_per_user: usize,
     /// The memory they were sized from; `None` when it could not be read.
     pub memory_bytes: Option<u64>,
@@ -28,18 +40,26 @@ pub struct SessionSizing {
 
 impl SessionSizing {
     /// Sized for `memory_bytes` of memory: half of it in
-    /// [`KERNEL_BUDGET_BYTES`] per kernel, between 3 and 256; one principal
-    /// may hold half of them (at least 2), so one LibreChat (all of its
-    /// users under one key) gets many while another key still finds room.
+    /// [`KERNEL_BUDGET_BYTES`] per kernel, at least 3; one principal may
+    /// hold half of them (at least 2), so one LibreChat (all of its users
+    /// under one key) gets many while another key still finds room. The
+    /// most accepted is all of it in [`IDLE_KERNEL_BYTES`] per kernel (at
+    /// least 256, at most 16,384): 1,536 on 24 GiB.
     pub fn for_memory(memory_bytes: Option<u64>) -> SessionSizing {
+        let most_sessions = memory_bytes.map_or(MOST_SESSIONS_FLOOR, |m| {
+            u32::try_from(m / IDLE_KERNEL_BYTES)
+                .unwrap_or(u32::MAX)
+                .clamp(MOST_SESSIONS_FLOOR, MOST_SESSIONS_CEILING)
+        });
         let max_sessions = memory_bytes.map_or(FLOOR_SESSIONS, |m| {
             let n = m / MEMORY_SHARE_DIVISOR / KERNEL_BUDGET_BYTES;
             u32::try_from(n)
-                .unwrap_or(MAX_SESSIONS_LIMIT)
-                .clamp(FLOOR_SESSIONS, MAX_SESSIONS_LIMIT)
+                .unwrap_or(u32::MAX)
+                .clamp(FLOOR_SESSIONS, most_sessions)
         });
         SessionSizing {
             max_sessions,
+            most_sessions,
             max_sessions_per_user: (max_sessions as usize / 2).max(2),
             memory_bytes,
         }
@@ -56,13 +76,19 @@ impl SessionSizing {
         match self.memory_bytes {
             Some(m) => format!(
                 "sized from {:.1} GiB of memory: half of it at {} MiB per kernel \
-                 (an idle py kernel takes 6.2 MiB, js 14.8 MiB), at most {}; \
-                 half of them per principal",
+                 (an idle py kernel takes ~6.7 MiB, js ~15 MiB); half of them per \
+                 principal; max_sessions may be set up to {} (all of it at {} MiB \
+                 per idle kernel)",
                 m as f64 / f64::from(1u32 << 30),
                 KERNEL_BUDGET_BYTES >> 20,
-                MAX_SESSIONS_LIMIT
+                self.most_sessions,
+                IDLE_KERNEL_BYTES >> 20
             ),
-            None => "the machine's memory is unknown: the smallest defaults".to_owned(),
+            None => format!(
+                "the machine's memory is unknown: the smallest defaults \
+                 (max_sessions may be set up to {})",
+                self.most_sessions
+            ),
         }
     }
 }
@@ -150,21 +176,34 @@ mod tests {
     }
 
     #[test]
-    fn sizing_stays_between_the_old_defaults_and_the_slot_limit() {
+    fn sizing_stays_between_the_old_defaults_and_what_memory_allows() {
         let tiny = SessionSizing::for_memory(Some(GIB / 4));
         assert_eq!((tiny.max_sessions, tiny.max_sessions_per_user), (3, 2));
+        assert_eq!(tiny.most_sessions, 256);
         let unknown = SessionSizing::for_memory(None);
         assert_eq!(
             (unknown.max_sessions, unknown.max_sessions_per_user),
             (3, 2)
         );
+        assert_eq!(unknown.most_sessions, 256);
         assert!(unknown.why().contains("unknown"));
         let huge = SessionSizing::for_memory(Some(1024 * GIB));
-        assert_eq!(huge.max_sessions, MAX_SESSIONS_LIMIT);
-        assert_eq!(huge.max_sessions_per_user, 128);
+        assert_eq!(huge.max_sessions, 8192);
+        assert_eq!(huge.max_sessions_per_user, 4096);
+        assert_eq!(huge.most_sessions, 16_384);
+        let vast = SessionSizing::for_memory(Some(u64::MAX));
+        assert_eq!(vast.max_sessions, 16_384);
         let four = SessionSizing::for_memory(Some(4 * GIB));
         assert_eq!((four.max_sessions, four.max_sessions_per_user), (32, 16));
         assert!(four.why().contains("4.0 GiB"), "{}", four.why());
+    }
+
+    #[test]
+    fn a_24_gib_node_may_be_set_to_a_thousand_idle_kernels() {
+        let s = SessionSizing::for_memory(Some(24 * GIB));
+        assert_eq!(s.most_sessions, 1536);
+        assert!(s.most_sessions >= 1000);
+        assert!(s.why().contains("set up to 1536"), "{}", s.why());
     }
 
     #[test]
