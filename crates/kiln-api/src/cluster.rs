@@ -109,7 +109,7 @@ pub fn now_ms() -> i64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
     /// A live kernel.
-    Session(Nanoid),
+    Kernel(Nanoid),
     /// A run (streaming, watched by id, or a paused programmatic run).
     Run(Nanoid),
     /// A sandbox of the bridge.
@@ -119,7 +119,7 @@ enum Target {
 impl Target {
     fn kind(&self) -> &'static str {
         match self {
-            Target::Session(_) => KIND_SESSION,
+            Target::Kernel(_) => KIND_SESSION,
             Target::Run(_) => KIND_RUN,
             Target::Sandbox(_) => KIND_SANDBOX,
         }
@@ -127,7 +127,7 @@ impl Target {
 
     fn id(&self) -> &Nanoid {
         match self {
-            Target::Session(id) | Target::Run(id) | Target::Sandbox(id) => id,
+            Target::Kernel(id) | Target::Run(id) | Target::Sandbox(id) => id,
         }
     }
 }
@@ -137,7 +137,7 @@ impl Target {
 fn target_of(affinity: Affinity, params: &Params<'_>) -> Option<Target> {
     let id = |name| Nanoid::try_from(params.get(name)?.to_owned()).ok();
     match affinity {
-        Affinity::Kernel => id("session_id").map(Target::Session),
+        Affinity::Kernel => id("session_id").map(Target::Kernel),
         Affinity::Run => id("run_id").map(Target::Run),
         Affinity::Sandbox => id("id").map(Target::Sandbox),
         _ => None,
@@ -165,7 +165,7 @@ fn continuation_run(body: &[u8]) -> Option<Nanoid> {
 /// Whether this node holds `target` now.
 fn held_here(state: &AppState, target: &Target) -> bool {
     match target {
-        Target::Session(id) => state
+        Target::Kernel(id) => state
             .envs
             .kernels
             .as_ref()
@@ -259,7 +259,7 @@ async fn route(state: &AppState, cluster: &Cluster, mut req: Request, next: Next
     // owner row goes once it answers 204, wherever the request entered
     let closing = path_target.as_ref().filter(|t| {
         method == Method::DELETE
-            && matches!(t, Target::Session(_) | Target::Sandbox(_))
+            && matches!(t, Target::Kernel(_) | Target::Sandbox(_))
             && path.trim_end_matches('/').ends_with(t.id().as_str())
     });
     if from_node {
@@ -538,7 +538,7 @@ async fn claim_started(
         && let Ok(nanoid) = Nanoid::try_from(id.to_owned())
     {
         let target = match made {
-            Made::Kernel => Target::Session(nanoid),
+            Made::Kernel => Target::Kernel(nanoid),
             Made::Sandbox => Target::Sandbox(nanoid),
         };
         if held_here(state, &target) {
@@ -683,7 +683,7 @@ mod tests {
     #[test]
     fn kernel_and_run_paths_name_their_owner_kind_and_stored_files_do_not() {
         let id = "V1StGXR8_Z5jdHi6B-myT";
-        let session = Some(Target::Session(Nanoid::try_from(id.to_owned()).unwrap()));
+        let session = Some(Target::Kernel(Nanoid::try_from(id.to_owned()).unwrap()));
         let run = Some(Target::Run(Nanoid::try_from(id.to_owned()).unwrap()));
         assert_eq!(target_of_path(&format!("/v1/sessions/{id}")), session);
         assert_eq!(target_of_path(&format!("/sessions/{id}/exec")), session);

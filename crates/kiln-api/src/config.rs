@@ -296,7 +296,7 @@ impl Environments {
     /// The live kernels, or 503 when sessions are off.
     pub fn kernels(&self) -> Result<&kiln_exec::kernels::Kernels, crate::error::ApiError> {
         self.kernels.as_ref().ok_or_else(|| {
-            crate::error::ApiError::Session(kiln_exec::kernels::KernelsError::Unavailable(
+            crate::error::ApiError::Kernel(kiln_exec::kernels::KernelsError::Unavailable(
                 "sessions are off".into(),
             ))
         })

@@ -186,7 +186,7 @@ pub enum ApiError {
     },
     /// A sessions API call failed (`sessions.rs` renders it).
     #[error("session: {0}")]
-    Session(#[from] kiln_exec::kernels::KernelsError),
+    Kernel(#[from] kiln_exec::kernels::KernelsError),
     /// A handler panicked (caught by the panic layer).
     #[error("handler panicked: {0}")]
     Panic(String),
@@ -301,7 +301,7 @@ impl ApiError {
             InsufficientStorage(e) => plain(StatusCode::INSUFFICIENT_STORAGE, &storage_refusal(e)),
             ShuttingDown => plain(StatusCode::SERVICE_UNAVAILABLE, "Service is shutting down"),
             Exec(e) => exec_envelope(e),
-            Session(e) => kernel_envelope(e),
+            Kernel(e) => kernel_envelope(e),
             SessionLookup { .. } | Panic(_) | EgressLedger(_) => {
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
             }
@@ -390,7 +390,7 @@ impl IntoResponse for ApiError {
         if let ApiError::RateLimited { verdict, .. } = &self {
             crate::limits::stamp(resp.headers_mut(), verdict);
         }
-        if let ApiError::Session(
+        if let ApiError::Kernel(
             kiln_exec::kernels::KernelsError::NodeFull(_)
             | kiln_exec::kernels::KernelsError::OwnerCap(_),
         ) = &self

@@ -12,7 +12,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use kiln_core::access::Caller;
 use kiln_exec::eval::Eval;
-use kiln_exec::kernels::{EvalResult, Kernels, Session};
+use kiln_exec::kernels::{EvalResult, Kernel, Kernels};
 use kiln_exec::{ExecError, ExecResult, RunEvent, RunHandle, StartOptions, Stream, Watch, Work};
 
 use crate::config::AppState;
@@ -28,7 +28,7 @@ pub fn start(
     headers: &HeaderMap,
     caller: Caller,
     kernels: &Kernels,
-    session: Arc<Session>,
+    session: Arc<Kernel>,
     code: String,
     timeout: Option<Duration>,
 ) -> Result<Watch, ApiError> {
@@ -48,7 +48,7 @@ pub fn answer(outcome: &Result<ExecResult, ExecError>) -> Result<Arc<EvalResult>
             .evaluation
             .clone()
             .ok_or_else(|| ApiError::Exec(ExecError::Internal("the run evaluated nothing".into()))),
-        Err(ExecError::Kernel(e)) => Err(ApiError::Session(e.clone())),
+        Err(ExecError::Kernel(e)) => Err(ApiError::Kernel(e.clone())),
         Err(e) => Err(ApiError::Exec(e.clone())),
     }
 }

@@ -29,7 +29,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Action::{self, Control, Read};
 use kiln_core::{Owner, RelPath};
-use kiln_exec::kernels::{EvalResult, Kernels, Session, SessionInfo};
+use kiln_exec::kernels::{EvalResult, Kernel, Kernels, SessionInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -246,7 +246,7 @@ pub(crate) fn find(
     headers: &HeaderMap,
     id: &str,
     action: Action,
-) -> Result<Arc<Session>, ApiError> {
+) -> Result<Arc<Kernel>, ApiError> {
     let id = parse_id(id)?;
     let (caller, _) = owner_of(state, identity, headers)?;
     let session = kernels(state)?.get(&id)?;

@@ -17,14 +17,14 @@ use std::time::Duration;
 use kiln_core::{ExitStatus, Nanoid, RunStatus, StepUsage, Usage};
 use kiln_sandbox::EvalResult;
 
-use crate::kernels::{Kernels, Session};
+use crate::kernels::{Kernel, Kernels};
 use crate::runs::{RunContext, Step};
 use crate::types::{ExecError, ExecResult};
 
 /// Code to evaluate in a live kernel.
 pub struct Eval {
     kernels: Kernels,
-    session: Arc<Session>,
+    session: Arc<Kernel>,
     code: String,
     timeout: Option<Duration>,
 }
@@ -43,7 +43,7 @@ impl Eval {
     /// `timeout` (at most the registry's).
     pub fn new(
         kernels: &Kernels,
-        session: Arc<Session>,
+        session: Arc<Kernel>,
         code: String,
         timeout: Option<Duration>,
     ) -> Eval {

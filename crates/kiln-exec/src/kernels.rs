@@ -110,7 +110,7 @@ struct Clock {
 }
 
 /// One live kernel and what the registry knows of it.
-pub struct Session {
+pub struct Kernel {
     id: Nanoid,
     owner: Owner,
     lang: &'static str,
@@ -138,7 +138,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Session {
+impl Kernel {
     /// Who created it (faces ask [`kiln_core::access::may`] with it).
     pub fn owner(&self) -> &Owner {
         &self.owner
@@ -212,7 +212,7 @@ struct Inner {
     host: Arc<dyn KernelHost>,
     cfg: KernelsConfig,
     /// The sessions, with their idle TTL and maximum age.
-    sessions: Expiring<Nanoid, Arc<Session>>,
+    sessions: Expiring<Nanoid, Arc<Kernel>>,
     /// Live kernels (and kernels being started) per owner and on the node.
     caps: Caps,
 }
@@ -289,7 +289,7 @@ impl Kernels {
             .start(language, cfg.limits.clone(), cfg.max_age)
             .await?;
         let now = SystemTime::now();
-        let session = Arc::new(Session {
+        let session = Arc::new(Kernel {
             id: Nanoid::random(),
             owner: owner.clone(),
             lang: language.name(),
@@ -325,7 +325,7 @@ impl Kernels {
     /// shown, as in a fresh process; an exception's traceback goes to
     /// stderr with exit code 1, `SystemExit` exits with its code); its usage
     /// is the evaluation's.
-    pub fn seat(&self, session: Arc<Session>) -> crate::JailOverride {
+    pub fn seat(&self, session: Arc<Kernel>) -> crate::JailOverride {
         crate::JailOverride(Arc::new(Seat {
             kernels: self.clone(),
             session,
@@ -334,11 +334,11 @@ impl Kernels {
 
     /// The session `id`, whoever owns it (the face checks the owner with
     /// the access rule).
-    pub fn get(&self, id: &Nanoid) -> Result<Arc<Session>, KernelsError> {
+    pub fn get(&self, id: &Nanoid) -> Result<Arc<Kernel>, KernelsError> {
         self.inner.sessions.get(id).ok_or(KernelsError::NotFound)
     }
 
-    pub fn info(&self, session: &Session) -> SessionInfo {
+    pub fn info(&self, session: &Kernel) -> SessionInfo {
         session.info(self.inner.cfg.max_age)
     }
 
@@ -359,7 +359,7 @@ impl Kernels {
     }
 
     /// Marks `session` used now (`evaluated`: by one more evaluation).
-    fn touch(&self, session: &Session, evaluated: bool) {
+    fn touch(&self, session: &Kernel, evaluated: bool) {
         session.touch(evaluated);
         self.inner.sessions.touch(&session.id);
     }
@@ -387,7 +387,7 @@ impl Kernels {
     /// does not cut it short (the kernel's replies stay in step).
     pub(crate) async fn evaluate(
         &self,
-        session: Arc<Session>,
+        session: Arc<Kernel>,
         code: String,
         timeout: Option<Duration>,
         sink: Option<OutputSink>,
@@ -445,7 +445,7 @@ impl Kernels {
 
     /// Interrupts the evaluation running in `session`, if any: the run
     /// evaluating is cancelled (on request), which interrupts the kernel.
-    pub async fn interrupt(&self, session: &Session) -> Result<(), KernelsError> {
+    pub async fn interrupt(&self, session: &Kernel) -> Result<(), KernelsError> {
         let current = lock(&session.current).clone();
         let alive = match current {
             Some(run) => {
@@ -465,7 +465,7 @@ impl Kernels {
 
     /// The session's workspace, open for host access (`workspace.rs`: no
     /// path the jail controls is followed).
-    fn workspace(session: &Session) -> Result<Workspace, KernelsError> {
+    fn workspace(session: &Kernel) -> Result<Workspace, KernelsError> {
         let (Some(path), Some(owner)) = (session.workspace(), session.file_owner()) else {
             return Err(KernelsError::Lost(
                 session.kernel.lost().unwrap_or(KernelLost::Closed),
@@ -478,7 +478,7 @@ impl Kernels {
     /// sorted; links and special files are not listed, nor followed.
     pub async fn list_files(
         &self,
-        session: Arc<Session>,
+        session: Arc<Kernel>,
     ) -> Result<Vec<(String, u64)>, KernelsError> {
         blocking(move || {
             let ws = Self::workspace(&session)?;
@@ -520,7 +520,7 @@ impl Kernels {
     /// The regular file `path` of the session's workspace and its size.
     pub async fn read_file(
         &self,
-        session: Arc<Session>,
+        session: Arc<Kernel>,
         path: RelPath,
     ) -> Result<(std::fs::File, u64), KernelsError> {
         blocking(move || {
@@ -537,7 +537,7 @@ impl Kernels {
     /// created), owned by the kernel's user.
     pub async fn write_file(
         &self,
-        session: Arc<Session>,
+        session: Arc<Kernel>,
         path: RelPath,
         bytes: bytes::Bytes,
     ) -> Result<(), KernelsError> {
@@ -554,7 +554,7 @@ impl Kernels {
     /// no regular file of that name.
     pub async fn delete_file(
         &self,
-        session: Arc<Session>,
+        session: Arc<Kernel>,
         path: RelPath,
     ) -> Result<(), KernelsError> {
         blocking(move || {
@@ -569,7 +569,7 @@ impl Kernels {
 
     /// Every session this node holds (live or lost, not yet forgotten),
     /// oldest first: the operator's view, whoever owns them.
-    pub fn list(&self) -> Vec<Arc<Session>> {
+    pub fn list(&self) -> Vec<Arc<Kernel>> {
         let mut all = self.inner.sessions.values();
         all.sort_by_key(|s| s.created);
         all
@@ -592,7 +592,7 @@ impl Kernels {
     pub async fn sweep(&self) -> usize {
         let now = Instant::now();
         // an evaluation in progress holds its kernel (and will touch it)
-        let expired: Vec<Arc<Session>> = self
+        let expired: Vec<Arc<Kernel>> = self
             .inner
             .sessions
             .expired(now)
@@ -622,10 +622,10 @@ impl Kernels {
 /// A kernel lent to one run of the pipeline.
 struct Seat {
     kernels: Kernels,
-    session: Arc<Session>,
+    session: Arc<Kernel>,
 }
 
-fn lost_error(session: &Session) -> SandboxError {
+fn lost_error(session: &Kernel) -> SandboxError {
     SandboxError::Setup(format!(
         "session lost: {}",
         session.kernel.lost().unwrap_or(KernelLost::Closed)
@@ -655,7 +655,7 @@ impl Jails for Seat {
 
 struct SeatJail {
     kernels: Kernels,
-    session: Arc<Session>,
+    session: Arc<Kernel>,
     path: std::path::PathBuf,
     owner: (u32, u32),
 }
@@ -663,7 +663,7 @@ struct SeatJail {
 impl SeatJail {
     fn new(
         kernels: &Kernels,
-        session: &Arc<Session>,
+        session: &Arc<Kernel>,
         path: std::path::PathBuf,
         owner: (u32, u32),
     ) -> SeatJail {
@@ -822,7 +822,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| KernelsError::Files(e.to_string()))?
 }
 
-async fn close(session: &Session) {
+async fn close(session: &Kernel) {
     session.kernel.close().await;
     lock(&session.cap).take();
     session.kernel.release();

@@ -159,7 +159,7 @@ fn owner(user: &str) -> Owner {
     Owner::of(&Caller::identified("local", user))
 }
 
-async fn session(kernels: &Kernels, user: &str) -> Arc<Session> {
+async fn session(kernels: &Kernels, user: &str) -> Arc<Kernel> {
     let info = kernels
         .create(&owner(user), "py", None)
         .await

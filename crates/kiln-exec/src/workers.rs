@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use kiln_core::{Language, Nanoid, Owner};
 
-use crate::kernels::{Kernels, KernelsError, Session};
+use crate::kernels::{Kernel, Kernels, KernelsError};
 
 /// A name's kernel id, locked while it is looked up or started. Not a
 /// [`crate::turns::Turn`]: it guards a value (which kernel the name has)
@@ -92,7 +92,7 @@ impl Workers {
         owner: &Owner,
         name: &WorkerName,
         lang: Language,
-    ) -> Result<(Arc<Session>, bool), KernelsError> {
+    ) -> Result<(Arc<Kernel>, bool), KernelsError> {
         let entry = self.entry(owner, name);
         let mut id = entry.lock().await;
         if let Some(current) = id.as_ref() {
@@ -113,7 +113,7 @@ impl Workers {
     }
 
     /// The live kernel `name` of `owner`, if one runs; never starts one.
-    pub fn find(&self, owner: &Owner, name: &WorkerName) -> Option<Arc<Session>> {
+    pub fn find(&self, owner: &Owner, name: &WorkerName) -> Option<Arc<Kernel>> {
         let entry = lock(&self.names)
             .get(&(owner.clone(), name.clone()))
             .cloned()?;

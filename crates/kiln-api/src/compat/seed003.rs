@@ -32,7 +32,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use kiln_core::access::Action::{self, Control, Read};
 use kiln_core::{Language, Owner, RelPath};
-use kiln_exec::kernels::Session;
+use kiln_exec::kernels::Kernel;
 use kiln_exec::workers::WorkerName;
 use serde::Deserialize;
 
@@ -91,7 +91,7 @@ async fn session(
     headers: &HeaderMap,
     session_id: &Option<String>,
     action: Action,
-) -> Result<(Arc<Session>, String), Fail> {
+) -> Result<(Arc<Kernel>, String), Fail> {
     let workers = workers(state)?;
     let (caller, owner) = caller(state, identity, headers)?;
     match session_id.as_deref() {

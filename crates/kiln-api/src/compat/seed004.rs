@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures::{StreamExt, TryStreamExt};
 use kiln_core::{Language, Owner, RelPath};
-use kiln_exec::kernels::{EvalResult, KernelsError, Session};
+use kiln_exec::kernels::{EvalResult, Kernel, KernelsError};
 use kiln_exec::workers::{WorkerName, Workers};
 use kiln_exec::{FetchError, Fetcher};
 use serde::{Deserialize, Serialize};
@@ -193,7 +193,7 @@ pub fn result_text(r: &EvalResult) -> Option<String> {
 /// The last PNG the evaluation wrote (a saved or shown figure), base64.
 async fn figure(
     workers: &Workers,
-    session: &Arc<Session>,
+    session: &Arc<Kernel>,
     r: &EvalResult,
 ) -> Result<Option<String>, Fail> {
     let Some(png) = r
@@ -264,7 +264,7 @@ pub async fn execute(
             ));
         }
         Ok(r) => r,
-        Err(ApiError::Session(KernelsError::Lost(why))) => {
+        Err(ApiError::Kernel(KernelsError::Lost(why))) => {
             workers.release(&owner, &user).await;
             return Err(Fail::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -283,7 +283,7 @@ pub async fn execute(
     Ok(resp)
 }
 
-fn session_id(workers: &Workers, session: &Session) -> String {
+fn session_id(workers: &Workers, session: &Kernel) -> String {
     workers.kernels().info(session).id.as_str().to_owned()
 }
 

@@ -62,7 +62,7 @@ impl<E> From<ApiError> for Fail<E> {
 
 impl<E> From<kiln_exec::kernels::KernelsError> for Fail<E> {
     fn from(e: kiln_exec::kernels::KernelsError) -> Fail<E> {
-        ApiError::Session(e).into()
+        ApiError::Kernel(e).into()
     }
 }
 

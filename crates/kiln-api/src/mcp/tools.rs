@@ -14,7 +14,7 @@ use futures::TryStreamExt as _;
 use kiln_core::access::{Action, Caller, Claim};
 use kiln_core::outcome::{ExitStatus, signal_name};
 use kiln_core::{Language, Nanoid, RelPath};
-use kiln_exec::kernels::{EvalResult, Session};
+use kiln_exec::kernels::{EvalResult, Kernel};
 use kiln_exec::{ExecError, ExecResult, InputFile, StartOptions};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use serde_json::{Map, Value, json};
@@ -376,7 +376,7 @@ async fn evaluate(
 
 async fn render_eval(
     kernels: &kiln_exec::kernels::Kernels,
-    session: &Arc<Session>,
+    session: &Arc<Kernel>,
     id: &str,
     r: &EvalResult,
 ) -> Value {
@@ -625,7 +625,7 @@ async fn stored_bytes(
 /// A workspace file's bytes (at most `limit`).
 async fn workspace_bytes(
     kernels: &kiln_exec::kernels::Kernels,
-    session: Arc<Session>,
+    session: Arc<Kernel>,
     path: RelPath,
     limit: u64,
 ) -> Result<Vec<u8>, ApiError> {
