@@ -74,7 +74,7 @@ pub struct ApiConfig {
     /// Serve the operator's web console at `/console/`.
     pub console: bool,
     /// Programmatic tool calling: token secret, cap, limits.
-    pub ptc: crate::ptc::PtcSettings,
+    pub ptc: kiln_exec::ptc::registry::PtcSettings,
     /// LibreChat's stateful profile: what `runtime_session_hint` does.
     pub runtime_session_mode: RuntimeSessionMode,
     /// How long a call waits for its runtime session's previous call
@@ -139,7 +139,7 @@ impl Default for ApiConfig {
             metrics_require_key: false,
             rate_limits: crate::limits::RateRules::default(),
             console: true,
-            ptc: crate::ptc::PtcSettings::default(),
+            ptc: kiln_exec::ptc::registry::PtcSettings::default(),
             runtime_session_mode: RuntimeSessionMode::default(),
             runtime_session_busy_wait: RUNTIME_BUSY_WAIT,
             runtime_session_live: false,
@@ -264,7 +264,7 @@ pub struct AppState {
     /// Seed 000's named file sessions.
     pub sessions: Arc<FileSessions>,
     /// Programmatic executions and requests in flight.
-    pub ptc: Arc<crate::ptc::Programmatic>,
+    pub ptc: Arc<kiln_exec::ptc::registry::Programmatic>,
     /// Live kernels, named kernels, projects and sandboxes.
     pub envs: Environments,
     /// What the operator's routes read: health, metrics, the sandbox.
@@ -358,7 +358,9 @@ impl AppState {
             )),
             store,
             rates: Arc::new(crate::limits::RateLimits::new(config.rate_limits)),
-            ptc: Arc::new(crate::ptc::Programmatic::new(config.ptc.clone())),
+            ptc: Arc::new(kiln_exec::ptc::registry::Programmatic::new(
+                config.ptc.clone(),
+            )),
             config: Arc::new(config),
             shutdown: CancellationToken::new(),
             cluster: None,

@@ -62,7 +62,6 @@ pub mod openapi;
 pub mod ops;
 pub mod origin;
 pub mod proxy;
-pub mod ptc;
 pub mod rate;
 pub mod runs;
 pub mod server;

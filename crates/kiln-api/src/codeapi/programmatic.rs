@@ -29,7 +29,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::Json;
 use axum::extract::State;
@@ -52,9 +51,9 @@ use crate::error::ApiError;
 use crate::identity::{Identity, header_user_id, policy, resolve_caller};
 use crate::kit::envelope::plain;
 use crate::kit::{Admitted, BodyKind, Open, Unresolved};
-use crate::ptc::{Execution, InFlight, lock, unix_now};
-pub use crate::ptc::{Programmatic, PtcSettings};
 use crate::rate::{Peer, stamp, starts_code};
+use kiln_exec::ptc::registry::{Execution, InFlight, lock, unix_now};
+pub use kiln_exec::ptc::registry::{Programmatic, PtcSettings};
 
 /// The header that names a programmatic request (for cancellation).
 pub const REQUEST_ID_HEADER: &str = "x-librechat-code-request-id";
@@ -590,11 +589,11 @@ async fn advance(
             exec.run.cancel();
             let _ = exec.run.outcome().await;
             exec.release();
-            touch(exec);
+            exec.touch();
             return (StatusCode::OK, error_body(exec, "Programmatic execution request cancelled", None));
         }
     };
-    touch(exec);
+    exec.touch();
     if let Some(rounds) = stop {
         let calls = exec.bridge.open_round();
         let (out, err) = partial(exec);
@@ -638,17 +637,6 @@ async fn advance(
         ),
         Err(e) => ApiError::Exec(e.clone()).status_and_body(),
     }
-}
-
-impl Execution {
-    /// Gives the run's place under the caps back (its run ended).
-    fn release(&self) {
-        lock(&self.place).take();
-    }
-}
-
-fn touch(exec: &Execution) {
-    lock(&exec.progress).touched = Some(Instant::now());
 }
 
 /// Output written since the last answer.

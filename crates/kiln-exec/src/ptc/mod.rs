@@ -20,6 +20,7 @@
 
 mod channel;
 pub mod program;
+pub mod registry;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

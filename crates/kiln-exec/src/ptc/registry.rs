@@ -1,20 +1,21 @@
-//! The registry of programmatic executions (LibreChat's programmatic
-//! tool calling): paused runs by id, the requests in flight by their
-//! request id, the per-principal and node caps, and the continuation
-//! tokens' signing. Domain state the face (`codeapi::programmatic`)
-//! renders; no face module is imported here.
+//! The registry of programmatic executions (the application layer of
+//! LibreChat's programmatic tool calling): paused runs by id, the requests
+//! in flight by their request id, the per-principal and node caps, and the
+//! continuation tokens' signing. Domain state that the face
+//! (`kiln-api`'s `codeapi::programmatic`) renders; the one wire value kept
+//! here is the face's own last answer, opaque, replayed to a retry.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use super::{Bridge, PtcLimits, ToolResult};
+use crate::RunHandle;
+use crate::caps::{CapGuard, Caps};
+use crate::turns::Turn;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kiln_core::Owner;
-use kiln_exec::RunHandle;
-use kiln_exec::caps::{CapGuard, Caps};
-use kiln_exec::ptc::{Bridge, PtcLimits, ToolResult};
-use kiln_exec::turns::Turn;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -57,45 +58,57 @@ impl std::fmt::Debug for PtcSettings {
 }
 
 /// One programmatic execution.
-pub(crate) struct Execution {
-    pub(crate) run: RunHandle,
-    pub(crate) bridge: Arc<Bridge>,
-    pub(crate) owner: Owner,
+pub struct Execution {
+    pub run: RunHandle,
+    pub bridge: Arc<Bridge>,
+    pub owner: Owner,
     /// What the answers call `session_id` until the run has its outputs.
-    pub(crate) session_id: String,
+    pub session_id: String,
     /// Held while a request (the first, or a continuation) is served.
-    pub(crate) busy: Turn,
+    pub busy: Turn,
     /// Its place under the caps, given back when the run ends.
-    pub(crate) place: Mutex<Option<CapGuard>>,
-    pub(crate) progress: Mutex<Progress>,
+    pub place: Mutex<Option<CapGuard>>,
+    pub progress: Mutex<Progress>,
 }
 
 #[derive(Default)]
-pub(crate) struct Progress {
+pub struct Progress {
     /// Output already returned as `partial_*`.
-    pub(crate) stdout_at: usize,
-    pub(crate) stderr_at: usize,
+    pub stdout_at: usize,
+    pub stderr_at: usize,
     /// Rounds already answered with `tool_call_required`.
-    pub(crate) rounds_seen: u32,
+    pub rounds_seen: u32,
     /// The last continuation's results and answer (a retry gets it again).
-    pub(crate) last: Option<(Vec<(String, ToolResult)>, Value)>,
-    pub(crate) touched: Option<Instant>,
+    pub last: Option<(Vec<(String, ToolResult)>, Value)>,
+    pub touched: Option<Instant>,
+}
+
+impl Execution {
+    /// Gives the run's place under the caps back (its run ended).
+    pub fn release(&self) {
+        lock(&self.place).take();
+    }
+
+    /// Marks it used now (the state TTL's clock).
+    pub fn touch(&self) {
+        lock(&self.progress).touched = Some(Instant::now());
+    }
 }
 
 /// A request in flight, by its `X-LibreChat-Code-Request-ID`.
-pub(crate) struct InFlight {
-    pub(crate) owner: Owner,
-    pub(crate) cancel: CancellationToken,
+pub struct InFlight {
+    pub owner: Owner,
+    pub cancel: CancellationToken,
 }
 
 /// The registry of programmatic executions and requests in flight.
 pub struct Programmatic {
-    pub(crate) key: ring::hmac::Key,
-    pub(crate) settings: PtcSettings,
+    pub key: ring::hmac::Key,
+    pub settings: PtcSettings,
     /// Programmatic runs alive, per principal and on the node.
-    pub(crate) caps: Caps,
-    pub(crate) executions: Mutex<HashMap<String, Arc<Execution>>>,
-    pub(crate) requests: Mutex<HashMap<String, InFlight>>,
+    pub caps: Caps,
+    pub executions: Mutex<HashMap<String, Arc<Execution>>>,
+    pub requests: Mutex<HashMap<String, InFlight>>,
 }
 
 impl std::fmt::Debug for Programmatic {
@@ -106,7 +119,7 @@ impl std::fmt::Debug for Programmatic {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -135,7 +148,7 @@ impl Programmatic {
     /// run (the run registry's retention) or once the run is over and the
     /// execution untouched for the state TTL; while its run lives it is
     /// never expired here (the bridge's state TTL ends an unanswered round).
-    pub(crate) fn sweep(&self, runs: &kiln_exec::Runs) {
+    pub fn sweep(&self, runs: &crate::Runs) {
         let ttl = self.settings.limits.state_ttl;
         lock(&self.executions).retain(|_, e| {
             let over = e.run.info().phase.is_over();
@@ -145,7 +158,7 @@ impl Programmatic {
         });
     }
 
-    pub(crate) fn token(&self, run_id: &str, owner: &Owner) -> String {
+    pub fn token(&self, run_id: &str, owner: &Owner) -> String {
         let exp = unix_now() + self.settings.limits.state_ttl.as_secs();
         let payload = json!({"e": run_id, "o": owner.token_hash(), "x": exp}).to_string();
         let tag = ring::hmac::sign(&self.key, payload.as_bytes());
@@ -158,7 +171,7 @@ impl Programmatic {
 
     /// The token's `(run id, owner's token hash, expiry)` if this server
     /// signed it.
-    pub(crate) fn verify(&self, token: &str) -> Option<(String, String, u64)> {
+    pub fn verify(&self, token: &str) -> Option<(String, String, u64)> {
         let (payload, tag) = token.split_once('.')?;
         let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
         let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
@@ -172,7 +185,7 @@ impl Programmatic {
     }
 }
 
-pub(crate) fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
