@@ -838,11 +838,16 @@ async fn probe_version(argv: &[&str], image: Option<&Path>) -> Option<String> {
     let mut cmd = match image {
         Some(root) => {
             // in a chroot of the image with a /proc of its own (java and go read
-            // /proc/self/exe), in a mount namespace that goes with it; absolute paths: the
-            // probe's PATH (/usr/bin:/bin) is the one programs are looked up in
+            // /proc/self/exe) and a /tmp of its own (java leaves hsperfdata there: the
+            // shared image is never written), in a mount namespace that goes with them;
+            // absolute paths: the probe's PATH (/usr/bin:/bin) is the one programs are
+            // looked up in
             let mut c = tokio::process::Command::new("/usr/bin/unshare");
             c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-                .arg("mount -t proc proc \"$0/proc\" && exec /usr/sbin/chroot \"$0\" \"$@\"")
+                .arg(
+                    "mount -t proc proc \"$0/proc\" && mount -t tmpfs tmpfs \"$0/tmp\" \
+                     && exec /usr/sbin/chroot \"$0\" \"$@\"",
+                )
                 .arg(root)
                 .args(argv);
             c

@@ -20,16 +20,43 @@ fn image_name() -> String {
         .unwrap_or_else(|| "default".to_owned())
 }
 
-/// A server on the image, or `None` (skip) when it is not built.
-async fn image_server() -> Option<TestServer> {
+/// The image's root filesystem, or `None` (skip) when it is not built.
+fn image_root() -> Option<std::path::PathBuf> {
     let cfg = kiln::config::Config::default();
     let dir = std::env::var_os("KILN_RUNTIME_DIR").map_or(cfg.runtime_dir, Into::into);
-    if let Err(e) = Store::new(dir).resolve(&image_name()) {
-        assert!(std::env::var_os("CI").is_none(), "{e:#}");
-        eprintln!("SKIP: {e:#}");
-        return None;
+    match Store::new(dir).resolve(&image_name()) {
+        Ok(root) => Some(root),
+        Err(e) => {
+            assert!(std::env::var_os("CI").is_none(), "{e:#}");
+            eprintln!("SKIP: {e:#}");
+            None
+        }
     }
+}
+
+/// A server on the image, or `None` (skip) when it is not built.
+async fn image_server() -> Option<TestServer> {
+    image_root()?;
     Some(server_with(|c| c.runtime_image = image_name()).await)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probing_the_languages_leaves_the_shared_image_untouched() {
+    let Some(root) = image_root() else {
+        return;
+    };
+    // java's version probe used to leave /tmp/hsperfdata_root in the image
+    let left = root.join("tmp/hsperfdata_root");
+    let _ = std::fs::remove_dir_all(&left);
+    let s = image_server().await.expect("the image is there");
+    let health: Value = json_of(client().get(format!("{}/health", s.v1()))).await;
+    let java = health["languages"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == "java"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(java["available"], true, "{health}");
+    assert!(!left.exists(), "{} written by a probe", left.display());
 }
 
 fn stdout(r: &Value) -> &str {
