@@ -492,17 +492,26 @@ enum Made {
 }
 
 impl Made {
-    /// The owner kind, the success status and the answer's id field.
-    fn answer(self) -> (&'static str, StatusCode, &'static str) {
+    /// The success status and the answer's id field.
+    fn answer(self) -> (StatusCode, &'static str) {
         match self {
-            Made::Kernel => (KIND_SESSION, StatusCode::CREATED, "session_id"),
-            Made::Sandbox => (KIND_SANDBOX, StatusCode::OK, "id"),
+            Made::Kernel => (StatusCode::CREATED, "session_id"),
+            Made::Sandbox => (StatusCode::OK, "id"),
+        }
+    }
+
+    /// The thing made, by the id its answer names.
+    fn target(self, id: Nanoid) -> Target {
+        match self {
+            Made::Kernel => Target::Kernel(id),
+            Made::Sandbox => Target::Sandbox(id),
         }
     }
 }
 
 /// Records this node as the owner of what `resp` started: the run its
-/// `X-Kiln-Run-Id` names, or the kernel a `201` to `POST /sessions` names.
+/// `X-Kiln-Run-Id` names, the kernel a `201` to `POST /sessions` names, or
+/// the sandbox a `200` to `POST /sandbox` names.
 async fn claim_started(
     state: &AppState,
     cluster: &Cluster,
@@ -524,7 +533,7 @@ async fn claim_started(
     let Some(made) = made else {
         return resp;
     };
-    let (kind, status, field) = made.answer();
+    let (status, field) = made.answer();
     if resp.status() != status {
         return resp;
     }
@@ -537,12 +546,9 @@ async fn claim_started(
     if let Some(id) = created.as_ref().and_then(|v| v.get(field)?.as_str())
         && let Ok(nanoid) = Nanoid::try_from(id.to_owned())
     {
-        let target = match made {
-            Made::Kernel => Target::Kernel(nanoid),
-            Made::Sandbox => Target::Sandbox(nanoid),
-        };
+        let target = made.target(nanoid);
         if held_here(state, &target) {
-            claim(state, cluster, kind, id).await;
+            claim(state, cluster, target.kind(), id).await;
         }
     }
     Response::from_parts(parts, Body::from(bytes))

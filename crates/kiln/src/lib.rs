@@ -451,18 +451,19 @@ pub async fn serve(
                     Ok(_) => {}
                     Err(e) => error!(error = %e, "garbage collection failed"),
                 }
+                // a project's idle time is counted in days: once per collection
+                if let Some(idle) = project_idle {
+                    match gc_projects.sweep(idle).await {
+                        Ok(0) => {}
+                        Ok(n) => info!(projects = n, "idle projects removed"),
+                        Err(e) => error!(error = %e, "removing idle projects failed"),
+                    }
+                }
             }
             match gc_sessions.sweep().await {
                 Ok(0) => {}
                 Ok(n) => info!(files = n, "idle sessions emptied"),
                 Err(e) => error!(error = %e, "emptying idle sessions failed"),
-            }
-            if let Some(idle) = project_idle {
-                match gc_projects.sweep(idle).await {
-                    Ok(0) => {}
-                    Ok(n) => info!(projects = n, "idle projects removed"),
-                    Err(e) => error!(error = %e, "removing idle projects failed"),
-                }
             }
             let cutoff = std::time::SystemTime::now()
                 .checked_sub(ledger_keep)
