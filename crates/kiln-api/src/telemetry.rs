@@ -93,6 +93,12 @@ pub const SERIES: &[Series] = &[
         "Runs ended, by language and status.",
     ),
     series(
+        "kiln_missing_modules_total",
+        Counter,
+        &["lang", "ecosystem", "module"],
+        "Runs that ended on an import of a module the image lacks (Python, Node or R), by module: what to add to the image. At most 200 module names; later ones count as `other`.",
+    ),
+    series(
         "kiln_exec_duration_seconds",
         Histogram,
         &["lang"],

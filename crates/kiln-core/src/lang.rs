@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::limits::Limits;
 
+pub mod missing;
 pub mod pyimports;
 
 /// The workspace as the jail sees it (also the working directory).

@@ -381,6 +381,51 @@ async fn metrics_have_help_histogram_buckets_process_figures_and_zeroed_counters
     s.stop().await.unwrap();
 }
 
+/// `kiln_missing_modules_total`: what programs tried to import and the image lacks, per
+/// module — the measurement docs/runtimes.md tells operators to add to an image from.
+#[tokio::test]
+async fn a_program_that_dies_on_a_missing_import_is_counted_by_module() {
+    let s = server().await;
+    let r = run(&s, "py", "import numpy\nimport kiln_test_absent_py.sub\n").await;
+    assert_ne!(r["code"], 0, "{r}");
+    let r = run(&s, "js", "require('@kiln-test/absent-js/deep');\n").await;
+    assert_ne!(r["code"], 0, "{r}");
+    // the same words printed by a program that succeeds are not a failed import
+    let r = run(
+        &s,
+        "py",
+        "import sys\nprint(\"ModuleNotFoundError: No module named 'kiln_test_printed'\", file=sys.stderr)\n",
+    )
+    .await;
+    assert_eq!(r["code"], 0, "{r}");
+    let text = get(&format!("{}/metrics", s.base_url))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let count = |labels: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("kiln_missing_modules_total{{{labels}}} ")))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        count(r#"lang="py",ecosystem="python",module="kiln_test_absent_py""#).as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"lang="js",ecosystem="node",module="@kiln-test/absent-js""#).as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    assert!(!text.contains("kiln_test_printed"), "{text}");
+    assert!(
+        text.contains("# HELP kiln_missing_modules_total "),
+        "{text}"
+    );
+    s.stop().await.unwrap();
+}
+
 #[test]
 fn the_grafana_dashboard_reads_only_metrics_kiln_exports() {
     let path =

@@ -27,6 +27,7 @@
 
 mod audit;
 pub mod log;
+pub mod missing;
 mod queue;
 mod rate;
 
@@ -762,6 +763,9 @@ impl Runs {
         }
         if let Some(sink) = &self.inner.cfg.audit {
             sink.record(&AuditRecord::of(record, ended(&outcome), &outcome));
+        }
+        if let Ok(result) = &outcome {
+            missing::count(record.lang, result);
         }
         let kept = outcome_bytes(&outcome);
         record.log.finish(outcome);
