@@ -40,6 +40,16 @@ async fn image_server() -> Option<TestServer> {
     Some(server_with(|c| c.runtime_image = image_name()).await)
 }
 
+/// What `/health` says of language `name` (null when it names none).
+async fn health_of_language(s: &TestServer, name: &str) -> Value {
+    let health: Value = json_of(client().get(format!("{}/health", s.v1()))).await;
+    health["languages"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == name))
+        .cloned()
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn probing_the_languages_leaves_the_shared_image_untouched() {
     let Some(root) = image_root() else {
@@ -49,13 +59,8 @@ async fn probing_the_languages_leaves_the_shared_image_untouched() {
     let left = root.join("tmp/hsperfdata_root");
     let _ = std::fs::remove_dir_all(&left);
     let s = image_server().await.expect("the image is there");
-    let health: Value = json_of(client().get(format!("{}/health", s.v1()))).await;
-    let java = health["languages"]
-        .as_array()
-        .and_then(|l| l.iter().find(|l| l["name"] == "java"))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(java["available"], true, "{health}");
+    let java = health_of_language(&s, "java").await;
+    assert_eq!(java["available"], true, "{java}");
     assert!(!left.exists(), "{} written by a probe", left.display());
 }
 
@@ -139,7 +144,7 @@ async fn every_interpreter_a_run_sees_is_the_images_not_the_hosts() {
     .await;
     let out = stdout(&r);
     for want in [
-        "v20.",
+        "v26.",
         "go1.24",
         "rustc 1.85",
         "\"21.",
@@ -151,6 +156,29 @@ async fn every_interpreter_a_run_sees_is_the_images_not_the_hosts() {
     ] {
         assert!(out.contains(want), "{want} missing: {r}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn js_and_ts_run_the_pinned_official_node_with_its_start_up_snapshot() {
+    // like the version checks above, this holds the image to the default recipe's pins
+    let Some(s) = image_server().await else {
+        return;
+    };
+    let recipe = kiln::runtime::Recipe::parse(kiln::runtime::DEFAULT_RECIPE).unwrap();
+    let node = recipe.node.expect("the default recipe pins node");
+    let pin = node.pin(kiln::runtime::node::npm_arch()).unwrap();
+    // Debian's nodejs is built without V8's start-up snapshot and code cache, the official
+    // build with both; the version is the pinned one, not Debian's 20.19
+    let probe = "const v = process.config.variables;\n\
+                 console.log(process.version, process.execPath, \
+                 v.node_use_node_snapshot, v.node_use_node_code_cache, v.node_shared);\n";
+    let want = format!("v{} {} true true false\n", pin.version, node.bin);
+    for lang in ["js", "ts"] {
+        let r = run(&s, lang, probe).await;
+        assert_eq!(stdout(&r), want, "{lang}: {r}");
+    }
+    let js = health_of_language(&s, "js").await;
+    assert_eq!(js["version"], format!("v{}", pin.version), "{js}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,7 +1,8 @@
 //! `kiln runtime build`: a [`Recipe`] becomes an image. `debootstrap` makes the base system
 //! from the recipe's Debian mirror, then, in a chroot of it (inside a private mount namespace,
 //! so `/proc` and `/dev` mounted for the package scripts vanish with the step), `apt-get`
-//! installs the packages, pip the wheels, and the setup commands run; apt's caches and lists
+//! installs the packages, pip the wheels, the official Node.js build is downloaded, verified
+//! and installed (`node.rs`), and the setup commands run; apt's caches and lists
 //! are removed and `image.json` is written last.
 //!
 //! Resuming: a finished bootstrap leaves `.stage-base`; with it an interrupted build starts
@@ -27,7 +28,7 @@ const CHROOT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 
 /// A command that runs `script` with `/bin/sh` inside a chroot of `root`, in a mount
 /// namespace of its own with `/proc` and the host's `/dev` mounted.
-fn in_chroot(root: &Path, script: &str) -> Command {
+pub(super) fn in_chroot(root: &Path, script: &str) -> Command {
     let mut c = Command::new("unshare");
     c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
         .arg(
@@ -73,7 +74,10 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         .append(true)
         .open(dir.join("build.log"))?;
     let started = Instant::now();
-    let steps = 2 + usize::from(!recipe.pip.is_empty()) + recipe.setup.len();
+    let steps = 2
+        + usize::from(!recipe.pip.is_empty())
+        + recipe.node.as_ref().map_or(0, |_| super::node::STEPS)
+        + recipe.setup.len();
     let mut p = Progress::new(log, steps);
     p.say(&format!(
         "building image {id} (Debian {} from {}) in {}; log: {}",
@@ -152,6 +156,9 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         );
         let _ = std::fs::remove_file(root.join(BUILD_CA.trim_start_matches('/')));
         done?;
+    }
+    if let Some(node) = &recipe.node {
+        super::node::install(&mut p, &root, node)?;
     }
     for (i, script) in recipe.setup.iter().enumerate() {
         let short: String = script.chars().take(50).collect();

@@ -10,6 +10,7 @@
 mod build;
 mod import;
 pub mod jail;
+pub mod node;
 
 mod progress;
 
@@ -30,7 +31,7 @@ pub const DEFAULT_RECIPE: &str = include_str!("../../../../resources/runtime/rec
 const MARKER: &str = "image.json";
 
 /// What an image is built from: a Debian release bootstrapped with `debootstrap`, packages,
-/// PyPI wheels and setup commands.
+/// PyPI wheels, the official Node.js build and setup commands.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recipe {
@@ -44,6 +45,9 @@ pub struct Recipe {
     pub pip: Vec<String>,
     #[serde(default)]
     pub setup: Vec<String>,
+    /// The official Node.js build, installed after the packages (see [`node`]).
+    #[serde(default)]
+    pub node: Option<node::NodeRecipe>,
     /// SHA-256 of the recipe's text, hex.
     #[serde(skip)]
     pub digest: String,
@@ -75,6 +79,9 @@ impl Recipe {
         }
         if !(r.mirror.starts_with("http://") || r.mirror.starts_with("https://")) {
             bail!("recipe: mirror must be an http(s) URL");
+        }
+        if let Some(node) = &r.node {
+            node.validate()?;
         }
         r.digest = hex(&Sha256::digest(text.as_bytes()));
         Ok(r)

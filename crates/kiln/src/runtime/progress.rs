@@ -75,12 +75,56 @@ impl Progress {
         let _ = writeln!(self.log, "== {text}");
     }
 
-    /// Runs `cmd` as the next step, its stdout and stderr both into the log; fails with the
-    /// last lines of its output when it exits non-zero.
-    pub fn run(&mut self, title: &str, cmd: &mut Command) -> anyhow::Result<()> {
+    /// Starts the next step: its head line, and the live status it shows while it runs.
+    fn begin(&mut self, title: &str) -> Live {
         self.step += 1;
         let head = format!("[{}/{}] {title}", self.step, self.total_steps);
         self.say(&head);
+        let now = Instant::now();
+        Live {
+            tty: self.tty,
+            head,
+            started: now,
+            last_beat: now,
+        }
+    }
+
+    /// Ends a step that `begin` started: the time it took, on the terminal and in the log.
+    fn end(&mut self, live: &Live) {
+        live.clear();
+        let took = elapsed(live.started.elapsed());
+        let _ = writeln!(self.log, "== done in {took}");
+        eprintln!("kiln runtime:   done in {took}");
+    }
+
+    /// Runs `work` in-process as the next step; it reports what it is doing through the
+    /// [`Live`] it is given. Fails with `work`'s error.
+    pub fn work<T>(
+        &mut self,
+        title: &str,
+        work: impl FnOnce(&mut Live) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let mut live = self.begin(title);
+        match work(&mut live) {
+            Ok(v) => {
+                self.end(&live);
+                Ok(v)
+            }
+            Err(e) => {
+                live.clear();
+                let _ = writeln!(self.log, "== {title} failed: {e:#}");
+                Err(e.context(format!(
+                    "{title} failed after {}",
+                    elapsed(live.started.elapsed())
+                )))
+            }
+        }
+    }
+
+    /// Runs `cmd` as the next step, its stdout and stderr both into the log; fails with the
+    /// last lines of its output when it exits non-zero.
+    pub fn run(&mut self, title: &str, cmd: &mut Command) -> anyhow::Result<()> {
+        let mut live = self.begin(title);
         let (reader, writer) = std::io::pipe().context("pipe")?;
         let mut child = cmd
             .stdin(Stdio::null())
@@ -90,8 +134,6 @@ impl Progress {
             .with_context(|| format!("start {:?}", cmd.get_program()))?;
         // drop the parent's copies of the writer (held by `cmd`): EOF comes at the child's exit
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        let started = Instant::now();
-        let mut last_beat = started;
         let mut apt = AptCount::default();
         let mut tail: std::collections::VecDeque<String> = Default::default();
         let mut lines = BufReader::new(reader);
@@ -108,38 +150,58 @@ impl Progress {
                 tail.pop_front();
             }
             tail.push_back(line.clone());
-            let status = apt.describe().unwrap_or_default();
-            if self.tty {
-                let short: String = line.chars().take(60).collect();
-                let sep = if status.is_empty() { "" } else { ", " };
-                eprint!(
-                    "\r\x1b[K  {}{sep}{status}: {short}",
-                    elapsed(started.elapsed())
-                );
-            } else if last_beat.elapsed() >= HEARTBEAT {
-                last_beat = Instant::now();
-                let sep = if status.is_empty() { "" } else { ", " };
-                eprintln!(
-                    "kiln runtime:   {} {}{sep}{status}",
-                    head,
-                    elapsed(started.elapsed())
-                );
-            }
+            live.show(&apt.describe().unwrap_or_default(), &line);
         }
         let status = child.wait()?;
-        if self.tty {
-            eprint!("\r\x1b[K");
-        }
-        let took = elapsed(started.elapsed());
         if !status.success() {
+            live.clear();
             for l in &tail {
                 eprintln!("  | {l}");
             }
-            bail!("{title} failed ({status}) after {took}; the whole output is in the build log");
+            bail!(
+                "{title} failed ({status}) after {}; the whole output is in the build log",
+                elapsed(live.started.elapsed())
+            );
         }
-        let _ = writeln!(self.log, "== done in {took}");
-        eprintln!("kiln runtime:   done in {took}");
+        self.end(&live);
         Ok(())
+    }
+}
+
+/// What a running step shows: on a terminal a live line (elapsed time, its status, the last
+/// thing it did), on a pipe a heartbeat line every [`HEARTBEAT`].
+pub struct Live {
+    tty: bool,
+    head: String,
+    started: Instant,
+    last_beat: Instant,
+}
+
+impl Live {
+    /// Shows `status` (`12/300 packages set up`, `20.1 MB of 57.5 MB`; may be empty) and
+    /// `detail` (the last line of output; the terminal only).
+    pub fn show(&mut self, status: &str, detail: &str) {
+        let sep = if status.is_empty() { "" } else { ", " };
+        if self.tty {
+            let short: String = detail.chars().take(60).collect();
+            eprint!(
+                "\r\x1b[K  {}{sep}{status}: {short}",
+                elapsed(self.started.elapsed())
+            );
+        } else if self.last_beat.elapsed() >= HEARTBEAT {
+            self.last_beat = Instant::now();
+            eprintln!(
+                "kiln runtime:   {} {}{sep}{status}",
+                self.head,
+                elapsed(self.started.elapsed())
+            );
+        }
+    }
+
+    fn clear(&self) {
+        if self.tty {
+            eprint!("\r\x1b[K");
+        }
     }
 }
 
@@ -173,6 +235,39 @@ mod tests {
         assert!(err.to_string().contains("bad failed"), "{err}");
         let log = std::fs::read_to_string(&path).unwrap();
         for want in ["out", "err", "dying", "[2/2] bad"] {
+            assert!(log.contains(want), "{want} missing from {log}");
+        }
+    }
+
+    #[test]
+    fn an_in_process_step_returns_its_value_or_fails_with_its_title_and_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("build.log");
+        let mut p = Progress::new(File::create(&path).unwrap(), 2);
+        let got = p
+            .work("count", |live| {
+                live.show("1 of 2", "first");
+                Ok(2)
+            })
+            .unwrap();
+        assert_eq!(got, 2);
+        let err = p
+            .work("verify", |_| -> anyhow::Result<()> {
+                bail!("integrity mismatch")
+            })
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("verify failed") && msg.contains("integrity mismatch"),
+            "{msg}"
+        );
+        let log = std::fs::read_to_string(&path).unwrap();
+        for want in [
+            "[1/2] count",
+            "== done in",
+            "[2/2] verify",
+            "verify failed: integrity mismatch",
+        ] {
             assert!(log.contains(want), "{want} missing from {log}");
         }
     }
