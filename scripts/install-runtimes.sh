@@ -52,7 +52,7 @@ PACKAGES_f90=(gfortran)
 # r: R (Debian's is built with Cairo: png() works with no X11) and the usual tidyverse pieces.
 PACKAGES_r=(
   r-base-core r-cran-ggplot2 r-cran-dplyr r-cran-tidyr r-cran-readr r-cran-data.table
-  r-cran-jsonlite
+  r-cran-jsonlite r-cran-cairo
 )
 # bash: the shell plus what LibreChat runs in it (cat, sha256sum via coreutils; jq for bash PTC).
 # (curl: the egress services are plain HTTP on $KILN_SERVICES_URL; ripgrep: the sandbox

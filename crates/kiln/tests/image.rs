@@ -247,16 +247,109 @@ async fn documents_convert_inside_a_jail_under_the_default_limits() {
         .collect();
     names.sort();
     assert_eq!(names, ["report.docx", "report.pdf", "twice.pdf"], "{r}");
-    let f = file(&r, "report.pdf");
-    let (st, bytes) = download(
+    let bytes = output_bytes(&s, &r, "report.pdf").await;
+    assert!(bytes.starts_with(b"%PDF-"), "a PDF comes back");
+}
+
+/// What the docx/pptx/xlsx/pdf skills import beyond the data stack (docs/runtimes.md, "What
+/// programs import"): PDF text through pdfplumber, pages rendered by pdf2image and read back by
+/// tesseract, a pptx read back as Markdown by markitdown; and the R graphics LibreChat's own code
+/// tool prescribes (`library(Cairo)`).
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_document_skills_and_librechats_code_tool_import_is_in_the_image() {
+    let Some(s) = image_server().await else {
+        return;
+    };
+    let r = run(
         &s,
-        f["storage_session_id"].as_str().unwrap(),
-        f["id"].as_str().unwrap(),
-        "",
+        "py",
+        "from reportlab.pdfgen import canvas\n\
+         c = canvas.Canvas('scan.pdf'); c.setFont('Helvetica', 28)\n\
+         c.drawString(72, 700, 'Invoice 4711 paid'); c.save()\n\
+         import pdfplumber, pypdfium2, defusedxml\n\
+         with pdfplumber.open('scan.pdf') as pdf:\n\
+         \x20   print('text:', pdf.pages[0].extract_text())\n\
+         from pdf2image import convert_from_path\n\
+         import pytesseract\n\
+         page = convert_from_path('scan.pdf', dpi=150)[0]\n\
+         print('ocr:', pytesseract.image_to_string(page).strip())\n\
+         from pptx import Presentation\n\
+         deck = Presentation(); slide = deck.slides.add_slide(deck.slide_layouts[1])\n\
+         slide.shapes.title.text = 'Quarterly numbers'; deck.save('deck.pptx')\n\
+         from markitdown import MarkItDown\n\
+         print('md:', MarkItDown().convert('deck.pptx').text_content.split('\\n')[1])\n",
     )
     .await;
-    assert_eq!(st, 200);
-    assert!(bytes.starts_with(b"%PDF-"), "a PDF comes back");
+    assert_eq!(r["code"], 0, "{r}");
+    let out = stdout(&r);
+    assert!(out.contains("text: Invoice 4711 paid"), "pdfplumber: {r}");
+    assert!(out.contains("ocr: Invoice 4711 paid"), "tesseract: {r}");
+    assert!(out.contains("md: # Quarterly numbers"), "markitdown: {r}");
+
+    let r = run(
+        &s,
+        "r",
+        "library(Cairo)\nCairoPNG('cairo.png', width = 400, height = 300)\nplot(1:10)\ninvisible(dev.off())\ncat('drawn\\n')\n",
+    )
+    .await;
+    assert_eq!(r["code"], 0, "{r}");
+    assert_eq!(stdout(&r), "drawn\n", "{r}");
+    let bytes = output_bytes(&s, &r, "cairo.png").await;
+    assert!(bytes.starts_with(b"\x89PNG"), "a PNG comes back");
+}
+
+/// The skills' JavaScript (docx, pptxgenjs, pdf-lib) is installed in the image and reached
+/// from a program's own directory by `require` and by ES `import` alike (the image's
+/// `/node_modules` link, replicated into every jail).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_skills_javascript_packages_load_by_require_and_by_import() {
+    let Some(s) = image_server().await else {
+        return;
+    };
+    let r = run(
+        &s,
+        "js",
+        "const fs = require('fs');\n\
+         const { Document, Packer, Paragraph } = require('docx');\n\
+         const PptxGenJS = require('pptxgenjs');\n\
+         const { PDFDocument } = require('pdf-lib');\n\
+         (async () => {\n\
+           const doc = new Document({ sections: [{ children: [new Paragraph('Minutes')] }] });\n\
+           fs.writeFileSync('minutes.docx', await Packer.toBuffer(doc));\n\
+           const deck = new PptxGenJS(); deck.addSlide().addText('Q3', { x: 1, y: 1 });\n\
+           await deck.writeFile({ fileName: 'q3.pptx' });\n\
+           const pdf = await PDFDocument.create(); pdf.addPage();\n\
+           fs.writeFileSync('blank.pdf', await pdf.save());\n\
+           console.log('written');\n\
+         })();\n",
+    )
+    .await;
+    assert_eq!(r["code"], 0, "{r}");
+    assert_eq!(stdout(&r), "written\n", "{r}");
+    assert!(
+        output_bytes(&s, &r, "minutes.docx")
+            .await
+            .starts_with(b"PK")
+    );
+    assert!(output_bytes(&s, &r, "q3.pptx").await.starts_with(b"PK"));
+    assert!(
+        output_bytes(&s, &r, "blank.pdf")
+            .await
+            .starts_with(b"%PDF-")
+    );
+
+    let r = run(
+        &s,
+        "js",
+        "import { PDFDocument } from 'pdf-lib';\n\
+         import pptxgen from 'pptxgenjs';\n\
+         const pdf = await PDFDocument.create();\n\
+         pdf.addPage(); pdf.addPage();\n\
+         console.log(pdf.getPageCount(), typeof pptxgen);\n",
+    )
+    .await;
+    assert_eq!(r["code"], 0, "{r}");
+    assert_eq!(stdout(&r), "2 function\n", "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

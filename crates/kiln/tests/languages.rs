@@ -376,20 +376,6 @@ async fn user_file(s: &TestServer, user: &str, name: &str, bytes: &[u8]) -> Valu
     })
 }
 
-/// Download the output named `name` of run `r`.
-async fn output_bytes(s: &TestServer, r: &Value, name: &str) -> Vec<u8> {
-    let f = file(r, name);
-    let (st, bytes) = download(
-        s,
-        f["storage_session_id"].as_str().unwrap(),
-        f["id"].as_str().unwrap(),
-        "",
-    )
-    .await;
-    assert_eq!(st, 200, "download {name}");
-    bytes
-}
-
 fn names(r: &Value) -> Vec<String> {
     r["files"]
         .as_array()

@@ -161,6 +161,10 @@ pub const MACHINE_ID: &str = "00000000000000000000000000000000\n";
 
 /// Top-level names that a merged-/usr host has as symlinks into `/usr`.
 const USR_LINKS: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/// Other top-level links a runtime image may have, replicated when they are links: the
+/// image's globally installed JavaScript packages (`/node_modules` → `usr/local/lib/…`), which
+/// node's module resolution reaches from any script's directory.
+const ROOT_LINKS: &[&str] = &["node_modules"];
 /// Device nodes bound from the host.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 /// procfs entries hidden behind `/dev/null`.
@@ -225,6 +229,14 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
                 ops.push(ro_bind(source(&path), path));
             }
             _ => {}
+        }
+    }
+    for name in ROOT_LINKS {
+        let path = Path::new("/").join(name);
+        if host.kind(&source(&path)) == Some(Kind::Symlink)
+            && let Some(target) = host.read_link(&source(&path))
+        {
+            ops.push(Op::Symlink { path, target });
         }
     }
 
@@ -553,6 +565,41 @@ mod tests {
             !binds(&ops)
                 .iter()
                 .any(|(s, _, _)| **s == Source::Host(p("/etc")))
+        );
+    }
+
+    #[test]
+    fn an_images_node_modules_link_reaches_the_jail_and_a_directory_of_that_name_does_not() {
+        let img = p("/var/lib/kiln/runtimes/recipe-0123456789abcdef/rootfs");
+        let mut host = merged_usr_host();
+        host.0.insert(
+            img.join("node_modules"),
+            (Kind::Symlink, Some(p("usr/local/lib/node_modules"))),
+        );
+        let mut sp = spec();
+        sp.image_root = Some(img.clone());
+        let links = |ops: &[Op]| -> Vec<(PathBuf, PathBuf)> {
+            ops.iter()
+                .filter_map(|o| match o {
+                    Op::Symlink { path, target } if path == Path::new("/node_modules") => {
+                        Some((path.clone(), target.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            links(&build(&sp, &host)),
+            vec![(p("/node_modules"), p("usr/local/lib/node_modules"))]
+        );
+        // a real directory there (a host's, or an image's) is not bound into jails
+        host.0.insert(img.join("node_modules"), (Kind::Dir, None));
+        let ops = build(&sp, &host);
+        assert!(links(&ops).is_empty());
+        assert!(
+            binds(&ops)
+                .iter()
+                .all(|(_, d, _)| !d.starts_with("/node_modules"))
         );
     }
 

@@ -77,6 +77,7 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
     let steps = 2
         + usize::from(!recipe.pip.is_empty())
         + recipe.node.as_ref().map_or(0, |_| super::node::STEPS)
+        + recipe.npm.as_ref().map_or(0, |_| super::node::NPM_STEPS)
         + recipe.setup.len();
     let mut p = Progress::new(log, steps);
     p.say(&format!(
@@ -132,16 +133,7 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         ),
     )?;
     if !recipe.pip.is_empty() {
-        // pip trusts what the host trusts while it downloads (a TLS-inspecting proxy's CA);
-        // the copy is removed after the step and never part of the image
-        let host_ca = Path::new(HOST_CA_BUNDLE);
-        let cert = if host_ca.is_file() {
-            std::fs::copy(host_ca, root.join(BUILD_CA.trim_start_matches('/')))
-                .context("copy the host's CA bundle for pip")?;
-            format!("--cert {BUILD_CA} ")
-        } else {
-            String::new()
-        };
+        let cert = host_ca_copy(&root)?.map_or_else(String::new, |ca| format!("--cert {ca} "));
         let wheels: Vec<String> = recipe.pip.iter().map(|s| sh_quote(s)).collect();
         let done = p.run(
             &format!("pip install {}", recipe.pip.join(" ")),
@@ -154,11 +146,17 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
                 ),
             ),
         );
-        let _ = std::fs::remove_file(root.join(BUILD_CA.trim_start_matches('/')));
+        remove_host_ca_copy(&root);
         done?;
     }
     if let Some(node) = &recipe.node {
         super::node::install(&mut p, &root, node)?;
+        if let Some(npm) = &recipe.npm {
+            let ca = host_ca_copy(&root)?;
+            let done = super::node::install_packages(&mut p, &root, node, npm, ca);
+            remove_host_ca_copy(&root);
+            done?;
+        }
     }
     for (i, script) in recipe.setup.iter().enumerate() {
         let short: String = script.chars().take(50).collect();
@@ -193,6 +191,25 @@ pub fn build(store: &Store, recipe: &Recipe) -> anyhow::Result<Image> {
         super::human_bytes(info.bytes)
     ));
     Ok(Image { info, root })
+}
+
+/// Copies the host's CA bundle into the image at `root` for a step that downloads (pip and
+/// npm trust what the host trusts: a TLS-inspecting proxy's CA); the path inside the image, or
+/// `None` when the host has no bundle. [`remove_host_ca_copy`] removes it after the step: it
+/// is never part of the image.
+fn host_ca_copy(root: &Path) -> anyhow::Result<Option<&'static str>> {
+    let host_ca = Path::new(HOST_CA_BUNDLE);
+    if !host_ca.is_file() {
+        return Ok(None);
+    }
+    std::fs::copy(host_ca, root.join(BUILD_CA.trim_start_matches('/')))
+        .context("copy the host's CA bundle into the image for a download step")?;
+    Ok(Some(BUILD_CA))
+}
+
+/// Removes what [`host_ca_copy`] put into the image.
+fn remove_host_ca_copy(root: &Path) {
+    let _ = std::fs::remove_file(root.join(BUILD_CA.trim_start_matches('/')));
 }
 
 pub(crate) fn nix_is_root() -> bool {

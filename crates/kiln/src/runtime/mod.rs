@@ -48,6 +48,9 @@ pub struct Recipe {
     /// The official Node.js build, installed after the packages (see [`node`]).
     #[serde(default)]
     pub node: Option<node::NodeRecipe>,
+    /// JavaScript packages installed for every program, after node (see [`node::NpmRecipe`]).
+    #[serde(default)]
+    pub npm: Option<node::NpmRecipe>,
     /// SHA-256 of the recipe's text, hex.
     #[serde(skip)]
     pub digest: String,
@@ -82,6 +85,12 @@ impl Recipe {
         }
         if let Some(node) = &r.node {
             node.validate()?;
+        }
+        if let Some(npm) = &r.npm {
+            if r.node.is_none() {
+                bail!("recipe: [npm] needs the [node] table (its packages run on that node)");
+            }
+            npm.validate()?;
         }
         r.digest = hex(&Sha256::digest(text.as_bytes()));
         Ok(r)

@@ -187,6 +187,153 @@ pub fn install(p: &mut Progress, root: &Path, node: &NodeRecipe) -> anyhow::Resu
     done
 }
 
+/// The recipe's `[npm]` table: JavaScript packages every program can `require` or `import`,
+/// installed globally (`/usr/local/lib/node_modules`, reached from any script through the
+/// image's `/node_modules` link) with npm's own CLI, which is pinned like node, used for the
+/// build and not kept in the image (a program has no network to install with).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpmRecipe {
+    /// The `npm` package that installs them: its version and `dist.integrity`.
+    pub cli: NodePin,
+    /// `name@version` (or `@scope/name@version`), each pinned to an exact version.
+    pub packages: Vec<String>,
+}
+
+/// Where globally installed packages live in the image, and the top-level link to them that
+/// node's module resolution reaches from any directory (`/mnt/data/x.js` looks in
+/// `/mnt/data/node_modules`, `/mnt/node_modules`, then `/node_modules`), for `require` and
+/// ES `import` alike (`NODE_PATH` serves only `require`).
+pub const GLOBAL_MODULES: &str = "/usr/local/lib/node_modules";
+/// The link to [`GLOBAL_MODULES`] at the image's root (relative, so it holds in a jail).
+pub const MODULES_LINK: &str = "/node_modules";
+
+/// The two steps of a build that install the `[npm]` packages: download and verify npm's CLI,
+/// then install the packages with it.
+pub const NPM_STEPS: usize = 2;
+
+impl NpmRecipe {
+    /// Checks what the build puts into a URL and a shell line: every package an exact,
+    /// plainly spelled `name@x.y.z`.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let plain_version = |v: &str| {
+            v.split('.').count() == 3
+                && v.split('.')
+                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        };
+        if !plain_version(&self.cli.version) {
+            bail!(
+                "recipe: npm.cli.version {:?} is not x.y.z",
+                self.cli.version
+            );
+        }
+        sha512_of_integrity(&self.cli.integrity).context("recipe: npm.cli")?;
+        if self.packages.is_empty() {
+            bail!("recipe: [npm] lists no packages");
+        }
+        for spec in &self.packages {
+            let ok = package_and_version(spec)
+                .is_some_and(|(name, version)| plain_version(version) && plain_package_name(name));
+            if !ok {
+                bail!("recipe: npm package {spec:?} is not name@x.y.z");
+            }
+        }
+        Ok(())
+    }
+
+    /// The package names, without their versions.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.packages
+            .iter()
+            .filter_map(|s| package_and_version(s).map(|(n, _)| n))
+    }
+}
+
+/// `("@scope/name", "1.2.3")` of `@scope/name@1.2.3`.
+fn package_and_version(spec: &str) -> Option<(&str, &str)> {
+    let at = spec.get(1..)?.rfind('@')? + 1;
+    Some((&spec[..at], &spec[at + 1..]))
+}
+
+/// npm's package names: lower case letters, digits, `-._`, an optional `@scope/`.
+fn plain_package_name(name: &str) -> bool {
+    let bare = match name.strip_prefix('@') {
+        Some(scoped) => match scoped.split_once('/') {
+            Some((scope, pkg)) if !scope.is_empty() => {
+                if !plain_package_name(scope) {
+                    return false;
+                }
+                pkg
+            }
+            _ => return false,
+        },
+        None => name,
+    };
+    !bare.is_empty()
+        && !bare.starts_with(['.', '_', '-'])
+        && bare
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b))
+}
+
+/// Where npm's verified CLI tarball waits in the image (under `/tmp`, emptied at the end).
+const NPM_IN_IMAGE: &str = "/tmp/kiln-npm.tgz";
+
+/// Downloads and verifies npm's CLI, installs `npm.packages` globally with it on the image's
+/// node (trusting `ca`, the host's bundle copied into the image, when given), links
+/// [`MODULES_LINK`] and checks that node resolves each package from a script elsewhere.
+pub fn install_packages(
+    p: &mut Progress,
+    root: &Path,
+    node: &NodeRecipe,
+    npm: &NpmRecipe,
+    ca: Option<&str>,
+) -> anyhow::Result<()> {
+    let url = format!(
+        "{}/npm/-/npm-{}.tgz",
+        node.registry.trim_end_matches('/'),
+        npm.cli.version
+    );
+    let bytes = p.work(
+        &format!("download npm {} ({url})", npm.cli.version),
+        |live| {
+            let bytes = download(&url, live)?;
+            verify_integrity(&bytes, &npm.cli.integrity).with_context(|| url.clone())?;
+            Ok(bytes)
+        },
+    )?;
+    let in_image = root.join(NPM_IN_IMAGE.trim_start_matches('/'));
+    std::fs::write(&in_image, &bytes).with_context(|| format!("write {}", in_image.display()))?;
+    let ca_env = ca.map_or_else(String::new, |ca| format!("NODE_EXTRA_CA_CERTS={ca} "));
+    let checks: Vec<String> = npm
+        .names()
+        .map(|n| format!("require.resolve('{n}')"))
+        .collect();
+    let script = format!(
+        "set -e; rm -rf /tmp/kiln-npm && mkdir /tmp/kiln-npm && \
+         tar -xzf {NPM_IN_IMAGE} -C /tmp/kiln-npm && \
+         {ca_env}npm_config_cache=/tmp/kiln-npm/cache npm_config_update_notifier=false \
+         {bin} /tmp/kiln-npm/package/bin/npm-cli.js install --global --prefix /usr/local \
+         --ignore-scripts --no-audit --no-fund --registry {registry} {packages} && \
+         rm -rf /tmp/kiln-npm {NPM_IN_IMAGE} && \
+         ln -sfn {link_target} {MODULES_LINK} && \
+         mkdir -p /tmp/kiln-npm-check && cd /tmp/kiln-npm-check && \
+         {bin} -e \"{checks}\" && cd / && rm -rf /tmp/kiln-npm-check && \
+         echo \"installed {packages}\"",
+        bin = node.bin,
+        registry = node.registry,
+        packages = npm.packages.join(" "),
+        link_target = GLOBAL_MODULES.trim_start_matches('/'),
+        checks = checks.join(";"),
+    );
+    let done = p.run(
+        &format!("npm install {}", npm.packages.join(" ")),
+        &mut in_chroot(root, &script),
+    );
+    let _ = std::fs::remove_file(&in_image);
+    done
+}
+
 /// The body of `url`, with its progress on `live`.
 fn download(url: &str, live: &mut Live) -> anyhow::Result<Vec<u8>> {
     // reqwest's TLS is rustls without a provider of its own in this workspace
@@ -329,5 +476,62 @@ mod tests {
             let text = format!("registry = \"https://r.example\"\nbin = {bin:?}\n{pin}");
             assert!(recipe(&text).is_err(), "accepted: {text}");
         }
+    }
+
+    fn npm(packages: &[&str]) -> anyhow::Result<NpmRecipe> {
+        let i = integrity_of(b"npm");
+        let list: Vec<String> = packages.iter().map(|p| format!("{p:?}")).collect();
+        let r: NpmRecipe = super::super::toml_from_str(&format!(
+            "cli = {{ version = \"12.2.1\", integrity = \"{i}\" }}\npackages = [{}]\n",
+            list.join(", ")
+        ))?;
+        r.validate()?;
+        Ok(r)
+    }
+
+    #[test]
+    fn npm_packages_are_exact_plainly_spelled_versions() {
+        let r = npm(&["docx@9.15.2", "@pdf-lib/standard-fonts@1.0.0"]).unwrap();
+        assert_eq!(
+            r.names().collect::<Vec<_>>(),
+            ["docx", "@pdf-lib/standard-fonts"]
+        );
+        for bad in [
+            "docx",
+            "docx@^9.15.2",
+            "docx@latest",
+            "docx@9.15",
+            "Docx@9.15.2",
+            "docx@9.15.2 --registry=http://evil",
+            "docx@9.15.2;rm",
+            "@/docx@1.0.0",
+            "@scope@1.0.0",
+            ".hidden@1.0.0",
+            "git+https://x@1.0.0",
+        ] {
+            assert!(npm(&[bad]).is_err(), "accepted {bad:?}");
+        }
+        assert!(npm(&[]).is_err(), "no packages");
+    }
+
+    #[test]
+    fn the_default_recipe_installs_the_skills_javascript_on_its_node() {
+        let r = super::super::Recipe::parse(super::super::DEFAULT_RECIPE).unwrap();
+        let npm = r.npm.expect("the default recipe installs npm packages");
+        let names: Vec<&str> = npm.names().collect();
+        for want in ["docx", "pptxgenjs", "pdf-lib"] {
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+        let text = super::super::DEFAULT_RECIPE;
+        let (start, end) = (
+            text.find("\n[node]").unwrap(),
+            text.find("\n[npm]").unwrap(),
+        );
+        let without_node = format!("{}{}", &text[..start], &text[end..]);
+        let err = super::super::Recipe::parse(&without_node).unwrap_err();
+        assert!(
+            err.to_string().contains("[npm] needs the [node] table"),
+            "{err:#}"
+        );
     }
 }

@@ -158,6 +158,20 @@ pub async fn download(s: &TestServer, session: &str, file: &str, query: &str) ->
     )
 }
 
+/// The bytes of the output file `name` of result `r`, downloaded as LibreChat does.
+pub async fn output_bytes(s: &TestServer, r: &Value, name: &str) -> Vec<u8> {
+    let f = file(r, name);
+    let (st, bytes) = download(
+        s,
+        f["storage_session_id"].as_str().unwrap(),
+        f["id"].as_str().unwrap(),
+        "",
+    )
+    .await;
+    assert_eq!(st, 200, "download {name}");
+    bytes
+}
+
 /// The entry of `files` named `name`.
 pub fn file<'a>(res: &'a Value, name: &str) -> &'a Value {
     res["files"]
