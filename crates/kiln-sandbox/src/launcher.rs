@@ -66,10 +66,22 @@ fn set_nonblocking(fd: &OwnedFd) -> nix::Result<()> {
 
 impl Launcher {
     /// Starts `helper __launcher` and waits until it is ready (blocking,
-    /// a few milliseconds).
-    pub(crate) fn start(helper: &Path) -> Result<Launcher, SandboxError> {
+    /// a few milliseconds). With `without_kernel_slots` (the slots
+    /// directory), the launcher and the helpers it forks live in a copy of
+    /// the server's mount namespace that holds none of the kernel slots'
+    /// filesystems (`mountns::enter_without_private_mounts_below`): every
+    /// jail's `CLONE_NEWNS` copies that table, so 1,000 idle kernels must
+    /// not make each one-shot jail copy and tear down 1,000 more mounts.
+    pub(crate) fn start(
+        helper: &Path,
+        without_kernel_slots: Option<&Path>,
+    ) -> Result<Launcher, SandboxError> {
         let err = |m: String| SandboxError::Helper(format!("jail launcher: {m}"));
-        let (ours, child) = seqpacket::spawn_peer(helper, "launcher")
+        let args: Vec<&std::ffi::OsStr> = without_kernel_slots
+            .map(|d| d.as_os_str())
+            .into_iter()
+            .collect();
+        let (ours, child) = seqpacket::spawn_peer(helper, "launcher", &args)
             .map_err(|e| err(format!("spawn {}: {e}", helper.display())))?;
         let ready = wait_readable(&ours, START_TIMEOUT)
             .and_then(|()| recv(&ours, 16).map_err(|e| e.to_string()))
@@ -148,14 +160,25 @@ impl Launcher {
     }
 }
 
-/// Entry point of `kiln __launcher`. Never returns.
+/// Entry point of `kiln __launcher [SLOTS_DIR]`. Never returns.
 pub fn launcher_main() -> ! {
-    seqpacket::serve_stdin("launcher", serve, |_, _| {})
+    let slots_dir = std::env::args_os().nth(2).map(std::path::PathBuf::from);
+    seqpacket::serve_stdin(
+        "launcher",
+        |sock| serve(sock, slots_dir.as_deref()),
+        |_, _| {},
+    )
 }
 
-fn serve(sock: &OwnedFd) -> Result<(), String> {
+fn serve(sock: &OwnedFd, slots_dir: Option<&Path>) -> Result<(), String> {
     sys::close_from(3).map_err(|e| format!("close inherited fds: {e}"))?;
     sys::ensure_single_threaded().map_err(|e| e.to_string())?;
+    if let Some(dir) = slots_dir
+        && let Err(e) = crate::mountns::enter_without_private_mounts_below(dir)
+    {
+        // jails still work, each copying the kernel slots' mounts too
+        eprintln!("kiln __launcher: kernel slots stay visible to its jails: {e}");
+    }
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     // The kernel reaps our children: the server watches each by its pidfd.
     sys::set_sigchld_ignored(true).map_err(|e| format!("ignore SIGCHLD: {e}"))?;

@@ -165,6 +165,10 @@ pub(crate) struct SlotFs {
     quota: WorkspaceQuota,
     /// The loop backend's empty filesystem has been made (`template.img`).
     template_made: Mutex<bool>,
+    /// Every slot that is not a kernel's has a mount point of its own, a
+    /// shared bind of its directory on itself (see
+    /// [`SlotFs::separates_kernels`]).
+    shared_points: bool,
     /// Set by [`SlotFs::teardown`]. Held while a slot's filesystem is
     /// mounted again (`recreate`) and during teardown, so a re-creation
     /// racing the teardown cannot leave a mount behind it.
@@ -230,9 +234,11 @@ fn mounts_at(path: &Path) -> usize {
         .count()
 }
 
-fn unmount_all(path: &Path) -> Result<(), String> {
+/// Unmounts what is mounted at `path`, topmost first, until `keep` mounts
+/// are left there (the lowest ones).
+fn unmount_all(path: &Path, keep: usize) -> Result<(), String> {
     for _ in 0..16 {
-        if mounts_at(path) == 0 {
+        if mounts_at(path) <= keep {
             return Ok(());
         }
         if let Err(e) = umount2(path, MntFlags::empty()) {
@@ -264,7 +270,9 @@ fn empty_dir(dir: &Path, keep: &[&str]) -> io::Result<()> {
 impl SlotFs {
     /// Prepares `dir` and one workspace filesystem per slot with the first
     /// backend of `mode` that works, except for the last `on_demand` slots
-    /// (mounted by [`SlotFs::take`]). Returns the reasons earlier backends
+    /// (mounted by [`SlotFs::take`]). With `separate_kernels`, the other
+    /// slots' mount points are made shared first (see
+    /// [`SlotFs::separates_kernels`]). Returns the reasons earlier backends
     /// failed. Fails only if `dir` itself is unusable.
     pub(crate) fn setup(
         dir: &Path,
@@ -273,6 +281,7 @@ impl SlotFs {
         bytes: u64,
         inodes: u64,
         mode: QuotaMode,
+        separate_kernels: bool,
     ) -> Result<(Arc<SlotFs>, Vec<String>), SandboxError> {
         fs::DirBuilder::new()
             .recursive(true)
@@ -301,11 +310,21 @@ impl SlotFs {
                 reason: "disabled by configuration".to_owned(),
             },
             template_made: Mutex::new(false),
+            shared_points: false,
             torn_down: Mutex::new(false),
         };
         this.clear_all()
             .and_then(|()| this.clear_beyond())
             .map_err(SandboxError::Setup)?;
+        if separate_kernels && mode != QuotaMode::Off {
+            match this.share_mount_points() {
+                Ok(()) => this.shared_points = true,
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "kernel slots stay visible to one-shot jails (each jail copies their mounts)"
+                ),
+            }
+        }
         let mut failures = Vec::new();
         let order: &[QuotaMode] = match mode {
             QuotaMode::Auto => &[QuotaMode::Loop, QuotaMode::Tmpfs],
@@ -367,10 +386,69 @@ impl SlotFs {
         self.dir.join("template.img")
     }
 
+    /// Whether the mounts of kernel slots can be kept out of the mount
+    /// namespace one-shot jails are made from: every other slot's mount
+    /// point is then a bind of its directory on itself, `MS_SHARED` (a
+    /// peer group of its own), so a copy of the namespace made after it
+    /// (the one-shot jails' launcher's, see `launcher.rs`) keeps receiving
+    /// what is mounted and unmounted there (a slot's filesystem made
+    /// afresh), while a kernel slot's filesystem, mounted on a plain
+    /// directory of a namespace that propagates nothing (the server's own,
+    /// a slave of the host's), reaches no copy.
+    pub(crate) fn separates_kernels(&self) -> bool {
+        self.shared_points
+    }
+
+    /// The slots directory, resolved (as `/proc/*/mountinfo` names it).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How many mounts at a slot's path are its mount point, not its
+    /// filesystem: the shared bind of a slot that is not a kernel's.
+    fn kept(&self, slot: u32) -> usize {
+        usize::from(self.shared_points && slot < self.slots - self.on_demand)
+    }
+
+    /// Binds every slot's directory but the kernel slots' on itself and
+    /// makes it shared (undone again if one fails).
+    fn share_mount_points(&self) -> Result<(), String> {
+        let shared: Vec<PathBuf> = (0..self.slots - self.on_demand)
+            .map(|i| self.parent(i))
+            .collect();
+        for (n, point) in shared.iter().enumerate() {
+            let made = mount(
+                Some(point.as_path()),
+                point.as_path(),
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|e| format!("bind {} on itself: {e}", point.display()))
+            .and_then(|()| {
+                mount(
+                    None::<&str>,
+                    point.as_path(),
+                    None::<&str>,
+                    MsFlags::MS_SHARED,
+                    None::<&str>,
+                )
+                .map_err(|e| format!("make {} shared: {e}", point.display()))
+            });
+            if let Err(e) = made {
+                for p in &shared[..=n] {
+                    let _ = unmount_all(p, 0);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Unmounts a slot's filesystem (detached if busy) and removes its
     /// image.
     fn unmount(&self, slot: u32) -> Result<(), String> {
-        unmount_all(&self.parent(slot))?;
+        unmount_all(&self.parent(slot), self.kept(slot))?;
         match fs::remove_file(self.image(slot)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(format!("remove {}: {e}", self.image(slot).display()))
@@ -653,7 +731,7 @@ impl SlotFs {
         }
         for i in 0..self.slots {
             let parent = self.parent(i);
-            if let Err(e) = unmount_all(&parent) {
+            if let Err(e) = unmount_all(&parent, 0) {
                 tracing::error!(error = %e, "slot filesystem left mounted");
                 continue;
             }
@@ -678,6 +756,7 @@ impl SlotFs {
                 reason: "test".to_owned(),
             },
             template_made: Mutex::new(false),
+            shared_points: false,
             torn_down: Mutex::new(false),
         };
         this.clear_all().expect("plain slot dirs");

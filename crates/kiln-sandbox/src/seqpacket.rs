@@ -132,12 +132,14 @@ impl Drop for OwnedChild {
 pub(crate) fn spawn_peer(
     helper: &std::path::Path,
     name: &str,
+    args: &[&std::ffi::OsStr],
 ) -> std::io::Result<(OwnedFd, OwnedChild)> {
     use std::os::unix::process::CommandExt;
     let (ours, theirs) = pair()?;
     let child = std::process::Command::new(helper)
         .arg0("kiln")
         .arg(format!("__{name}"))
+        .args(args)
         .env_clear()
         .stdin(std::process::Stdio::from(theirs))
         .stdout(std::process::Stdio::null())

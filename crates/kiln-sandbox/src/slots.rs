@@ -88,6 +88,11 @@ impl SlotPool {
         self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether `index` is one kept for live kernels.
+    pub(crate) fn is_on_demand(&self, index: u32) -> bool {
+        index as usize >= self.fixed
+    }
+
     pub(crate) async fn acquire(self: &Arc<Self>) -> Slot {
         self.take_free(&self.free, 0..self.fixed).await.0
     }

@@ -303,6 +303,250 @@ fn mounts_of(pid: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Each process's parent, from `/proc/*/stat`.
+fn parents() -> std::collections::HashMap<u32, u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // after the command name in parentheses: state, then the parent
+            let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// The slot index of the run whose cgroup holds `pid` (`<server>-<slot>-<seq>`).
+fn run_slot_of(pid: u32, server: u32) -> Option<u32> {
+    let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    groups.lines().find_map(|l| {
+        let name = l.rsplit('/').next()?;
+        let mut parts = name.split('-');
+        (parts.next()? == server.to_string()).then_some(())?;
+        parts.next()?.parse().ok()
+    })
+}
+
+/// The slot indices of `slots` (the slots directory) whose filesystems or
+/// mount points the mount namespace of `pid` holds.
+fn slot_mounts_of(pid: u32, slots: &std::path::Path) -> Vec<u32> {
+    mounts_of(&pid.to_string())
+        .into_iter()
+        .filter_map(|(point, _)| {
+            let (dir, index) = point.rsplit_once('/')?;
+            (std::path::Path::new(dir) == slots).then_some(())?;
+            index.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn one_shot_jails_are_made_from_a_mount_namespace_without_the_kernel_slots() {
+    common::require_root();
+    let Served {
+        mut child,
+        addr,
+        reader,
+        early,
+        _data,
+        ..
+    } = serve();
+    let server = child.id();
+    // the server's slots directory: where its own filesystems are mounted
+    let host = mounts_of("self");
+    let slots_dir = mounts_of(&server.to_string())
+        .into_iter()
+        .filter(|m| !host.contains(m))
+        .find_map(|(point, _)| {
+            let (dir, index) = point.rsplit_once('/')?;
+            index.parse::<u32>().ok()?;
+            dir.ends_with("/slots")
+                .then(|| std::path::PathBuf::from(dir))
+        })
+        .expect("the server mounts its slots' filesystems");
+    let ready: serde_json::Value = early
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "sandbox ready")
+        .expect("the sandbox's start-up line");
+    let slots = ready["fields"]["slots"].as_u64().unwrap() as u32;
+    let kernel_slots = ready["fields"]["kernel_slots_on_demand"].as_u64().unwrap() as u32;
+    assert!(kernel_slots > 0, "{ready}");
+    let first_kernel_slot = slots - kernel_slots;
+    // a live kernel
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    kiln_egress::install_crypto_provider();
+    let created = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/sessions"))
+            .json(&serde_json::json!({"lang": "py"}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    });
+    assert_eq!(created.0, 201, "create a kernel: {}", created.1);
+    // Jails' helpers (whose CLONE_NEWNS copies their mount table) are the
+    // parents of the outermost process of each run's cgroup: one-shot ones
+    // (the warm pool's parked jails) and the kernel's.
+    let t = Instant::now();
+    let (one_shot, kernels) = loop {
+        let parents = parents();
+        let (mut one_shot, mut kernels) = (Vec::new(), Vec::new());
+        for (&pid, &ppid) in &parents {
+            let Some(slot) = run_slot_of(pid, server) else {
+                continue;
+            };
+            let helper = std::fs::read(format!("/proc/{ppid}/cmdline")).unwrap_or_default();
+            let helper = String::from_utf8_lossy(&helper);
+            if run_slot_of(ppid, server).is_some()
+                || !(helper.contains("__launcher") || helper.contains("__jail"))
+            {
+                continue;
+            }
+            if slot >= first_kernel_slot {
+                kernels.push((ppid, slot));
+            } else {
+                one_shot.push((ppid, slot));
+            }
+        }
+        if !one_shot.is_empty() && !kernels.is_empty() {
+            break (one_shot, kernels);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no parked one-shot jail and kernel found: {one_shot:?} {kernels:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let server_slots = slot_mounts_of(server, &slots_dir);
+    for (helper, slot) in &kernels {
+        assert!(
+            server_slots.contains(slot),
+            "the server holds kernel slot {slot}'s filesystem: {server_slots:?}"
+        );
+        assert!(
+            slot_mounts_of(*helper, &slots_dir).contains(slot),
+            "the kernel's helper {helper} sees its slot {slot}"
+        );
+    }
+    for (helper, slot) in &one_shot {
+        let seen = slot_mounts_of(*helper, &slots_dir);
+        assert!(
+            seen.contains(slot),
+            "helper {helper} sees its own slot {slot}"
+        );
+        let kernel_mounts: Vec<&u32> = seen.iter().filter(|&&s| s >= first_kernel_slot).collect();
+        assert!(
+            kernel_mounts.is_empty(),
+            "the one-shot jail of slot {slot} is made from a namespace holding kernel slots {kernel_mounts:?}"
+        );
+    }
+    // the fork-servers (templates) of a runtime image need no workspace
+    let zygotes: Vec<u32> = parents()
+        .into_iter()
+        .filter(|&(pid, ppid)| {
+            ppid == server
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__zygote"))
+        })
+        .map(|(pid, _)| pid)
+        .collect();
+    for z in zygotes {
+        let own_ns = std::fs::read_link(format!("/proc/{z}/ns/mnt")).ok()
+            != std::fs::read_link(format!("/proc/{server}/ns/mnt")).ok();
+        let seen = slot_mounts_of(z, &slots_dir);
+        assert!(
+            !own_ns || seen.is_empty(),
+            "the fork-server {z} holds slots {seen:?}"
+        );
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    reader.join().unwrap();
+}
+
+/// The peer groups (`shared:N`) of the mounts on the slots of `slots` in
+/// the mount namespace of `pid`, by slot index.
+fn slot_peer_groups_of(
+    pid: u32,
+    slots: &std::path::Path,
+) -> std::collections::BTreeMap<u32, Vec<String>> {
+    let mut groups = std::collections::BTreeMap::<u32, Vec<String>>::new();
+    for l in std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let fields: Vec<&str> = l.split(' ').collect();
+        let Some((dir, index)) = fields.get(4).and_then(|p| p.rsplit_once('/')) else {
+            continue;
+        };
+        let Ok(index) = index.parse::<u32>() else {
+            continue;
+        };
+        if std::path::Path::new(dir) != slots {
+            continue;
+        }
+        let shared = fields
+            .iter()
+            .skip(6)
+            .take_while(|f| **f != "-")
+            .find(|f| f.starts_with("shared:"))
+            .map_or_else(|| "private".to_owned(), |f| (*f).to_owned());
+        groups.entry(index).or_default().push(shared);
+    }
+    groups
+}
+
+#[test]
+fn the_one_shot_jails_namespace_receives_every_slot_filesystem_the_server_mounts_later() {
+    common::require_root();
+    let Served {
+        mut child,
+        reader,
+        _data,
+        ..
+    } = serve();
+    let server = child.id();
+    // `kiln __launcher <slots dir>`: the one-shot jails' launcher
+    let (launcher, slots_dir) = parents()
+        .into_iter()
+        .filter(|&(_, ppid)| ppid == server)
+        .find_map(|(pid, _)| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            (args.get(1) == Some(&&b"__launcher"[..])).then_some(())?;
+            let dir = args.get(2).filter(|a| !a.is_empty())?;
+            Some((
+                pid,
+                std::path::PathBuf::from(String::from_utf8_lossy(dir).into_owned()),
+            ))
+        })
+        .expect("the one-shot jails' launcher");
+    // A slot's filesystem made afresh (a workspace too large to walk) is
+    // unmounted and mounted again in the server's namespace; the
+    // launcher's copy gets both only where the slot's mount point is in
+    // the same peer group in both namespaces.
+    let theirs = slot_peer_groups_of(launcher, &slots_dir);
+    let ours = slot_peer_groups_of(server, &slots_dir);
+    assert!(!theirs.is_empty(), "the launcher sees no slot");
+    for (slot, groups) in &theirs {
+        assert!(
+            groups.iter().all(|g| g.starts_with("shared:")),
+            "slot {slot}'s mounts in the launcher's namespace: {groups:?}"
+        );
+        assert_eq!(
+            Some(groups),
+            ours.get(slot),
+            "slot {slot}: the launcher's peer groups differ from the server's"
+        );
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    reader.join().unwrap();
+}
+
 #[test]
 fn serve_stops_cleanly_on_sigterm() {
     common::require_root();

@@ -51,8 +51,16 @@ struct Inner {
     /// started.
     zygotes: std::sync::RwLock<HashMap<String, Zygote>>,
     /// Forks jail helpers; `None` if it could not start (helpers are
-    /// spawned then).
+    /// spawned then). When the slot filesystems separate kernels, it forks
+    /// only those of one-shot jails (parked ones included), in a mount
+    /// namespace without the kernel slots' filesystems.
     launcher: Option<Launcher>,
+    /// Whether kernel jails have a launcher of their own
+    /// ([`SlotFs::separates_kernels`]): `kernel_launcher`, else (it could
+    /// not start, or died) a spawned helper, both in the server's mount
+    /// namespace, never `launcher`'s, which lacks their workspaces.
+    separate_kernels: bool,
+    kernel_launcher: Option<Launcher>,
 }
 
 /// Native Linux jails. Cheap to clone; all clones share one slot pool.
@@ -95,6 +103,10 @@ impl Sandbox {
             }
             check_searchable(&b)?;
         }
+        // Kernel slots' mounts are kept out of one-shot jails where the
+        // server has a mount namespace of its own, which propagates nothing.
+        let separate =
+            cfg.kernel_slots > 0 && matches!(crate::mountns::own_mount_namespace(), Some(Ok(())));
         let (areas, _) = SlotFs::setup(
             &cfg.slots_dir(),
             cfg.slots,
@@ -102,6 +114,7 @@ impl Sandbox {
             cfg.workspace_bytes,
             cfg.workspace_inodes,
             cfg.workspace_quota,
+            separate,
         )?;
         check_searchable(&areas.parent(0))?;
         // On error, dropping `areas` unmounts everything again.
@@ -155,16 +168,15 @@ impl Sandbox {
         );
         // the first kernels find their filesystems made
         slots.refill();
-        let launcher = match Launcher::start(&cfg.helper) {
-            Ok(l) => {
-                tracing::info!(pid = l.pid(), "jail launcher ready");
-                Some(l)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no jail launcher: every jail spawns its helper");
-                None
-            }
-        };
+        let separate_kernels = areas.separates_kernels();
+        let launcher = start_launcher(
+            &cfg.helper,
+            separate_kernels.then_some(areas.dir()),
+            "jail launcher",
+        );
+        let kernel_launcher = separate_kernels
+            .then(|| start_launcher(&cfg.helper, None, "kernel jail launcher"))
+            .flatten();
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 cfg,
@@ -176,6 +188,8 @@ impl Sandbox {
                 filters,
                 zygotes: std::sync::RwLock::new(HashMap::new()),
                 launcher,
+                separate_kernels,
+                kernel_launcher,
             }),
         })
     }
@@ -250,7 +264,7 @@ impl Sandbox {
         let budget = cpu_budget(cgroups.as_ref(), &req.limits);
         let supervised = supervise(
             &self.inner.cfg.helper,
-            self.inner.launcher.as_ref(),
+            self.launcher_for(slot),
             &spec,
             &req.limits,
             &cancel,
@@ -274,7 +288,7 @@ impl Sandbox {
         if let Some(z) = self.zygotes().get(template) {
             return Ok(z.info().clone());
         }
-        let z = Zygote::start(&self.inner.cfg.helper, cfg).await?;
+        let z = Zygote::start(&self.inner.cfg.helper, cfg, self.inner.areas.dir()).await?;
         let mut zygotes = self
             .inner
             .zygotes
@@ -296,6 +310,16 @@ impl Sandbox {
     /// embedded warm jails are possible).
     pub fn has_zygote(&self, template: &str) -> bool {
         self.zygotes().get(template).is_some_and(Zygote::alive)
+    }
+
+    /// The launcher that forks the helpers of `slot`'s jails (`None`:
+    /// spawn them): a kernel slot's when kernels are kept apart.
+    fn launcher_for(&self, slot: &Slot) -> Option<&Launcher> {
+        if self.inner.separate_kernels && self.inner.slots.is_on_demand(slot.index()) {
+            self.inner.kernel_launcher.as_ref()
+        } else {
+            self.inner.launcher.as_ref()
+        }
     }
 
     /// The jail launcher's pid while it answers (`None`: every helper is
@@ -323,6 +347,29 @@ impl Sandbox {
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+}
+
+/// Starts a jail launcher (`what` names it in the log); `None` if it cannot
+/// start: its helpers are spawned then.
+fn start_launcher(
+    helper: &std::path::Path,
+    without_kernel_slots: Option<&std::path::Path>,
+    what: &str,
+) -> Option<Launcher> {
+    match Launcher::start(helper, without_kernel_slots) {
+        Ok(l) => {
+            tracing::info!(
+                pid = l.pid(),
+                without_kernel_slots = without_kernel_slots.is_some(),
+                "{what} ready"
+            );
+            Some(l)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no {what}: its jails spawn their helpers");
+            None
+        }
     }
 }
 

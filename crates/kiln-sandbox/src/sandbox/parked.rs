@@ -99,7 +99,7 @@ impl Sandbox {
                 },
                 _ => None,
             };
-            let launcher = self.inner.launcher.as_ref();
+            let launcher = self.launcher_for(slot);
             let mut started = start_helper(&self.inner.cfg.helper, launcher, zygote).await?;
             started.send_line(&spec_line).await;
             started.wait_parked().await?;

@@ -27,18 +27,32 @@ pub(crate) struct Zygote {
 
 impl Zygote {
     /// Starts `helper __zygote`, hands it `cfg` and waits for the preload.
-    pub(crate) async fn start(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
+    /// Starts `helper __zygote SLOTS_DIR`: a fork-server in a runtime
+    /// image's mount namespace drops the slots' filesystems from it (its
+    /// forks join their jail's namespace; a private copy of a slot's mount
+    /// would keep the filesystem and its loop device alive after the
+    /// server unmounts it).
+    pub(crate) async fn start(
+        helper: &Path,
+        cfg: &ZygoteConfig,
+        slots_dir: &Path,
+    ) -> Result<Zygote, SandboxError> {
         let helper = helper.to_path_buf();
         let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || Zygote::start_blocking(&helper, &cfg))
+        let slots_dir = slots_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Zygote::start_blocking(&helper, &cfg, &slots_dir))
             .await
             .map_err(|e| SandboxError::Zygote(format!("start: {e}")))?
     }
 
-    fn start_blocking(helper: &Path, cfg: &ZygoteConfig) -> Result<Zygote, SandboxError> {
+    fn start_blocking(
+        helper: &Path,
+        cfg: &ZygoteConfig,
+        slots_dir: &Path,
+    ) -> Result<Zygote, SandboxError> {
         let err = |m: String| SandboxError::Zygote(m);
         // On every error below, dropping `child` kills it.
-        let (ours, child) = seqpacket::spawn_peer(helper, "zygote")
+        let (ours, child) = seqpacket::spawn_peer(helper, "zygote", &[slots_dir.as_os_str()])
             .map_err(|e| err(format!("spawn {}: {e}", helper.display())))?;
         let config = serde_json::to_vec(cfg).map_err(|e| err(format!("encode config: {e}")))?;
         send(&ours, &config, &[]).map_err(|e| err(format!("send config: {e}")))?;

@@ -38,6 +38,12 @@ fn reexec_in_image(root: &std::path::Path, cfg: &ZygoteConfig) -> String {
     if let Err(e) = crate::mountns::enter_image_system(root) {
         return format!("enter the runtime image {}: {e}", root.display());
     }
+    // `kiln __zygote SLOTS_DIR`: no workspace is needed here
+    if let Some(slots) = std::env::args_os().nth(2)
+        && let Err(e) = crate::mountns::detach_private_mounts_below(std::path::Path::new(&slots))
+    {
+        return format!("drop the slots' filesystems: {e}");
+    }
     let inner = ZygoteConfig {
         image_root: None,
         ..cfg.clone()
