@@ -401,6 +401,32 @@ async fn each_language_runs_from_the_image_chosen_for_it_and_not_from_the_others
         );
     }
 
+    // programmatic-tool runs (a jail built for its tool channel) too
+    for (lang, code, want) in [
+        (
+            "bash",
+            "cat /usr/share/kiln-test-marker",
+            "the copy\n".to_owned(),
+        ),
+        (
+            "py",
+            "import platform\nprint(platform.python_version())",
+            format!("{}\n", host.trim_start_matches("Python ")),
+        ),
+    ] {
+        let (status, done) = status_json(
+            client()
+                .post(format!("{}/exec/programmatic", s.v1()))
+                .header("User-Id", "alice")
+                .json(&serde_json::json!({"code": code, "lang": lang,
+                    "tools": [{"name": "unused"}]})),
+        )
+        .await;
+        assert_eq!(status, 200, "{done}");
+        assert_eq!(done["status"], "completed", "{lang}: {done}");
+        assert_eq!(done["stdout"], want, "{lang} programmatic: {done}");
+    }
+
     // a live py kernel forks the fork-server of py's own system
     let created: Value = json_of(
         client()
