@@ -184,7 +184,8 @@ pub struct HealthInfo {
     /// Server version (the binary's `CARGO_PKG_VERSION`).
     pub version: String,
     pub languages: Vec<LanguageHealth>,
-    /// The runtime image jails run from; `None`: the host's `/usr`.
+    /// The runtime image jails run from (a language's own, if it has one, is its
+    /// [`LanguageHealth::image`]); `None`: the host's `/usr`.
     pub runtime_image: Option<RuntimeImageHealth>,
 }
 
@@ -212,6 +213,9 @@ pub struct LanguageHealth {
     /// Why the runtime is unavailable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The runtime image its jails run from (`runtime_images`, else `runtime_image`);
+    /// `null`: the host's `/usr`.
+    pub image: Option<RuntimeImageHealth>,
 }
 
 impl LanguageHealth {
@@ -224,7 +228,13 @@ impl LanguageHealth {
             version,
             available: true,
             reason: None,
+            image: None,
         }
+    }
+
+    /// The same, running from `image` (`None`: the host's `/usr`).
+    pub fn on_image(self, image: Option<RuntimeImageHealth>) -> Self {
+        LanguageHealth { image, ..self }
     }
 
     /// A runtime that cannot be used on this host, and why.
@@ -236,6 +246,7 @@ impl LanguageHealth {
             version: None,
             available: false,
             reason: Some(reason.into()),
+            image: None,
         }
     }
 }

@@ -101,16 +101,27 @@ async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let health = kiln.health().await.ok();
     // a server on a runtime image: the baselines run the image's interpreters, in a chroot of
     // the same image, so both sides run the same Python and Node
-    settings.bare_image = health
-        .as_ref()
-        .and_then(|h| BareImage::from_health(h, &settings.runtime_dir()));
-    match &settings.bare_image {
-        Some(i) => eprintln!(
-            "kiln-bench: baselines spawn the interpreters of the server's runtime image {} in a chroot of {}",
-            i.id,
-            i.root.display()
-        ),
-        None => eprintln!("kiln-bench: baselines spawn the host's interpreters"),
+    // (each baseline in the image of the language it times: runtime_images may differ)
+    let runtime_dir = settings.runtime_dir();
+    let image_of = |lang| {
+        health
+            .as_ref()
+            .and_then(|h| BareImage::from_health(h, &runtime_dir, lang))
+    };
+    settings.bare_python_image = image_of("py");
+    settings.bare_node_image = image_of("js");
+    for (what, image) in [
+        ("python", &settings.bare_python_image),
+        ("node", &settings.bare_node_image),
+    ] {
+        match image {
+            Some(i) => eprintln!(
+                "kiln-bench: the {what} baselines spawn the interpreter of the server's runtime image {} in a chroot of {}",
+                i.id,
+                i.root.display()
+            ),
+            None => eprintln!("kiln-bench: the {what} baselines spawn the host's interpreter"),
+        }
     }
     scenarios::check_runtime(&settings.bare_python().host_path(), "python")?;
     if settings.scenarios.contains(&Scenario::E) || settings.scenarios.contains(&Scenario::P) {
@@ -181,15 +192,11 @@ async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
         ),
         "Kiln latency is client-side: HTTP request sent → whole response read, over loopback with a pooled connection; baseline latency is spawn → exit with output read.".into(),
         "Every answer is verified (stdout value, and for B that plot.png is among the outputs; for B2 stdout equal to the baseline's and the heatmap among the outputs); failed requests are excluded from latencies and counted in `verified`.".into(),
-        match &settings.bare_image {
-            Some(i) => format!(
-                "Baselines run the server's runtime image's own interpreters ({}, {}): each spawned process enters a chroot of {} (and its working directory there) before it executes the interpreter, with no process in between.",
-                machine.python.as_deref().unwrap_or("python ?"),
-                machine.node.as_deref().unwrap_or("node ?"),
-                i.root.display()
-            ),
-            None => "Baselines run the host's interpreters (the server runs its jails on the host's /usr, or its image is not on this machine).".into(),
-        },
+        bare_note(
+            &settings,
+            machine.python.as_deref().unwrap_or("python ?"),
+            machine.node.as_deref().unwrap_or("node ?"),
+        ),
     ];
     if settings.scenarios.contains(&Scenario::P) {
         notes.push(
@@ -238,6 +245,26 @@ async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
 /// reqwest carries no provider of its own (see Cargo.toml).
 pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The report's note on where the baselines' interpreters come from: each baseline runs
+/// the interpreter of the image the server runs that language's jails from.
+fn bare_note(settings: &Settings, python: &str, node: &str) -> String {
+    let one = |name: &str, image: Option<&BareImage>| match image {
+        Some(i) => format!(
+            "{name} from the server's runtime image {} (each spawned process enters a chroot of {} and its working directory there before it executes the interpreter, with no process in between)",
+            i.id,
+            i.root.display()
+        ),
+        None => format!(
+            "{name} from the host (the server runs those jails on the host's /usr, or its image is not on this machine)"
+        ),
+    };
+    format!(
+        "Baselines run the interpreters the server's jails of that language run: {}; {}.",
+        one(python, settings.bare_python_image.as_ref()),
+        one(node, settings.bare_node_image.as_ref())
+    )
 }
 
 #[cfg(test)]

@@ -172,10 +172,12 @@ pub struct Settings {
     pub startup_timeout: Duration,
     /// An external server's origin (`--url`); `None`: one is started.
     pub url: Option<String>,
-    /// The runtime image the measured server runs its jails from, when it runs on one that
-    /// is on this machine (read from its `/health`): the baselines then spawn `python` and
-    /// `node` inside it (in a chroot), not the host's. `None`: the host's.
-    pub bare_image: Option<BareImage>,
+    /// The runtime image the measured server runs its `py` jails from, when it runs them on
+    /// one that is on this machine (read from its `/health`): the Python baselines then spawn
+    /// `python` inside it (in a chroot), not the host's. `None`: the host's.
+    pub bare_python_image: Option<BareImage>,
+    /// The same for its `js` jails and the Node baselines.
+    pub bare_node_image: Option<BareImage>,
 }
 
 /// A runtime image the baselines run their interpreters from.
@@ -188,11 +190,22 @@ pub struct BareImage {
 }
 
 impl BareImage {
-    /// The image a server's `/health` answer names, found on this machine: an id's root in
-    /// `runtime_dir`, or a root given by path. `None` when the server runs on the host's
-    /// `/usr` or its image is not here (a server elsewhere, `--url`).
-    pub fn from_health(health: &serde_json::Value, runtime_dir: &Path) -> Option<BareImage> {
-        let id = health["runtime_image"]["id"].as_str()?;
+    /// The image a server's `/health` answer names for the language `lang` (its entry's
+    /// `image`; from a server that names none per language, `runtime_image`), found on this
+    /// machine: an id's root in `runtime_dir`, or a root given by path. `None` when the
+    /// server runs that language on the host's `/usr` or its image is not here (a server
+    /// elsewhere, `--url`).
+    pub fn from_health(
+        health: &serde_json::Value,
+        runtime_dir: &Path,
+        lang: &str,
+    ) -> Option<BareImage> {
+        let own = health["languages"]
+            .as_array()
+            .and_then(|ls| ls.iter().find(|l| l["name"] == lang))
+            .and_then(|l| l.get("image"));
+        let image = own.unwrap_or(&health["runtime_image"]);
+        let id = image["id"].as_str()?;
         let root = if id.starts_with('/') {
             PathBuf::from(id)
         } else if (id.starts_with("recipe-") || id.starts_with("import-"))
@@ -230,19 +243,21 @@ impl Settings {
         env
     }
 
-    /// The baselines' Python: `--python`, in the server's image when it runs on one.
+    /// The baselines' Python: `--python`, in the image of the server's `py` jails when it
+    /// runs them on one.
     pub fn bare_python(&self) -> Program {
-        self.bare(&self.python)
+        Self::bare(&self.python, self.bare_python_image.as_ref())
     }
 
-    /// The baselines' Node: `--node`, in the server's image when it runs on one.
+    /// The baselines' Node: `--node`, in the image of the server's `js` jails when it runs
+    /// them on one.
     pub fn bare_node(&self) -> Program {
-        self.bare(&self.node)
+        Self::bare(&self.node, self.bare_node_image.as_ref())
     }
 
-    fn bare(&self, path: &Path) -> Program {
+    fn bare(path: &Path, image: Option<&BareImage>) -> Program {
         Program {
-            image: self.bare_image.as_ref().map(|i| i.root.clone()),
+            image: image.map(|i| i.root.clone()),
             ..Program::host(path)
         }
     }
@@ -300,7 +315,8 @@ impl Settings {
                     .trim_end_matches("/v1")
                     .to_owned()
             }),
-            bare_image: None,
+            bare_python_image: None,
+            bare_node_image: None,
         };
         if let Some(u) = &s.url
             && !(u.starts_with("http://") || u.starts_with("https://"))
@@ -351,12 +367,12 @@ mod tests {
         let id = "recipe-0123456789abcdef";
         std::fs::create_dir_all(dir.path().join(id).join("rootfs/usr")).unwrap();
         let health = serde_json::json!({"runtime_image": {"id": id, "digest": "x"}});
-        let img = BareImage::from_health(&health, dir.path()).unwrap();
+        let img = BareImage::from_health(&health, dir.path(), "py").unwrap();
         assert_eq!(img.root, dir.path().join(id).join("rootfs"));
         // a root given by path is used as it is
         let by_path = serde_json::json!({"runtime_image": {"id": img.root}});
         assert_eq!(
-            BareImage::from_health(&by_path, Path::new("/nowhere"))
+            BareImage::from_health(&by_path, Path::new("/nowhere"), "py")
                 .unwrap()
                 .root,
             img.root
@@ -368,18 +384,45 @@ mod tests {
             serde_json::json!({"runtime_image": {"id": "recipe-fedcba9876543210"}}),
             serde_json::json!({"runtime_image": {"id": "recipe-../../etc"}}),
         ] {
-            assert_eq!(BareImage::from_health(&other, dir.path()), None, "{other}");
+            assert_eq!(
+                BareImage::from_health(&other, dir.path(), "py"),
+                None,
+                "{other}"
+            );
         }
         let mut s = parse(&[]).unwrap();
         assert_eq!(s.bare_python(), Program::host("/usr/bin/python3"));
-        s.bare_image = Some(img.clone());
+        s.bare_node_image = Some(img.clone());
         assert_eq!(s.bare_node().image.as_deref(), Some(img.root.as_path()));
+        assert_eq!(s.bare_python(), Program::host("/usr/bin/python3"));
         assert_eq!(
             parse(&["--server-env", "KILN_RUNTIME_DIR=/srv/images"])
                 .unwrap()
                 .runtime_dir(),
             Path::new("/srv/images")
         );
+    }
+
+    #[test]
+    fn each_baseline_takes_the_image_of_the_language_it_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let (default, own) = ("recipe-0123456789abcdef", "import-fedcba9876543210");
+        for id in [default, own] {
+            std::fs::create_dir_all(dir.path().join(id).join("rootfs/usr")).unwrap();
+        }
+        let health = serde_json::json!({
+            "runtime_image": {"id": default},
+            "languages": [
+                {"name": "py", "image": {"id": own}},
+                {"name": "js", "image": {"id": default}},
+                {"name": "r", "image": null},
+            ],
+        });
+        let of = |lang| BareImage::from_health(&health, dir.path(), lang).map(|i| i.id);
+        assert_eq!(of("py").as_deref(), Some(own));
+        assert_eq!(of("js").as_deref(), Some(default));
+        // a language on the host's /usr: the host's interpreter
+        assert_eq!(of("r"), None);
     }
 
     #[test]

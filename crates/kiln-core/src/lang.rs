@@ -854,6 +854,8 @@ impl PartialEq for Language {
     }
 }
 
+impl Eq for Language {}
+
 /// Every host `/etc` entry some runtime reads, each once, in table order.
 /// The sandbox binds these read-only into jails.
 pub fn etc_binds() -> Vec<&'static str> {

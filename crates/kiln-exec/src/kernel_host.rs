@@ -100,16 +100,26 @@ impl SandboxHost {
                     "-u".to_owned(),
                     format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
                 ];
-                Ok((python_kernel_park(template), argv, template))
+                // on the system (runtime image) of its language, as the
+                // fork-server it forks from
+                let park = ParkSpec {
+                    language: Some(language),
+                    ..python_kernel_park(template)
+                };
+                Ok((park, argv, template))
             }
             Some(WarmRecipe::Prestart { .. }) => {
                 let node = language.spec().run[0];
-                if !std::path::Path::new(node).is_file() {
+                let system = self.sandbox.config().system_of(Some(language));
+                if !system.source_of(std::path::Path::new(node)).is_file() {
                     return Err(KernelsError::Unavailable(format!(
                         "{node} is not installed"
                     )));
                 }
-                let park = node_kernel_park(node, language.environment(limits));
+                let park = ParkSpec {
+                    language: Some(language),
+                    ..node_kernel_park(node, language.environment(limits))
+                };
                 let argv = park.argv.clone();
                 Ok((park, argv, "node"))
             }

@@ -635,6 +635,7 @@ fn lost_error(session: &Kernel) -> SandboxError {
 impl Jails for Seat {
     fn acquire<'a>(
         &'a self,
+        _lang: Language,
         _profile: &'a str,
     ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>> {
         Box::pin(async move {

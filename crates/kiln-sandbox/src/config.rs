@@ -2,6 +2,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use kiln_core::Language;
+
 use crate::error::SandboxError;
 use crate::quota::QuotaMode;
 use crate::spec::ID_RANGE;
@@ -28,6 +30,33 @@ pub const DEFAULT_ETC_BINDS: &[&str] = &[
     "ldc2.conf",
     "php",
 ];
+
+/// The system one language's jails run from, when it is not the default
+/// one (see [`SandboxConfig::language_images`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanguageImage {
+    pub language: Language,
+    /// Its runtime image's root filesystem; `None`: the host's.
+    pub image_root: Option<PathBuf>,
+    /// Names under that system's `/etc` bound read-only when present.
+    pub etc_binds: Vec<String>,
+}
+
+/// What a jail's mounts come from: a runtime image's root (`None`: the
+/// host's `/`) and the `/etc` entries bound from beneath it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JailSystem<'a> {
+    pub image_root: Option<&'a Path>,
+    pub etc_binds: &'a [String],
+}
+
+impl JailSystem<'_> {
+    /// Where a jail's `path` (absolute, as the jail sees it) comes from on
+    /// the host: beneath the image when there is one.
+    pub fn source_of(&self, path: &Path) -> PathBuf {
+        crate::jail::plan::source_of(self.image_root, path)
+    }
+}
 
 /// Smallest workspace filesystem accepted (ext4 needs a few MiB itself).
 pub const MIN_WORKSPACE_BYTES: u64 = 16 << 20;
@@ -58,6 +87,11 @@ pub struct SandboxConfig {
     /// merged-/usr links and `etc_binds` from beneath it instead of from the
     /// host (see `JailSpec::image_root`). `None`: the host's.
     pub image_root: Option<PathBuf>,
+    /// Languages whose jails run from another system than `image_root` and
+    /// `etc_binds` (the default one): their runs, parked jails, kernels and
+    /// fork-servers take [`LanguageImage::image_root`] and its
+    /// `etc_binds` instead. A language not listed takes the default.
+    pub language_images: Vec<LanguageImage>,
     /// Directory of the slots' workspace filesystems (`<i>.img` images and
     /// `<i>/` mount points); created if missing, must be root's. `None`:
     /// `slots` next to `root_dir`.
@@ -93,6 +127,7 @@ impl Default for SandboxConfig {
             ro_binds: vec![PathBuf::from("/usr")],
             etc_binds: DEFAULT_ETC_BINDS.iter().map(|s| (*s).to_owned()).collect(),
             image_root: None,
+            language_images: Vec::new(),
             slots_dir: None,
             workspace_bytes: 1 << 30,
             workspace_inodes: 65_536,
@@ -136,6 +171,35 @@ impl SandboxConfig {
         crate::jail::plan::source_of(self.image_root.as_deref(), path)
     }
 
+    /// The system jails of `lang` run from: its entry of
+    /// `language_images`, else (and for `None`, a jail of no language yet,
+    /// such as a generic parked one) the default one.
+    pub fn system_of(&self, lang: Option<Language>) -> JailSystem<'_> {
+        match lang.and_then(|l| self.language_images.iter().find(|i| i.language == l)) {
+            Some(i) => JailSystem {
+                image_root: i.image_root.as_deref(),
+                etc_binds: &i.etc_binds,
+            },
+            None => JailSystem {
+                image_root: self.image_root.as_deref(),
+                etc_binds: &self.etc_binds,
+            },
+        }
+    }
+
+    /// Every distinct system jails run from, the default one first, each
+    /// with the first language (if any) that runs from it.
+    pub fn systems(&self) -> Vec<(Option<Language>, JailSystem<'_>)> {
+        let mut out = vec![(None, self.system_of(None))];
+        for i in &self.language_images {
+            let s = self.system_of(Some(i.language));
+            if !out.iter().any(|(_, o)| *o == s) {
+                out.push((Some(i.language), s));
+            }
+        }
+        out
+    }
+
     /// Where the slots' workspace filesystems live.
     pub fn slots_dir(&self) -> PathBuf {
         self.slots_dir.clone().unwrap_or_else(|| {
@@ -168,8 +232,11 @@ impl SandboxConfig {
                 self.uid_base, self.slots
             ));
         }
-        if let Some(r) = &self.image_root
-            && (!is_clean_absolute(r) || r == Path::new("/"))
+        let roots = self.language_images.iter().map(|i| &i.image_root);
+        if let Some(r) = std::iter::once(&self.image_root)
+            .chain(roots)
+            .flatten()
+            .find(|r| !is_clean_absolute(r) || *r == Path::new("/"))
         {
             return bad(format!(
                 "image_root {} must be an absolute path other than / without . or ..",

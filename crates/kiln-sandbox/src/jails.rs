@@ -20,6 +20,7 @@ use kiln_core::lang::{EmbeddedTemplate, WARM_EXEC, WarmRecipe};
 use kiln_core::{Language, Limits, Nanoid};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::run::{RunRequest, RunResult};
 use crate::sandbox::{ParkSpec, ParkedJail, Sandbox};
@@ -33,13 +34,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Hands out jails.
 pub trait Jails: Send + Sync + 'static {
-    /// A jail for one execution whose runtime's warm profile is `profile`
+    /// A jail for one execution of `lang`, whose warm profile is `profile`
     /// (see `Language::warm_profile`); [`COLD_PROFILE`]: no parked jail,
     /// each step builds its own (a run whose program joins a services
-    /// channel, which a parked jail cannot). Waits while every slot is busy; the
-    /// jail's workspace exists, empty, owned by the jail's user.
+    /// channel, which a parked jail cannot). Every step of it runs on
+    /// `lang`'s system (its runtime image). Waits while every slot is busy;
+    /// the jail's workspace exists, empty, owned by the jail's user.
     fn acquire<'a>(
         &'a self,
+        lang: Language,
         profile: &'a str,
     ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>>;
 }
@@ -89,9 +92,22 @@ impl JailSource {
     /// embedded runtimes take generic warm jails.
     pub fn warm(sandbox: Sandbox, cfg: WarmConfig, zygote: Option<ZygoteStart>) -> JailSource {
         let limits = cfg.limits.clone();
-        let mut profiles = vec![(WARM_EXEC.to_owned(), ParkSpec::exec())];
+        // a generic profile per system jails run from: the default one's
+        // `exec`, and one for each other language image
+        let mut profiles: Vec<(String, ParkSpec)> = sandbox
+            .config()
+            .systems()
+            .into_iter()
+            .map(|(lang, _)| {
+                let spec = ParkSpec {
+                    language: lang,
+                    ..ParkSpec::exec()
+                };
+                (exec_profile_name(lang), spec)
+            })
+            .collect();
         for lang in Language::all() {
-            if let Some(spec) = prestart_spec(lang, &limits) {
+            if let Some(spec) = prestart_spec(sandbox.config(), lang, &limits) {
                 profiles.push((lang.name().to_owned(), spec));
             }
         }
@@ -123,7 +139,24 @@ impl JailSource {
         self.pool.as_ref()
     }
 
-    async fn acquire_jail(&self, profile: &str) -> Result<SandboxJail, SandboxError> {
+    /// The generic warm profile of `lang`'s system: `exec` for the
+    /// default one, else the one of the first language of its image.
+    fn exec_profile(&self, lang: Language) -> String {
+        let cfg = self.sandbox.config();
+        let own = cfg.system_of(Some(lang));
+        let first = cfg
+            .systems()
+            .into_iter()
+            .find(|(_, s)| *s == own)
+            .and_then(|(l, _)| l);
+        exec_profile_name(first)
+    }
+
+    async fn acquire_jail(
+        &self,
+        lang: Language,
+        profile: &str,
+    ) -> Result<SandboxJail, SandboxError> {
         let pool = self.pool.as_ref().filter(|_| profile != COLD_PROFILE);
         let Some(pool) = pool else {
             let slot = self.sandbox.acquire_slot().await;
@@ -133,20 +166,23 @@ impl JailSource {
                 slot,
                 workspace,
                 parked: None,
+                language: lang,
             });
         };
         // a runtime's other template runs the same program (only its speed
-        // differs), a generic jail runs it the cold way
+        // differs), a generic jail of its system runs it the cold way
+        let exec = self.exec_profile(lang);
         let profile = std::iter::once(profile)
+            .filter(|p| *p != WARM_EXEC)
             .chain(Language::sibling_profiles(profile))
             .find(|p| pool.has_profile(p))
-            .unwrap_or(WARM_EXEC);
+            .unwrap_or(&exec);
         let got = match pool.get(profile).await {
             // a runtime's own warm jail failed (the fork-server died, say):
             // a generic one runs the same program the cold way
-            Err(e) if profile != WARM_EXEC => {
+            Err(e) if profile != exec => {
                 tracing::warn!(profile, error = %e, "warm jail unavailable; using a generic one");
-                pool.get(WARM_EXEC).await?
+                pool.get(&exec).await?
             }
             other => other?,
         };
@@ -155,6 +191,7 @@ impl JailSource {
             workspace: got.jail.workspace().to_path_buf(),
             slot: got.slot,
             parked: Some(got.jail),
+            language: lang,
         })
     }
 }
@@ -162,10 +199,11 @@ impl JailSource {
 impl Jails for JailSource {
     fn acquire<'a>(
         &'a self,
+        lang: Language,
         profile: &'a str,
     ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>> {
         Box::pin(async move {
-            let jail = self.acquire_jail(profile).await?;
+            let jail = self.acquire_jail(lang, profile).await?;
             Ok(Box::new(jail) as Box<dyn Jail>)
         })
     }
@@ -174,9 +212,19 @@ impl Jails for JailSource {
 impl<T: Jails> Jails for Arc<T> {
     fn acquire<'a>(
         &'a self,
+        lang: Language,
         profile: &'a str,
     ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>> {
-        (**self).acquire(profile)
+        (**self).acquire(lang, profile)
+    }
+}
+
+/// The generic warm profile of the system `first` (the first language of
+/// its image) runs from; `None`: the default system's, [`WARM_EXEC`].
+fn exec_profile_name(first: Option<Language>) -> String {
+    match first {
+        None => WARM_EXEC.to_owned(),
+        Some(l) => format!("{WARM_EXEC}@{}", l.name()),
     }
 }
 
@@ -207,6 +255,8 @@ struct SandboxJail {
     slot: Slot,
     workspace: PathBuf,
     parked: Option<ParkedJail>,
+    /// Whose system every step runs on.
+    language: Language,
 }
 
 impl Jail for SandboxJail {
@@ -224,6 +274,7 @@ impl Jail for SandboxJail {
         cancel: CancellationToken,
     ) -> BoxFuture<'_, Result<RunResult, SandboxError>> {
         req.workspace = self.workspace.clone();
+        req.language = Some(self.language);
         Box::pin(async move {
             if (req.network.is_some() || req.pause.is_some()) && self.parked.is_some() {
                 return Err(SandboxError::Setup(
@@ -240,12 +291,17 @@ impl Jail for SandboxJail {
 }
 
 /// How a runtime's pre-started warm jails are parked, if it has that recipe.
-fn prestart_spec(lang: Language, limits: &Limits) -> Option<ParkSpec> {
+fn prestart_spec(cfg: &SandboxConfig, lang: Language, limits: &Limits) -> Option<ParkSpec> {
     let Some(WarmRecipe::Prestart { etc_files, .. }) = &lang.spec().warm else {
         return None;
     };
     let argv = lang.prestart_argv(limits)?;
-    if !Path::new(&argv[0]).is_file() {
+    // the runtime must be on the system its jails run from
+    if !cfg
+        .system_of(Some(lang))
+        .source_of(Path::new(&argv[0]))
+        .is_file()
+    {
         return None;
     }
     Some(ParkSpec {
@@ -257,6 +313,7 @@ fn prestart_spec(lang: Language, limits: &Limits) -> Option<ParkSpec> {
             .iter()
             .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
             .collect(),
+        language: Some(lang),
         ..ParkSpec::exec()
     })
 }
@@ -312,6 +369,7 @@ async fn start_embedded(sandbox: &Sandbox, pool: &WarmPool, limits: &Limits, z: 
                     ParkSpec {
                         mode: ParkMode::Embedded,
                         template: name.to_owned(),
+                        language: Some(lang),
                         ..ParkSpec::exec()
                     },
                 );
@@ -331,9 +389,14 @@ async fn start_zygote(
     limits: &Limits,
     z: &ZygoteStart,
 ) -> Result<ZygoteInfo, SandboxError> {
-    // on a runtime image the fork-server runs the image's interpreter (it
-    // re-executes itself inside the image's system: ZygoteConfig::image_root)
-    let image_root = sandbox.config().image_root.clone();
+    // on a runtime image the fork-server runs the image of its language's
+    // interpreter (it re-executes itself inside the image's system:
+    // ZygoteConfig::image_root)
+    let image_root = sandbox
+        .config()
+        .system_of(Some(lang))
+        .image_root
+        .map(Path::to_path_buf);
     let libpython = match &image_root {
         Some(root) => find_image_libpython(root)?,
         None => find_libpython(Path::new(interpreter))?,
@@ -375,14 +438,22 @@ mod tests {
         let limits = Limits::default();
         let js = Language::resolve("js").unwrap();
         if Path::new("/usr/bin/node").is_file() {
-            let spec = prestart_spec(js, &limits).expect("node is installed");
+            let spec =
+                prestart_spec(&SandboxConfig::default(), js, &limits).expect("node is installed");
             assert_eq!(spec.mode, ParkMode::Prestart);
             assert_eq!(spec.argv.last().map(String::as_str), Some("index.js"));
             assert_eq!(spec.etc_files[0].0, "node_warm.js");
             assert_eq!(spec.env, js.environment(&limits));
         }
         for name in ["py", "bash", "c"] {
-            assert!(prestart_spec(Language::resolve(name).unwrap(), &limits).is_none());
+            assert!(
+                prestart_spec(
+                    &SandboxConfig::default(),
+                    Language::resolve(name).unwrap(),
+                    &limits
+                )
+                .is_none()
+            );
         }
     }
 

@@ -62,7 +62,10 @@ mod zygote;
 pub const PROJECT_DIR: &str = "/workspace";
 
 pub use cgroup::CgroupSupport;
-pub use config::{DEFAULT_ETC_BINDS, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES, SandboxConfig};
+pub use config::{
+    DEFAULT_ETC_BINDS, JailSystem, LanguageImage, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES,
+    SandboxConfig,
+};
 pub use error::{KilledUsage, SandboxError};
 pub use jail::helper_main;
 pub use jail::plan::source_of;

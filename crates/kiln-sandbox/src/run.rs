@@ -58,6 +58,9 @@ pub struct RunRequest {
     /// paused time does not count against `limits.wall_time`. `None`: the
     /// wall time runs from the start to the end.
     pub pause: Option<crate::pause::PauseClock>,
+    /// The language whose system (runtime image) the jail runs from (see
+    /// `SandboxConfig::language_images`); `None`: the default one.
+    pub language: Option<kiln_core::Language>,
 }
 
 impl Default for RunRequest {
@@ -73,6 +76,7 @@ impl Default for RunRequest {
             output: None,
             network: None,
             pause: None,
+            language: None,
         }
     }
 }

@@ -33,6 +33,11 @@ pub struct Config {
     /// cannot be built). A server whose image is not built refuses to start, naming
     /// `kiln runtime build` (docs/runtimes.md).
     pub runtime_image: String,
+    /// Languages whose jails run from another image than `runtime_image`: a table
+    /// (`[runtime_images]`, `r = "import-…"`) or `KILN_RUNTIME_IMAGES="r=import-…,py=host"`.
+    /// Each value takes what `runtime_image` takes; a language not named runs from
+    /// `runtime_image`. An unknown language or image is refused at start.
+    pub runtime_images: RuntimeImages,
     /// `none`, `api-key`, `jwt` or `api-key,jwt`. Unset: `api-key` when a
     /// key is set, else `none`.
     pub auth: Option<String>,
@@ -340,6 +345,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./kiln-data"),
             runtime_dir: PathBuf::from("/var/lib/kiln/runtimes"),
             runtime_image: DEFAULT_IMAGE.to_owned(),
+            runtime_images: RuntimeImages::default(),
             work_dir: None,
             auth: None,
             api_key: None,
@@ -457,12 +463,14 @@ impl Default for Config {
 
 mod auth;
 mod egress;
+mod images;
 mod limits;
 mod server;
 mod sessions;
 mod storage;
 
 pub use self::auth::Auth;
+pub use self::images::RuntimeImages;
 pub use self::sessions::SessionSizing;
 
 /// `runtime_image`'s default: the compiled-in recipe's image.
@@ -503,24 +511,10 @@ impl Config {
         Ok(cfg)
     }
 
-    /// The image `runtime_image` names (`default`, an image id or a root's path); `None` for
-    /// `host`: jails run from the host's `/usr`.
-    pub fn runtime_image(&self) -> Option<&str> {
-        (self.runtime_image != HOST_IMAGE).then_some(self.runtime_image.as_str())
-    }
-
     pub fn validate(&self) -> anyhow::Result<()> {
         self.listen_addr()?;
-        let image = self.runtime_image.as_str();
-        if !(image == DEFAULT_IMAGE
-            || image == HOST_IMAGE
-            || crate::runtime::is_image_id(image)
-            || image.starts_with('/'))
-        {
-            bail!(
-                "runtime_image must be `default`, `host`, an image id (recipe-…, import-…; `kiln runtime list`) or an absolute path, not {image:?}"
-            );
-        }
+        images::check_image_name("runtime_image", &self.runtime_image)?;
+        self.runtime_images()?;
         self.auth_mode()?;
         if self.max_concurrency == 0 {
             bail!("max_concurrency must be at least 1");

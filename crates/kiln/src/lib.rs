@@ -52,8 +52,9 @@ pub struct Kiln {
     /// `bridge_sandboxes_max` is 0.
     pub sandboxes: Option<kiln_exec::sandboxes::Sandboxes>,
     pub languages: Vec<kiln_api::LanguageHealth>,
-    /// The runtime image jails run from (`runtime_image`); `None`: the host's `/usr`.
-    pub image: Option<runtime::jail::ImageRef>,
+    /// The runtime images jails run from (`runtime_image`, and each language's of
+    /// `runtime_images`).
+    pub images: runtime::jail::Images,
 }
 
 /// Open storage, probe and set up the sandbox, build the executor and the
@@ -103,7 +104,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
             sc.etc_binds.push(name.to_owned());
         }
     }
-    let image = runtime::jail::configure(&config, &mut sc)?;
+    let images = runtime::jail::configure(&config, &mut sc)?;
     let sandbox =
         Sandbox::new(sc).map_err(|e| anyhow::anyhow!("sandbox cannot be enforced: {e}"))?;
 
@@ -156,7 +157,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         budget_bytes: config.project_budget_bytes,
     })
     .context("projects dir")?;
-    let languages = probe_languages(image.as_ref().map(|i| i.root.as_path())).await;
+    let languages = probe_languages(&images).await;
     let sandboxes = config.sandboxes().map(kiln_exec::sandboxes::Sandboxes::new);
     Ok(Kiln {
         config,
@@ -168,7 +169,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
         projects,
         sandboxes,
         languages,
-        image,
+        images,
     })
 }
 
@@ -389,10 +390,7 @@ pub async fn serve(
             ..kiln_api::Operator::new(kiln_api::HealthInfo {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 languages: kiln.languages.clone(),
-                runtime_image: kiln.image.as_ref().map(|i| kiln_api::RuntimeImageHealth {
-                    id: i.id.clone(),
-                    digest: i.digest.clone(),
-                }),
+                runtime_image: kiln.images.default.as_ref().map(image_health),
             })
         },
     }
@@ -688,16 +686,28 @@ pub async fn serve_until_signal(config: Config) -> anyhow::Result<()> {
     // kernel slots are mounted only while a kernel holds them
     let slots = config.max_concurrency + config.warm_jails;
     let kiln = build(config).await?;
-    match &kiln.image {
+    match &kiln.images.default {
         Some(i) => info!(image = %i.id, digest = i.digest.as_deref().unwrap_or("-"),
             root = %i.root.display(), "jails run from a runtime image"),
         None => info!("jails run from the host's /usr (runtime_image = \"host\")"),
     }
+    for (lang, i) in &kiln.images.by_language {
+        match i {
+            Some(i) => info!(lang = lang.name(), image = %i.id,
+                digest = i.digest.as_deref().unwrap_or("-"), root = %i.root.display(),
+                "this language's jails run from their own runtime image (runtime_images)"),
+            None => info!(
+                lang = lang.name(),
+                "this language's jails run from the host's /usr (runtime_images)"
+            ),
+        }
+    }
     for l in &kiln.languages {
+        let image = l.image.as_ref().map_or("host", |i| i.id.as_str());
         match (&l.version, &l.reason) {
-            (Some(v), _) => info!(lang = %l.name, version = %v, "language available"),
+            (Some(v), _) => info!(lang = %l.name, version = %v, image, "language available"),
             (None, r) => {
-                warn!(lang = %l.name, reason = r.as_deref().unwrap_or("unknown"), "language unavailable")
+                warn!(lang = %l.name, reason = r.as_deref().unwrap_or("unknown"), image, "language unavailable")
             }
         }
     }
@@ -807,30 +817,42 @@ pub fn one_line(text: &str) -> String {
         .join("; ")
 }
 
-/// Detect each language's version on the host (the jail sees the same `/usr`).
-/// Each language's availability and version: its binaries on the host, or in the runtime
-/// image at `image` (probed in a chroot of it).
-pub async fn probe_languages(image: Option<&Path>) -> Vec<kiln_api::LanguageHealth> {
+/// How `/health` names an image.
+fn image_health(i: &runtime::jail::ImageRef) -> kiln_api::RuntimeImageHealth {
+    kiln_api::RuntimeImageHealth {
+        id: i.id.clone(),
+        digest: i.digest.clone(),
+    }
+}
+
+/// Each language's availability and version: its binaries in the runtime image its jails
+/// run from (probed in a chroot of it), or on the host for the host's `/usr`.
+pub async fn probe_languages(images: &runtime::jail::Images) -> Vec<kiln_api::LanguageHealth> {
     let mut out = Vec::new();
     for lang in Language::all() {
         let spec = lang.spec();
+        let own = images.of(lang);
+        let image = own.map(|i| i.root.as_path());
         let missing: Vec<&str> = spec
             .requires
             .iter()
             .copied()
             .filter(|p| !kiln_sandbox::source_of(image, Path::new(p)).exists())
             .collect();
-        out.push(if !missing.is_empty() {
-            kiln_api::LanguageHealth::unavailable(
-                spec,
-                format!("not installed: {}", missing.join(", ")),
-            )
-        } else {
-            match probe_version(spec.version, image).await {
-                Some(v) => kiln_api::LanguageHealth::available(spec, Some(v)),
-                None => kiln_api::LanguageHealth::unavailable(spec, "version probe failed"),
+        out.push(
+            if !missing.is_empty() {
+                kiln_api::LanguageHealth::unavailable(
+                    spec,
+                    format!("not installed: {}", missing.join(", ")),
+                )
+            } else {
+                match probe_version(spec.version, image).await {
+                    Some(v) => kiln_api::LanguageHealth::available(spec, Some(v)),
+                    None => kiln_api::LanguageHealth::unavailable(spec, "version probe failed"),
+                }
             }
-        });
+            .on_image(own.map(image_health)),
+        );
     }
     out
 }
@@ -893,19 +915,21 @@ pub fn doctor(config: &Config) -> ExitCode {
         Ok(rt) => rt.block_on(async {
             let mut sc = SandboxConfig::default();
             match runtime::jail::configure(config, &mut sc) {
-                Ok(Some(i)) => {
-                    let digest = i.digest.as_deref().unwrap_or("-");
-                    println!(
-                        "runtime image: {} (digest {digest}) at {}",
-                        i.id,
-                        i.root.display()
-                    );
-                    image.0 = Some(i.id.clone());
-                    probe_languages(Some(&i.root)).await
-                }
-                Ok(None) => {
-                    println!("runtime image: none (jails run from the host's /usr)");
-                    probe_languages(None).await
+                Ok(images) => {
+                    match &images.default {
+                        Some(i) => {
+                            println!("runtime image: {}", describe_image(i));
+                            image.0 = Some(i.id.clone());
+                        }
+                        None => println!("runtime image: none (jails run from the host's /usr)"),
+                    }
+                    for (lang, i) in &images.by_language {
+                        let what = i
+                            .as_ref()
+                            .map_or_else(|| "none (the host's /usr)".to_owned(), describe_image);
+                        println!("  {:<5} runs from its own: {what}", lang.name());
+                    }
+                    probe_languages(&images).await
                 }
                 Err(e) => {
                     println!("runtime image: FAILED {e:#}");
@@ -923,9 +947,14 @@ pub fn doctor(config: &Config) -> ExitCode {
         println!("languages:");
     }
     for l in &languages {
+        let image = l.image.as_ref().map_or("host", |i| i.id.as_str());
         match (&l.version, &l.reason) {
-            (Some(v), _) => println!("  {:<5} ok      {v}", l.name),
-            (None, r) => println!("  {:<5} MISSING {}", l.name, r.as_deref().unwrap_or("")),
+            (Some(v), _) => println!("  {:<5} ok      {v}  [{image}]", l.name),
+            (None, r) => println!(
+                "  {:<5} MISSING {}  [{image}]",
+                l.name,
+                r.as_deref().unwrap_or("")
+            ),
         }
     }
     let mut findings = doctor::checks(config, &report, &languages);
@@ -933,10 +962,21 @@ pub fn doctor(config: &Config) -> ExitCode {
         // no image, no languages probed: "all 0 languages" would read as a pass
         findings.retain(|f| f.check != "runtimes");
     }
-    findings.insert(
-        0,
-        doctor::judge_image(image.0.as_deref(), image.1.as_deref()),
-    );
+    let mut judged = doctor::judge_image(image.0.as_deref(), image.1.as_deref());
+    // languages runtime_images puts on the host's /usr while the rest run from an image
+    let on_host: Vec<&str> = languages
+        .iter()
+        .filter(|l| l.image.is_none())
+        .map(|l| l.name.as_str())
+        .collect();
+    if image.0.is_some() && !on_host.is_empty() {
+        judged.message = format!(
+            "{}, except the jails of {} (runtime_images: the host's /usr)",
+            judged.message,
+            on_host.join(", ")
+        );
+    }
+    findings.insert(0, judged);
     println!("checks:");
     for f in &findings {
         println!("{f}");
@@ -960,6 +1000,16 @@ pub fn doctor(config: &Config) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// An image as `kiln doctor` names it: id, digest and root.
+fn describe_image(i: &runtime::jail::ImageRef) -> String {
+    format!(
+        "{} (digest {}) at {}",
+        i.id,
+        i.digest.as_deref().unwrap_or("-"),
+        i.root.display()
+    )
 }
 
 /// `kiln health`: `GET /health` from the server at the configured listen

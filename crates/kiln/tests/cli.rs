@@ -1157,3 +1157,84 @@ fn runtime_import_and_list_print_plain_lines_on_a_pipe() {
         "only the imported image"
     );
 }
+
+#[test]
+fn serve_and_doctor_name_each_languages_image_and_refuse_a_missing_one_in_one_line() {
+    common::require_root();
+    let runtime_dir = std::env::var_os("KILN_RUNTIME_DIR")
+        .map_or(kiln::config::Config::default().runtime_dir, Into::into);
+    if let Err(e) = kiln::runtime::Store::new(&runtime_dir).resolve("default") {
+        assert!(std::env::var_os("CI").is_none(), "{e:#}");
+        eprintln!("SKIP: {e:#}");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    // `kiln <command>` on the default image, with `runtime_images`
+    let kiln = |command: &str, images: &str| {
+        Command::new(KILN)
+            .args([command, "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path())
+            .env("KILN_RUNTIME_DIR", &runtime_dir)
+            .env("KILN_RUNTIME_IMAGE", "default")
+            .env("KILN_RUNTIME_IMAGES", images)
+            .env_remove("KILN_CONFIG")
+            .env("KILN_LOG_FORMAT", "text")
+            .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+            .env("KILN_MAX_CONCURRENCY", "2")
+            .env("KILN_WORKSPACE_MB", "64")
+            .output()
+            .unwrap()
+    };
+    // doctor: py on the host's /usr, every other language on the default image, each with
+    // the version probed where its jails run
+    let out = kiln("doctor", "py=host");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let line = |lang: &str| {
+        report
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{lang} ")) && l.contains(" ok "))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        report.contains("  py    runs from its own: none (the host's /usr)"),
+        "{report}"
+    );
+    assert!(
+        line("py").contains("Python 3.11") && line("py").ends_with("[host]"),
+        "{report}"
+    );
+    assert!(
+        line("r").contains("version 4.5") && line("r").contains("[recipe-"),
+        "{report}"
+    );
+    assert!(
+        check_lines(&report, "image")
+            .iter()
+            .any(|l| l.contains("except the jails of py")),
+        "{report}"
+    );
+    // serve: a language image that is not there refuses the start in one line naming it
+    let out = kiln("serve", "r=import-0123456789abcdef");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("import-0123456789abcdef"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    assert!(
+        refusal[0]
+            .starts_with("kiln: runtime_images.r: runtime image import-0123456789abcdef is not in"),
+        "{err}"
+    );
+    // and an unknown language, a configuration error (exit 2), before anything starts
+    let out = kiln("serve", "cobol=default");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("runtime_images: no language is called \"cobol\""),
+        "{err}"
+    );
+}

@@ -391,3 +391,212 @@ async fn the_fork_server_and_live_kernels_run_the_images_python() {
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["stdout"], "13\n", "{second}");
 }
+
+/// A hard-linked copy (`cp -al`) of the image at `root`, beside it (the same filesystem),
+/// with a marker file only the copy has: a second image that costs no disk. Removed on drop
+/// (only links are removed; the image's files stay).
+fn marked_copy(root: &std::path::Path) -> tempfile::TempDir {
+    let store_dir = root
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("the store dir");
+    // not an image id: the store never takes it for one of its images
+    let dir = tempfile::Builder::new()
+        .prefix(".kiln-test-copy-")
+        .tempdir_in(store_dir)
+        .expect("a directory beside the image");
+    let copy = dir.path().join("rootfs");
+    let ok = std::process::Command::new("cp")
+        .arg("-al")
+        .arg(root)
+        .arg(&copy)
+        .status()
+        .expect("run cp");
+    assert!(ok.success(), "cp -al {}", root.display());
+    // a new file, not a write through a link: the image itself is untouched
+    std::fs::write(copy.join("usr/share/kiln-test-marker"), "the copy\n").unwrap();
+    dir
+}
+
+/// `/health`'s entry of the language `name`.
+fn language<'a>(health: &'a Value, name: &str) -> &'a Value {
+    health["languages"]
+        .as_array()
+        .and_then(|ls| ls.iter().find(|l| l["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_language_runs_from_the_image_chosen_for_it_and_not_from_the_others() {
+    let Some(root) = image_root() else {
+        return;
+    };
+    let Some(host) = host_python() else {
+        eprintln!("SKIP: the host has no python3 to run py from");
+        return;
+    };
+    let copy = marked_copy(&root);
+    let copy_root = copy.path().join("rootfs");
+    let s = server_with(|c| {
+        c.runtime_image = image_name();
+        // bash from the marked copy, py from the host's /usr, every other language from
+        // runtime_image
+        c.runtime_images =
+            kiln::config::RuntimeImages::Line(format!("bash={},py=host", copy_root.display()));
+        c.python_template = "data".into();
+        // a parked jail for each profile: exec, exec@bash (the copy's), exec@py (the
+        // host's), js, py-data
+        c.warm_jails = 5;
+        c.warm_per_runtime = 1;
+    })
+    .await;
+    // py's fork-server starts on py's system (the host's python)
+    assert!(
+        s.wait_warm("py-data", std::time::Duration::from_secs(180))
+            .await,
+        "the py-data fork-server must start on the host's python: {:?}",
+        s.warm.as_ref().map(kiln_sandbox::WarmPool::stats)
+    );
+
+    // /health names each language's image and the version probed in it
+    let health: Value = json_of(client().get(format!("{}/health", s.v1()))).await;
+    let default_id = health["runtime_image"]["id"].as_str().unwrap_or_default();
+    assert!(!default_id.is_empty(), "{health}");
+    assert_eq!(
+        language(&health, "bash")["image"]["id"],
+        copy_root.display().to_string(),
+        "{health}"
+    );
+    assert_eq!(language(&health, "py")["image"], Value::Null, "{health}");
+    assert_eq!(language(&health, "py")["version"], host, "{health}");
+    assert_eq!(
+        language(&health, "js")["image"]["id"],
+        default_id,
+        "{health}"
+    );
+    assert!(
+        language(&health, "r")["version"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("version 4.5"),
+        "r runs from the default image: {health}"
+    );
+
+    // what each language's jails see, several times: warm jails (the default image's
+    // generic ones, the copy's own, py's fork-server on the host) and cold ones alike
+    let probe = "cat /usr/share/kiln-test-marker 2>/dev/null || echo no-marker; \
+                 ls -d /usr/lib/python3.11 2>/dev/null || echo no-python3.11";
+    for _ in 0..3 {
+        let r = run(&s, "bash", probe).await;
+        assert_eq!(
+            stdout(&r),
+            "the copy\nno-python3.11\n",
+            "bash on the copy: {r}"
+        );
+        let r = run(
+            &s,
+            "js",
+            "const fs = require('fs');\n\
+             console.log(fs.existsSync('/usr/share/kiln-test-marker'), fs.existsSync('/usr/lib/python3.11'));",
+        )
+        .await;
+        assert_eq!(stdout(&r), "false false\n", "js on the default image: {r}");
+        let r = run(
+            &s,
+            "py",
+            "import os, platform\n\
+             print(platform.python_version(), os.path.exists('/usr/share/kiln-test-marker'))",
+        )
+        .await;
+        let want = format!("{} False\n", host.trim_start_matches("Python "));
+        assert_eq!(stdout(&r), want, "py on the host's /usr: {r}");
+        let r = run(
+            &s,
+            "r",
+            "cat(file.exists('/usr/share/kiln-test-marker'), R.version$minor, '\\n')",
+        )
+        .await;
+        assert!(
+            stdout(&r).starts_with("FALSE 5."),
+            "r on the default image: {r}"
+        );
+    }
+
+    // programmatic-tool runs (a jail built for its tool channel) too
+    for (lang, code, want) in [
+        (
+            "bash",
+            "cat /usr/share/kiln-test-marker",
+            "the copy\n".to_owned(),
+        ),
+        (
+            "py",
+            "import platform\nprint(platform.python_version())",
+            format!("{}\n", host.trim_start_matches("Python ")),
+        ),
+    ] {
+        let (status, done) = status_json(
+            client()
+                .post(format!("{}/exec/programmatic", s.v1()))
+                .header("User-Id", "alice")
+                .json(&serde_json::json!({"code": code, "lang": lang,
+                    "tools": [{"name": "unused"}]})),
+        )
+        .await;
+        assert_eq!(status, 200, "{done}");
+        assert_eq!(done["status"], "completed", "{lang}: {done}");
+        assert_eq!(done["stdout"], want, "{lang} programmatic: {done}");
+    }
+
+    // a live py kernel forks the fork-server of py's own system
+    let created: Value = json_of(
+        client()
+            .post(format!("{}/sessions", s.v1()))
+            .json(&serde_json::json!({"lang": "py"})),
+    )
+    .await;
+    if let Some(id) = created["session_id"].as_str() {
+        let (status, r) = status_json(
+            client()
+                .post(format!("{}/sessions/{id}/exec", s.v1()))
+                .json(&serde_json::json!({"code": "import platform\nprint(platform.python_version())"})),
+        )
+        .await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(
+            r["stdout"].as_str().unwrap_or_default().trim(),
+            host.trim_start_matches("Python "),
+            "the kernel runs py's image (the host's): {r}"
+        );
+    } else {
+        panic!("no py kernel on the host's python: {created}");
+    }
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_language_image_that_is_not_there_refuses_the_start_in_one_line_naming_it() {
+    require_root();
+    for (images, says) in [
+        (
+            "r=import-0123456789abcdef",
+            "runtime_images.r: runtime image import-0123456789abcdef is not in",
+        ),
+        ("js=/nonexistent-root", "runtime_images.js: "),
+    ] {
+        let err = kiln::testing::TestServer::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_kiln")),
+            |c| {
+                c.uid_base = fresh_uid_base();
+                c.runtime_image = "host".to_owned();
+                c.runtime_images = kiln::config::RuntimeImages::Line(images.to_owned());
+            },
+        )
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{images}: the server started"));
+        let msg = format!("{err:#}");
+        assert!(msg.contains(says), "{images}: {msg}");
+        assert!(!msg.contains('\n'), "{images}: one line: {msg}");
+    }
+}

@@ -161,7 +161,7 @@ impl Executor {
         let source = jail.as_ref().map_or(&*inner.jails, |o| &*o.0);
         let mut jail = phase("acquire", async {
             tokio::select! {
-                j = source.acquire(profile) => j.map_err(step::sandbox_error),
+                j = source.acquire(lang, profile) => j.map_err(step::sandbox_error),
                 () = cancelled.cancelled() => Err(ExecError::Cancelled),
             }
         })

@@ -58,6 +58,7 @@ struct Source(Arc<FakeJails>);
 impl Jails for Source {
     fn acquire<'a>(
         &'a self,
+        _lang: Language,
         profile: &'a str,
     ) -> BoxFuture<'a, Result<Box<dyn Jail>, SandboxError>> {
         Box::pin(async move {

@@ -93,8 +93,13 @@ impl Sandbox {
             )));
         }
         prepare_root_dir(&cfg.root_dir)?;
-        for b in &cfg.ro_binds {
-            let b = cfg.source_of(b);
+        // every system jails run from (the default, each language's own)
+        // has the directories bound
+        let systems = cfg.systems();
+        for b in systems
+            .iter()
+            .flat_map(|(_, s)| cfg.ro_binds.iter().map(|b| s.source_of(b)))
+        {
             if !b.exists() {
                 return Err(SandboxError::Config(format!(
                     "ro_bind {} does not exist",

@@ -72,6 +72,7 @@ impl Sandbox {
             output: None,
             network: None,
             pause: None,
+            language: park.language,
         };
         let parking = Parking {
             mode: park.mode,
@@ -208,6 +209,10 @@ pub struct ParkSpec {
     /// [`ParkMode::Embedded`]: the name of the template (fork-server) the
     /// program is forked from.
     pub template: String,
+    /// The language whose system (runtime image) the jail is built on;
+    /// `None`: the default one. A run given this jail must be of a
+    /// language of the same system.
+    pub language: Option<kiln_core::Language>,
 }
 
 impl ParkSpec {
@@ -220,6 +225,7 @@ impl ParkSpec {
             etc_files: Vec::new(),
             seccomp_profile: seccomp::DEFAULT_PROFILE.to_owned(),
             template: String::new(),
+            language: None,
         }
     }
 }

@@ -15,7 +15,7 @@
 //!    go encoded ([`go_line`]) and the jail's CPU clock started.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Sandbox;
@@ -170,11 +170,12 @@ pub(super) fn plan_spec(
         Some(p) => (Some(p.mode), p.etc_files),
         None => (None, Vec::new()),
     };
+    let system = base.cfg.system_of(req.language);
     JailSpec {
         root_dir: base.cfg.root_dir.clone(),
         ro_binds: base.cfg.ro_binds.clone(),
-        etc_binds: base.cfg.etc_binds.clone(),
-        image_root: base.cfg.image_root.clone(),
+        etc_binds: system.etc_binds.to_vec(),
+        image_root: system.image_root.map(Path::to_path_buf),
         workspace: req.workspace.clone(),
         project: req.project.clone(),
         argv: req.argv.clone(),
@@ -370,6 +371,47 @@ mod tests {
             spec.limits.wall_ms,
             JailLimits::from_limits(&r.limits).wall_ms
         );
+    }
+
+    #[test]
+    fn a_jail_takes_its_languages_image_and_etc_entries_and_others_the_default() {
+        let py = kiln_core::Language::resolve("py").unwrap();
+        let r_lang = kiln_core::Language::resolve("r").unwrap();
+        let cfg = SandboxConfig {
+            image_root: Some(PathBuf::from("/images/a")),
+            etc_binds: vec!["ssl".into(), "python3.13".into()],
+            language_images: vec![crate::config::LanguageImage {
+                language: r_lang,
+                image_root: Some(PathBuf::from("/images/b")),
+                etc_binds: vec!["ssl".into(), "R".into()],
+            }],
+            ..SandboxConfig::default()
+        };
+        let filters = HashMap::new();
+        let base = SpecBase {
+            cfg: &cfg,
+            filters: &filters,
+            landlock: false,
+        };
+        let spec_of = |lang: Option<kiln_core::Language>| {
+            let r = RunRequest {
+                language: lang,
+                ..req(&["/bin/true"])
+            };
+            plan_spec(&base, 200_000, &r, None, None)
+        };
+        let r_spec = spec_of(Some(r_lang));
+        assert_eq!(r_spec.image_root.as_deref(), Some(Path::new("/images/b")));
+        assert_eq!(r_spec.etc_binds, ["ssl", "R"]);
+        for other in [Some(py), None] {
+            let s = spec_of(other);
+            assert_eq!(s.image_root.as_deref(), Some(Path::new("/images/a")));
+            assert_eq!(s.etc_binds, ["ssl", "python3.13"]);
+        }
+        // two systems: the default (for jails of no language yet) and r's
+        let systems = cfg.systems();
+        assert_eq!(systems.len(), 2);
+        assert_eq!(systems[1].0, Some(r_lang));
     }
 
     #[test]

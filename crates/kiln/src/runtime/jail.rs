@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_sandbox::SandboxConfig;
+use anyhow::Context;
+use kiln_core::Language;
+use kiln_sandbox::{LanguageImage, SandboxConfig};
 
 use super::Store;
 use crate::config::Config;
@@ -25,20 +27,45 @@ const IMAGE_ETC_FAMILIES: &[&str] = &[
     "gitconfig",
 ];
 
-/// The image jails run from, unless `runtime_image` is `host`: sets it on `sc` (and the
-/// image's `/etc` entries) and returns its root and id.
-pub fn configure(config: &Config, sc: &mut SandboxConfig) -> anyhow::Result<Option<ImageRef>> {
-    let Some(name) = config.runtime_image() else {
-        return Ok(None);
-    };
+/// The images jails run from: `runtime_image` (the default system, set on `sc` with the
+/// image's `/etc` entries) and each language's of `runtime_images` (added to
+/// `sc.language_images`). Refuses an image that is not there, naming the key.
+pub fn configure(config: &Config, sc: &mut SandboxConfig) -> anyhow::Result<Images> {
     let store = Store::new(&config.runtime_dir);
-    let root = store.resolve(name)?;
-    for e in image_etc_entries(&root) {
-        if !sc.etc_binds.contains(&e) {
-            sc.etc_binds.push(e);
-        }
+    // the host's entries (defaults and the language table's): what an image adds to
+    let host_etc = sc.etc_binds.clone();
+    let default = config
+        .runtime_image()
+        .map(|name| open(&store, name))
+        .transpose()?;
+    if let Some(img) = &default {
+        sc.image_root = Some(img.root.clone());
+        sc.etc_binds = etc_binds_of(&host_etc, Some(&img.root));
     }
-    sc.image_root = Some(root.clone());
+    let mut by_language = Vec::new();
+    for (lang, name) in config.runtime_images()? {
+        let img = name
+            .as_deref()
+            .map(|n| open(&store, n))
+            .transpose()
+            .with_context(|| format!("runtime_images.{}", lang.name()))?;
+        let root = img.as_ref().map(|i| i.root.clone());
+        sc.language_images.push(LanguageImage {
+            language: lang,
+            etc_binds: etc_binds_of(&host_etc, root.as_deref()),
+            image_root: root,
+        });
+        by_language.push((lang, img));
+    }
+    Ok(Images {
+        default,
+        by_language,
+    })
+}
+
+/// The image `name` names (`default`, an image id or a root's path), with its identity.
+fn open(store: &Store, name: &str) -> anyhow::Result<ImageRef> {
+    let root = store.resolve(name)?;
     let id = root
         .parent()
         .and_then(|d| d.file_name())
@@ -46,11 +73,42 @@ pub fn configure(config: &Config, sc: &mut SandboxConfig) -> anyhow::Result<Opti
         .filter(|n| super::is_image_id(n))
         .map_or_else(|| root.display().to_string(), str::to_owned);
     let digest = store.get(&id).map(|i| i.info.digest);
-    Ok(Some(ImageRef { id, digest, root }))
+    Ok(ImageRef { id, digest, root })
 }
 
-/// The image a server runs its jails from: what `/health`, `kiln doctor` and the start-up log
-/// name.
+/// The `/etc` entries bound into jails of a system: the host's list, plus on an image its
+/// own [`IMAGE_ETC_FAMILIES`] entries.
+fn etc_binds_of(host: &[String], image: Option<&Path>) -> Vec<String> {
+    let mut out = host.to_vec();
+    for e in image.map(image_etc_entries).unwrap_or_default() {
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// The images a server's jails run from: what `/health`, `kiln doctor` and the start-up
+/// log name.
+#[derive(Debug, Clone, Default)]
+pub struct Images {
+    /// `runtime_image`'s; `None`: the host's `/usr`.
+    pub default: Option<ImageRef>,
+    /// The languages of `runtime_images`, each with its own (`None`: the host's `/usr`).
+    pub by_language: Vec<(Language, Option<ImageRef>)>,
+}
+
+impl Images {
+    /// The image jails of `lang` run from; `None`: the host's `/usr`.
+    pub fn of(&self, lang: Language) -> Option<&ImageRef> {
+        match self.by_language.iter().find(|(l, _)| *l == lang) {
+            Some((_, own)) => own.as_ref(),
+            None => self.default.as_ref(),
+        }
+    }
+}
+
+/// One image jails run from.
 #[derive(Debug, Clone)]
 pub struct ImageRef {
     /// The image id, or the root's path for a root given by path.
