@@ -13,6 +13,10 @@ apart and left out, so the table changes little when the machine is busy.
       each, every answer checked) while recording; the table is ms of CPU per
       request by role x part.
 
+  floor.py server --url http://127.0.0.1:PORT --server-pid PID [-n 200]
+      the server process alone (perf -p, DWARF stacks): its ms of CPU per request
+      by the Kiln function a sample passes through (cgroups, staging, store, HTTP, ...).
+
   floor.py alone --image-root ROOT [-n 300]
       each part measured alone in a loop under the same recording: a fork +
       `_exit` of a preloaded python3 of the image (in a chroot of it), a plain
@@ -29,6 +33,7 @@ import ctypes
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -290,6 +295,59 @@ def cmd_request(a):
             json.dump({"n": a.n, "pause_ms": a.pause_ms, "ms": ms, "walls": walls}, f, indent=1)
 
 
+# What the server's own CPU does, by the Kiln function a DWARF-unwound stack passes
+# through (first match wins).
+SERVER_PARTS = [
+    ("cgroups: create (mkdir, limits)", "CgroupDriver::create_run"),
+    ("cgroups: wait empty, read, remove", "RunCgroups::finish"),
+    ("workspace: empty and free the slot", "empty_then_free"),
+    ("warm pool: refill (server side of a park)", "refill_loop"),
+    ("warm pool: take a parked jail", "Jails>::acquire"),
+    ("staging", "pipeline::stage"),
+    ("harvest", "pipeline::harvest"),
+    ("store (SQLite)", "sqlx"),
+    ("run: go, output, outcome", "Jail>::run"),
+    ("pipeline: the rest", "kiln_exec::pipeline"),
+    ("run registry", "kiln_exec::runs"),
+    ("HTTP (hyper, axum, JSON)", "hyper"),
+    ("HTTP (hyper, axum, JSON)", "axum"),
+    ("tokio: scheduling, parking, wake-ups", "tokio::runtime"),
+]
+
+
+def cmd_server(a):
+    """The server process alone, with DWARF stacks (its Rust frames need them)."""
+    for _ in range(a.warmup):
+        hello(a.url, "floor")
+    fd, path = tempfile.mkstemp(prefix="floor-server-", suffix=".data")
+    os.close(fd)
+    perf = subprocess.Popen(
+        ["perf", "record", "-p", str(a.server_pid), "--call-graph", "dwarf,16384",
+         "-e", "cpu-clock", "-F", str(a.freq), "-o", path],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.5)
+    for _ in range(a.n):
+        hello(a.url, "floor")
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+    out = subprocess.run(["perf", "script", "-i", path, "-F", "comm,tid,ip,sym"],
+                         capture_output=True, text=True, errors="replace").stdout
+    os.unlink(path)
+    counts = defaultdict(int)
+    for sample in out.split("\n\n"):
+        if not sample.strip():
+            continue
+        name = next((n for n, marker in SERVER_PARTS if marker in sample), "other")
+        counts[name] += 1
+    per = 1000.0 / a.freq / a.n
+    print(f"\n### The server process: ms of CPU per request (n = {a.n}; DWARF stacks)\n")
+    print("| Part | CPU ms |")
+    print("|---|---:|")
+    for name, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {c * per:.2f} |")
+    print(f"| **total** | **{sum(counts.values()) * per:.2f}** |")
+
+
 # ---------------------------------------------------------------- alone
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -316,6 +374,50 @@ for _ in range(n):
         os._exit(0)
     os.waitpid(pid, 0)
 """
+
+
+# The same, but each child runs Kiln's warm template as a warm run's program does
+# (`_kiln_zygote.run`: argv, env, __main__, the script, the CPython-like
+# shutdown), without a jail: the template's own share of the program G.
+TEMPLATE_FORKS = r"""
+import os, sys, json, tempfile
+src = sys.stdin.read()
+n = int(sys.argv[1])
+exec(compile(src, "<kiln-template>", "exec"), {"__name__": "__main__"})
+import _kiln_zygote
+work = tempfile.mkdtemp()
+with open(os.path.join(work, "main.py"), "w") as f:
+    f.write("print('hello')\n")
+go = json.dumps({"argv": ["/usr/bin/python3", "-u", "main.py"],
+                 "env": [[k, v] for k, v in os.environ.items()]}).encode()
+null = os.open('/dev/null', os.O_WRONLY)
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(work)
+        os.dup2(null, 1)
+        if sys.argv[2] == "bare":
+            print('hello', flush=True)
+            os._exit(0)
+        _kiln_zygote.run(go)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise SystemExit("the template's run failed: %d" % status)
+"""
+
+
+CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
+
+
+def lean_template():
+    """What the lean fork-server preloads: the plot hook, no data stack, the template."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    warm = os.path.join(here, "..", "crates", "kiln-core", "src", "lang")
+    with open(os.path.join(warm, "python", "kiln_plot.py")) as f:
+        hook = f.read()
+    with open(os.path.join(warm, "warm", "python_template.py")) as f:
+        template = f.read()
+    return f"{hook}\n_kiln_preload = ()\n\n{template}"
 
 
 def forks_with(flags, n, libc):
@@ -367,7 +469,9 @@ def cmd_alone(a):
     me = os.getpid()
     rows = []
 
-    def measure(name, fn, per_op_of=None):
+    def measure(name, fn):
+        if a.only and a.only not in name:
+            return
         path, _ = record(fn, a.freq)
         ms = tabulate(path, {me: "tool"}, a.freq)
         mine = {r: v for r, v in ms.items() if r in ("tool", "tool children", "kernel workers")}
@@ -383,11 +487,29 @@ def cmd_alone(a):
     if os.path.exists(py):
         measure(
             "fork + print + _exit of a preloaded python3 of the image",
-            lambda: subprocess.run(["chroot", a.image_root, "/usr/bin/python3", "-c", PRELOADED_FORKS, str(a.n)], check=True))
+            lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", PRELOADED_FORKS, str(a.n)], check=True))
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+               "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}
+        measure(
+            "fork + Kiln's template run of print('hello') + exit (no jail)",
+            lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, str(a.n), "run"],
+                                   input=lean_template(), text=True, env=env, check=True))
+        measure(
+            "fork + print + _exit of the same preloaded template (no run, no jail)",
+            lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, str(a.n), "bare"],
+                                   input=lean_template(), text=True, env=env, check=True))
+        measure(
+            "  (the template's preload, once per loop, to subtract)",
+            lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, "0", "run"],
+                                   input=lean_template(), text=True, env=env, check=True))
+        measure(
+            "bare spawn: chroot + the image's python3 -c print('hello') (vfork + exec, as the baselines)",
+            lambda: [subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", "print('hello')"],
+                                    env=env, stdout=subprocess.DEVNULL, check=True) for _ in range(a.n)])
         # the interpreter's own start and imports, once, to subtract
         measure(
             "  (its start-up, once per loop, to subtract)",
-            lambda: [subprocess.run(["chroot", a.image_root, "/usr/bin/python3", "-c", PRELOADED_FORKS, "0"], check=True)
+            lambda: [subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", PRELOADED_FORKS, "0"], check=True)
                      for _ in range(1)])
     measure("a process hop: fork + _exit of this tool (host python3)", lambda: forks_with(0, a.n, libc))
     for name, flags in NAMESPACES:
@@ -410,23 +532,26 @@ def cmd_alone(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True)
-    r = sub.add_parser("request")
-    r.add_argument("--url", required=True)
-    r.add_argument("--server-pid", type=int, required=True)
-    r.add_argument("-n", type=int, default=200)
-    r.add_argument("--warmup", type=int, default=10)
-    r.add_argument("--pause-ms", type=int, default=0)
-    r.add_argument("--freq", type=int, default=4000)
-    r.add_argument("--json")
+    for mode, freq in (("request", 4000), ("server", 2000)):
+        m = sub.add_parser(mode)
+        m.add_argument("--url", required=True)
+        m.add_argument("--server-pid", type=int, required=True)
+        m.add_argument("-n", type=int, default=200)
+        m.add_argument("--warmup", type=int, default=10)
+        m.add_argument("--freq", type=int, default=freq)
+        if mode == "request":
+            m.add_argument("--pause-ms", type=int, default=0)
+            m.add_argument("--json")
     al = sub.add_parser("alone")
     al.add_argument("--image-root", default="")
     al.add_argument("-n", type=int, default=300)
     al.add_argument("--freq", type=int, default=4000)
+    al.add_argument("--only", help="measure only the operations whose name holds this")
     al.add_argument("--json")
     a = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("floor.py needs root (perf -a, namespaces, cgroups)")
-    (cmd_request if a.mode == "request" else cmd_alone)(a)
+    {"request": cmd_request, "server": cmd_server, "alone": cmd_alone}[a.mode](a)
 
 
 if __name__ == "__main__":
