@@ -17,6 +17,10 @@ apart and left out, so the table changes little when the machine is busy.
       the server process alone (perf -p, DWARF stacks): its ms of CPU per request
       by the Kiln function a sample passes through (cgroups, staging, store, HTTP, ...).
 
+  floor.py wakeups --url URL --server-pid PID [--pause-ms 50]   (or --bare --image-root ROOT)
+      thread wake-ups per request that touch its processes, waker -> wakee, and
+      how many cross CPUs (an IPI each; a vCPU woken from halt on an idle VM).
+
   floor.py alone --image-root ROOT [-n 300]
       each part measured alone in a loop under the same recording: a fork +
       `_exit` of a preloaded python3 of the image (in a chroot of it), a plain
@@ -348,6 +352,73 @@ def cmd_server(a):
     print(f"| **total** | **{sum(counts.values()) * per:.2f}** |")
 
 
+def cmd_wakeups(a):
+    """Thread wake-ups per request (sched_wakeup on every CPU) that touch a request's
+    processes, by waker -> wakee role, and how many cross to another CPU: each of those
+    is an inter-processor interrupt, and on an idle VM a vCPU woken from halt."""
+    image = a.image_root
+    if a.bare:
+        known = {os.getpid(): "tool"}
+        env = {"PATH": "/usr/bin:/bin"}
+
+        def one():
+            subprocess.run([CHROOT, image, "/usr/bin/python3", "-c", "print('hello')"],
+                           env=env, stdout=subprocess.DEVNULL, check=True)
+    else:
+        for _ in range(a.warmup):
+            hello(a.url, "floor")
+        known = server_known(a.server_pid, os.getpid())
+
+        def one():
+            hello(a.url, "floor")
+    fd, path = tempfile.mkstemp(prefix="floor-wake-", suffix=".data")
+    os.close(fd)
+    perf = subprocess.Popen(
+        ["perf", "record", "-a", "-e", "sched:sched_wakeup", "-e", "sched:sched_wakeup_new", "-o", path],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.5)
+    for _ in range(a.n):
+        one()
+        time.sleep(a.pause_ms / 1000)
+    time.sleep(0.3)
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+    out = subprocess.run(["perf", "script", "-i", path, "--show-task-events", "-F", "comm,pid,tid,cpu,event,trace"],
+                         capture_output=True, text=True, errors="replace").stdout
+    os.unlink(path)
+    roles, tid_pid = Roles(known), {}
+    pairs, total, cross = defaultdict(int), 0, 0
+    outside = ("other load", "idle", "kernel workers")
+    for line in out.splitlines():
+        if "PERF_RECORD_FORK(" in line:
+            rest = line.split("PERF_RECORD_FORK(", 1)[1]
+            child, parent = rest.split("):(", 1)
+            cpid, ctid = map(int, child.split(":"))
+            ppid = int(parent.split(":", 1)[0])
+            tid_pid[ctid] = cpid
+            roles.fork(cpid, ppid)
+            continue
+        if "sched:sched_wakeup" not in line:
+            continue
+        head, trace = line.split("sched:sched_wakeup", 1)
+        fields = head.split()
+        cpu = int(fields[-1].strip("[]:"))
+        pid = int(fields[-2].split("/", 1)[0])
+        wakee_tid = int(trace.split(" pid=", 1)[1].split()[0])
+        target = int(trace.split("target_cpu=", 1)[1].split()[0])
+        waker = roles.of(pid, fields[0])
+        wakee = roles.of(tid_pid.get(wakee_tid, wakee_tid), "")
+        if waker in outside and wakee in outside:
+            continue
+        total += 1
+        cross += cpu != target
+        pairs[f"{waker} -> {wakee}"] += 1
+    print(f"{total / a.n:.1f} wake-ups per {'spawn' if a.bare else 'request'}, "
+          f"{cross / a.n:.1f} of them to another CPU (pause {a.pause_ms} ms, n = {a.n})")
+    for pair, count in sorted(pairs.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {pair}: {count / a.n:.2f}")
+
+
 # ---------------------------------------------------------------- alone
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -542,6 +613,14 @@ def main():
         if mode == "request":
             m.add_argument("--pause-ms", type=int, default=0)
             m.add_argument("--json")
+    wk = sub.add_parser("wakeups")
+    wk.add_argument("--url", default="")
+    wk.add_argument("--server-pid", type=int, default=0)
+    wk.add_argument("--bare", action="store_true", help="bare spawns of the image's python3 instead")
+    wk.add_argument("--image-root", default="")
+    wk.add_argument("-n", type=int, default=100)
+    wk.add_argument("--warmup", type=int, default=10)
+    wk.add_argument("--pause-ms", type=int, default=50)
     al = sub.add_parser("alone")
     al.add_argument("--image-root", default="")
     al.add_argument("-n", type=int, default=300)
@@ -551,7 +630,7 @@ def main():
     a = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("floor.py needs root (perf -a, namespaces, cgroups)")
-    {"request": cmd_request, "server": cmd_server, "alone": cmd_alone}[a.mode](a)
+    {"request": cmd_request, "server": cmd_server, "wakeups": cmd_wakeups, "alone": cmd_alone}[a.mode](a)
 
 
 if __name__ == "__main__":
