@@ -159,6 +159,10 @@ pub struct Config {
     pub jail_helper: Option<PathBuf>,
     /// Most warm (pre-built, parked) jails kept ready over all runtimes; 0
     /// turns the warm pool off. Each holds a uid slot and a little memory.
+    /// The default leaves room above every profile's `warm_min` for one
+    /// profile in demand to grow to `warm_per_runtime`: when the minima fill
+    /// it, a profile that misses cannot grow, and back-to-back runs of one
+    /// profile wait for a jail to be built (BENCHMARKS.md, "the warm pool").
     pub warm_jails: u32,
     /// Most warm jails of one runtime (`py`, `js`, or the generic `exec`).
     pub warm_per_runtime: u32,
@@ -399,7 +403,7 @@ impl Default for Config {
             insecure_allow_degraded_sandbox: false,
             log_format: "text".into(),
             jail_helper: None,
-            warm_jails: 5,
+            warm_jails: 8,
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,
@@ -610,6 +614,25 @@ mod tests {
         assert_eq!(c.pids, 256);
         assert_eq!(c.timeout_secs, 30);
         assert_eq!(c.auth_mode().unwrap(), Auth::None);
+    }
+
+    #[test]
+    fn the_default_warm_pool_leaves_room_for_a_profile_in_demand_to_grow() {
+        // Every warm profile keeps warm_min jails; one that misses grows its target
+        // towards warm_per_runtime only while the targets together fit in warm_jails.
+        let c = Config::default();
+        let mut profiles = std::collections::BTreeSet::new();
+        for lang in kiln_core::Language::all() {
+            let own = lang.warm_profile();
+            profiles.insert(own);
+            profiles.extend(kiln_core::Language::sibling_profiles(own));
+        }
+        let minima = profiles.len() as u32 * c.warm_min;
+        assert!(
+            c.warm_jails >= minima + (c.warm_per_runtime - c.warm_min),
+            "warm_jails {} leaves no room to grow above the minima of {profiles:?}",
+            c.warm_jails
+        );
     }
 
     #[test]

@@ -53,6 +53,9 @@ impl TestServer {
             // wanting the defaults sets them and a uid range of its own
             max_sessions: 3,
             max_sessions_per_user: 2,
+            // one warm jail per profile, not the default's room to grow: with
+            // max_concurrency 8 and the 3 kernel slots, 16 slots in all
+            warm_jails: 5,
             ..Config::default()
         };
         tweak(&mut cfg);
