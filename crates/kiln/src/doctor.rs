@@ -621,7 +621,7 @@ pub fn judge_image(image: Option<&str>, error: Option<&str>) -> Finding {
         (Some(e), _) => Finding::fail(
             CHECK,
             format!("{e}; `kiln serve` refuses to start without it"),
-            "run `kiln runtime build` as root (or `kiln runtime import`), or set runtime_image = \"host\"",
+            "run `kiln runtime build` as root (or `kiln runtime import`), or point the setting the message names (runtime_image, or a language's entry in runtime_images) at another image or at \"host\"",
         ),
         (None, Some(id)) => Finding::ok(
             CHECK,
@@ -1170,7 +1170,10 @@ mod tests {
         );
         assert_eq!(f.level, Level::Fail);
         assert!(f.message.contains("refuses to start"), "{}", f.message);
-        assert!(f.fix.unwrap().contains("kiln runtime build"));
+        let fix = f.fix.unwrap();
+        assert!(fix.contains("kiln runtime build"), "{fix}");
+        // a language's own image (runtime_images) is missing as often as the default one
+        assert!(fix.contains("runtime_images"), "{fix}");
         assert_eq!(judge_image(Some("recipe-x"), None).level, Level::Ok);
         let host = judge_image(None, None);
         assert_eq!(host.level, Level::Ok);
