@@ -165,12 +165,6 @@ impl SandboxConfig {
         }
     }
 
-    /// Where a jail's `path` (absolute, as the jail sees it) comes from on
-    /// the host: beneath the runtime image when there is one.
-    pub fn source_of(&self, path: &Path) -> PathBuf {
-        crate::jail::plan::source_of(self.image_root.as_deref(), path)
-    }
-
     /// The system jails of `lang` run from: its entry of
     /// `language_images`, else (and for `None`, a jail of no language yet,
     /// such as a generic parked one) the default one.

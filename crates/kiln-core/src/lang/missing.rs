@@ -113,14 +113,14 @@ fn top_level(eco: Ecosystem, name: &str) -> Option<&str> {
                 && top.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         }
         // npm's rules: lower case, no leading dot or underscore; `node:`
-        // built-ins and paths (`./x`, `/x`) are not packages
+        // built-ins and paths (`./x`, `/x`) are not packages (`top` holds a
+        // `/` only as its scope's, as it was cut above)
         Ecosystem::Node => {
             let bare = top.strip_prefix('@').unwrap_or(top);
             bare.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
                 && bare
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._~/".contains(c))
-                && bare.matches('/').count() <= usize::from(top.starts_with('@'))
         }
         Ecosystem::R => {
             top.starts_with(|c: char| c.is_ascii_alphabetic())

@@ -2,7 +2,7 @@
 //! find (`kiln_missing_modules_total`): the measurement of what an image
 //! lacks (`kiln_core::lang::missing` reads the module from stderr).
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use kiln_core::lang::missing::missing_module;
@@ -16,7 +16,7 @@ pub const MAX_MODULES: usize = 200;
 /// The module label of names past [`MAX_MODULES`].
 pub const OTHER: &str = "other";
 
-static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// Counts the module a run's program died without, if it did.
 pub(crate) fn count(lang: &'static str, result: &ExecResult) {
@@ -36,7 +36,6 @@ pub(crate) fn count(lang: &'static str, result: &ExecResult) {
 /// were seen, else [`OTHER`] for a name not seen yet.
 fn label(module: &str) -> String {
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    let seen = seen.get_or_insert_with(HashSet::new);
     if seen.contains(module) {
         return module.to_owned();
     }
@@ -61,6 +60,6 @@ mod tests {
         assert_eq!(label("a_name_never_seen_before"), OTHER);
         assert_eq!(label("polars_bound_test_0"), "polars_bound_test_0");
         let seen = SEEN.lock().unwrap();
-        assert_eq!(seen.as_ref().unwrap().len(), MAX_MODULES);
+        assert_eq!(seen.len(), MAX_MODULES);
     }
 }

@@ -55,11 +55,10 @@ struct Inner {
     /// only those of one-shot jails (parked ones included), in a mount
     /// namespace without the kernel slots' filesystems.
     launcher: Option<Launcher>,
-    /// Whether kernel jails have a launcher of their own
-    /// ([`SlotFs::separates_kernels`]): `kernel_launcher`, else (it could
-    /// not start, or died) a spawned helper, both in the server's mount
-    /// namespace, never `launcher`'s, which lacks their workspaces.
-    separate_kernels: bool,
+    /// Forks kernel jails' helpers when the slot filesystems separate
+    /// kernels (`areas.separates_kernels()`); `None` there (it could not
+    /// start) means a spawned helper, both in the server's mount namespace,
+    /// never `launcher`'s, which lacks their workspaces.
     kernel_launcher: Option<Launcher>,
 }
 
@@ -193,7 +192,6 @@ impl Sandbox {
                 filters,
                 zygotes: std::sync::RwLock::new(HashMap::new()),
                 launcher,
-                separate_kernels,
                 kernel_launcher,
             }),
         })
@@ -320,7 +318,7 @@ impl Sandbox {
     /// The launcher that forks the helpers of `slot`'s jails (`None`:
     /// spawn them): a kernel slot's when kernels are kept apart.
     fn launcher_for(&self, slot: &Slot) -> Option<&Launcher> {
-        if self.inner.separate_kernels && self.inner.slots.is_on_demand(slot.index()) {
+        if self.inner.areas.separates_kernels() && self.inner.slots.is_on_demand(slot.index()) {
             self.inner.kernel_launcher.as_ref()
         } else {
             self.inner.launcher.as_ref()

@@ -77,6 +77,13 @@ pub fn verify_integrity(bytes: &[u8], integrity: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `x.y.z`, digits only: a version that is safe in a URL, a path and a shell line.
+fn plain_version(v: &str) -> bool {
+    v.split('.').count() == 3
+        && v.split('.')
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 impl NodeRecipe {
     /// Checks what the build will put into a URL, a path and a shell line.
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -100,12 +107,7 @@ impl NodeRecipe {
         }
         for (arch, pin) in &self.pins {
             let plain_arch = !arch.is_empty() && arch.bytes().all(|b| b.is_ascii_alphanumeric());
-            let plain_version = pin.version.split('.').count() == 3
-                && pin
-                    .version
-                    .split('.')
-                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-            if !plain_arch || !plain_version {
+            if !plain_arch || !plain_version(&pin.version) {
                 bail!(
                     "recipe: node.{arch} = {:?} is not an architecture and a version",
                     pin.version
@@ -153,16 +155,6 @@ pub fn install(p: &mut Progress, root: &Path, node: &NodeRecipe) -> anyhow::Resu
     let arch = npm_arch();
     let pin = node.pin(arch)?;
     let url = node.tarball_url(arch, pin);
-    let bytes = p.work(
-        &format!("download Node.js {} ({url})", pin.version),
-        |live| {
-            let bytes = download(&url, live)?;
-            verify_integrity(&bytes, &pin.integrity).with_context(|| url.clone())?;
-            Ok(bytes)
-        },
-    )?;
-    let in_image = root.join(TARBALL_IN_IMAGE.trim_start_matches('/'));
-    std::fs::write(&in_image, &bytes).with_context(|| format!("write {}", in_image.display()))?;
     // The binary must not replace a Debian package's file: a package that needs Debian's
     // nodejs would break the pin (and apt would overwrite it on the next install).
     let script = format!(
@@ -179,11 +171,36 @@ pub fn install(p: &mut Progress, root: &Path, node: &NodeRecipe) -> anyhow::Resu
         bin = node.bin,
         version = pin.version,
     );
-    let done = p.run(
+    install_verified_tarball(
+        p,
+        root,
+        (&format!("Node.js {}", pin.version), &url, &pin.integrity),
+        TARBALL_IN_IMAGE,
         &format!("install Node.js {} at {}", pin.version, node.bin),
-        &mut in_chroot(root, &script),
-    );
-    let _ = std::fs::remove_file(&in_image);
+        &script,
+    )
+}
+
+/// Two steps of `p`: downloads `url`, refuses it unless its SHA-512 is `integrity`, and puts
+/// it at `in_image` in the image at `root`; then runs `script` (which unpacks it from there) in
+/// a chroot of the image. The tarball is removed whatever the script did.
+fn install_verified_tarball(
+    p: &mut Progress,
+    root: &Path,
+    (what, url, integrity): (&str, &str, &str),
+    in_image: &str,
+    title: &str,
+    script: &str,
+) -> anyhow::Result<()> {
+    let bytes = p.work(&format!("download {what} ({url})"), |live| {
+        let bytes = download(url, live)?;
+        verify_integrity(&bytes, integrity).with_context(|| url.to_owned())?;
+        Ok(bytes)
+    })?;
+    let path = root.join(in_image.trim_start_matches('/'));
+    std::fs::write(&path, &bytes).with_context(|| format!("write {}", path.display()))?;
+    let done = p.run(title, &mut in_chroot(root, script));
+    let _ = std::fs::remove_file(&path);
     done
 }
 
@@ -216,11 +233,6 @@ impl NpmRecipe {
     /// Checks what the build puts into a URL and a shell line: every package an exact,
     /// plainly spelled `name@x.y.z`.
     pub fn validate(&self) -> anyhow::Result<()> {
-        let plain_version = |v: &str| {
-            v.split('.').count() == 3
-                && v.split('.')
-                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        };
         if !plain_version(&self.cli.version) {
             bail!(
                 "recipe: npm.cli.version {:?} is not x.y.z",
@@ -294,16 +306,6 @@ pub fn install_packages(
         node.registry.trim_end_matches('/'),
         npm.cli.version
     );
-    let bytes = p.work(
-        &format!("download npm {} ({url})", npm.cli.version),
-        |live| {
-            let bytes = download(&url, live)?;
-            verify_integrity(&bytes, &npm.cli.integrity).with_context(|| url.clone())?;
-            Ok(bytes)
-        },
-    )?;
-    let in_image = root.join(NPM_IN_IMAGE.trim_start_matches('/'));
-    std::fs::write(&in_image, &bytes).with_context(|| format!("write {}", in_image.display()))?;
     let ca_env = ca.map_or_else(String::new, |ca| format!("NODE_EXTRA_CA_CERTS={ca} "));
     let checks: Vec<String> = npm
         .names()
@@ -326,12 +328,18 @@ pub fn install_packages(
         link_target = GLOBAL_MODULES.trim_start_matches('/'),
         checks = checks.join(";"),
     );
-    let done = p.run(
+    install_verified_tarball(
+        p,
+        root,
+        (
+            &format!("npm {}", npm.cli.version),
+            &url,
+            &npm.cli.integrity,
+        ),
+        NPM_IN_IMAGE,
         &format!("npm install {}", npm.packages.join(" ")),
-        &mut in_chroot(root, &script),
-    );
-    let _ = std::fs::remove_file(&in_image);
-    done
+        &script,
+    )
 }
 
 /// The body of `url`, with its progress on `live`.
