@@ -129,6 +129,12 @@ pub const SERIES: &[Series] = &[
         "Warm jails asked for, by runtime profile and result (hit or miss).",
     ),
     series(
+        "kiln_warm_misses_served_early_total",
+        Counter,
+        &["profile"],
+        "Warm-jail misses served by a build already under way before their own was done.",
+    ),
+    series(
         "kiln_warm_ready",
         Gauge,
         &["profile"],

@@ -88,5 +88,5 @@ pub use slots::{READY_KERNEL_SLOTS, Slot};
 pub use spec::{JAIL_UID, ParkMode};
 pub use sys::chroot_before_exec;
 pub use tree::remove_tree;
-pub use warm::{WarmConfig, WarmPool, WarmStats};
+pub use warm::{WarmConfig, WarmJail, WarmPool, WarmStats};
 pub use zygote::{ZygoteConfig, ZygoteInfo, find_image_libpython, find_libpython, zygote_main};

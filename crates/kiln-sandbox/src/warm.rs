@@ -12,13 +12,20 @@
 //! maximum — each parked jail holds a uid slot — the profile that missed least
 //! recently gives one up, down to the minimum), and shrinks by one after each
 //! quiet period without such a miss.
+//!
+//! A miss does not wait for its own build alone: it queues for the next jail
+//! of its profile that becomes ready — usually the refill already under way,
+//! started by the take before it — and builds one at the same time. Whichever
+//! is ready first serves it; the other is parked for the next request (or
+//! serves another one waiting), so a miss costs what is left of a build in
+//! flight, not a whole one, and no jail is built for nothing.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_core::Limits;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
@@ -73,6 +80,9 @@ pub struct WarmStats {
     pub misses: u64,
     pub built: u64,
     pub build_failures: u64,
+    /// Misses served by a jail that another build made ready before the
+    /// miss's own build was done.
+    pub served_early: u64,
 }
 
 /// A parked jail with the slot it holds.
@@ -82,6 +92,8 @@ type Ready = (Slot, ParkedJail);
 struct Profile {
     spec: ParkSpec,
     ready: VecDeque<Ready>,
+    /// Misses waiting for the next jail that becomes ready (oldest first).
+    waiters: VecDeque<oneshot::Sender<Ready>>,
     building: u32,
     target: u32,
     last_change: Instant,
@@ -98,6 +110,7 @@ impl Profile {
         Profile {
             spec,
             ready: VecDeque::new(),
+            waiters: VecDeque::new(),
             building: 0,
             target,
             last_change: Instant::now(),
@@ -171,7 +184,7 @@ impl WarmPool {
     /// A parked jail of `profile`: a ready one, or — on a miss — one built
     /// now (and the profile's target grows).
     pub async fn get(&self, profile: &str) -> Result<WarmJail, SandboxError> {
-        let spec = {
+        let (spec, mut early) = {
             let mut profiles = self.inner.lock();
             let Some(p) = profiles.get_mut(profile) else {
                 return Err(SandboxError::Request(format!(
@@ -198,16 +211,48 @@ impl WarmPool {
             metrics::counter!("kiln_warm_takes_total", "profile" => profile.to_owned(), "result" => "miss")
                 .increment(1);
             let spec = p.spec.clone();
+            let (tx, rx) = oneshot::channel();
+            p.waiters.retain(|w| !w.is_closed());
+            p.waiters.push_back(tx);
             grow_target(&mut profiles, profile, &self.inner.cfg);
-            spec
+            (spec, rx)
         };
         self.inner.wake.notify_one();
-        let slot = self.inner.sandbox.acquire_slot().await;
-        let jail = self
-            .inner
-            .sandbox
-            .park(&slot, &spec, &self.inner.cfg.limits, None)
-            .await?;
+        // The miss's own build runs on its own task and delivers to this
+        // request; if the request no longer wants it (served early, or
+        // gone), the jail goes to the pool instead of being thrown away.
+        let (own_tx, mut own) = oneshot::channel::<Result<Ready, SandboxError>>();
+        let inner = Arc::clone(&self.inner);
+        let name = profile.to_owned();
+        tokio::spawn(async move {
+            let built = tokio::select! {
+                r = build(&inner, &spec) => r,
+                () = inner.stop.cancelled() => return,
+            };
+            if let Err(Ok(unwanted)) = own_tx.send(built) {
+                inner.arrive(&name, unwanted).await;
+            }
+        });
+        let (slot, jail) = tokio::select! {
+            Ok(ready) = &mut early => {
+                own.close();
+                if let Ok(Ok(unwanted)) = own.try_recv() {
+                    self.inner.arrive(profile, unwanted).await;
+                }
+                self.inner.count_served_early(profile);
+                ready
+            }
+            built = &mut own => {
+                early.close();
+                if let Ok(unwanted) = early.try_recv() {
+                    self.inner.arrive(profile, unwanted).await;
+                }
+                match built {
+                    Ok(r) => r?,
+                    Err(_) => return Err(SandboxError::Request("the warm pool is shut down".to_owned())),
+                }
+            }
+        };
         Ok(WarmJail {
             slot,
             jail,
@@ -266,7 +311,54 @@ impl WarmPool {
     }
 }
 
+impl Profile {
+    /// Hands `ready` to the oldest miss still waiting; gives it back when
+    /// none is.
+    fn serve_waiter(&mut self, mut ready: Ready) -> Option<Ready> {
+        while let Some(tx) = self.waiters.pop_front() {
+            match tx.send(ready) {
+                Ok(()) => return None,
+                Err(back) => ready = back,
+            }
+        }
+        Some(ready)
+    }
+}
+
 impl Inner {
+    /// A jail a miss built but did not need: it serves another miss or
+    /// joins the ready ones (a surplus is trimmed by the refill loop); after
+    /// shutdown it is torn down.
+    async fn arrive(&self, name: &str, ready: Ready) {
+        let left = {
+            // Checked under the lock: shutdown cancels before it drains.
+            let mut profiles = self.lock();
+            match profiles.get_mut(name) {
+                Some(_) if self.stop.is_cancelled() => Some(ready),
+                Some(p) => p.serve_waiter(ready).and_then(|r| {
+                    p.ready.push_back(r);
+                    metrics::gauge!("kiln_warm_ready", "profile" => name.to_owned())
+                        .set(p.ready.len() as f64);
+                    None
+                }),
+                None => Some(ready),
+            }
+        };
+        if let Some((slot, jail)) = left {
+            self.sandbox.discard(jail).await;
+            drop(slot);
+        }
+        self.wake.notify_one();
+    }
+
+    fn count_served_early(&self, name: &str) {
+        if let Some(p) = self.lock().get_mut(name) {
+            p.stats.served_early += 1;
+        }
+        metrics::counter!("kiln_warm_misses_served_early_total", "profile" => name.to_owned())
+            .increment(1);
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Profile>> {
         // Every update keeps the map consistent; a poisoned lock is usable.
         self.profiles.lock().unwrap_or_else(|p| p.into_inner())
@@ -324,7 +416,9 @@ impl Inner {
                 p.stats.built += 1;
                 p.failures_in_row = 0;
                 p.backoff_until = None;
-                p.ready.push_back((slot, jail));
+                if let Some(ready) = p.serve_waiter((slot, jail)) {
+                    p.ready.push_back(ready);
+                }
                 metrics::gauge!("kiln_warm_ready", "profile" => name.to_owned())
                     .set(p.ready.len() as f64);
             }

@@ -241,14 +241,23 @@ async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_othe
     assert!(host_pids_of_slot(&slot).is_empty());
 }
 
-#[tokio::test]
-async fn the_pool_hands_out_ready_jails_and_builds_on_a_miss() {
-    let Some(sb) = sandbox(UID_BASE) else { return };
+/// Runs `echo word` in a jail from the pool and checks what it printed.
+async fn run_echo(sb: &kiln_sandbox::Sandbox, w: kiln_sandbox::WarmJail, word: &str) {
+    let req = go(&w.jail, &["/bin/echo", word], limits());
+    let r = sb
+        .run_parked(&w.slot, w.jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    assert_eq!(stdout(&r), format!("{word}\n"));
+}
+
+/// A filled pool of generic `exec` jails: one parked, at most `max` in all.
+async fn exec_pool(sb: &kiln_sandbox::Sandbox, max: u32) -> WarmPool {
     let pool = WarmPool::start(
         sb.clone(),
         WarmConfig {
-            max_total: 2,
-            max_per_profile: 2,
+            max_total: max,
+            max_per_profile: max,
             min_per_profile: 1,
             decay_after: Duration::from_secs(60),
             limits: limits(),
@@ -256,6 +265,13 @@ async fn the_pool_hands_out_ready_jails_and_builds_on_a_miss() {
         vec![("exec".into(), ParkSpec::exec())],
     );
     assert!(pool.wait_filled(Duration::from_secs(10)).await);
+    pool
+}
+
+#[tokio::test]
+async fn the_pool_hands_out_ready_jails_and_builds_on_a_miss() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let pool = exec_pool(sb, 2).await;
     assert_eq!(pool.stats()["exec"].ready, 1);
     let first = pool.get("exec").await.expect("hit");
     assert!(first.was_ready);
@@ -264,13 +280,57 @@ async fn the_pool_hands_out_ready_jails_and_builds_on_a_miss() {
     let stats = pool.stats();
     assert_eq!(stats["exec"].hits + stats["exec"].misses, 2);
     for w in [first, second] {
-        let req = go(&w.jail, &["/bin/echo", "once"], limits());
-        let r = sb
-            .run_parked(&w.slot, w.jail, req, CancellationToken::new())
-            .await
-            .expect("run");
-        assert_eq!(stdout(&r), "once\n");
+        run_echo(sb, w, "once").await;
     }
     assert!(pool.get("nope").await.is_err());
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_miss_is_served_by_the_refill_in_flight() {
+    // Two slots, the second held by the test: the refill woken by the first
+    // take queues for a slot, then the miss's own build queues behind it.
+    // When the slot comes free the refill gets it (slots are handed out in
+    // order) and its jail must serve the miss: a miss that waited for its own
+    // build alone would wait here until the first jail is given back.
+    let Some(sb) = sandbox_with_slots(UID_BASE + 1_000_000, 2) else {
+        return;
+    };
+    let pool = exec_pool(&sb, 1).await;
+    let held = sb.acquire_slot().await;
+    let first = pool.get("exec").await.expect("hit");
+    assert!(first.was_ready);
+    // Let the refill loop wake and queue for a slot before the miss does.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let miss = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.get("exec").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(held);
+    let second = tokio::time::timeout(Duration::from_secs(20), miss)
+        .await
+        .expect("the miss is served by the refill while the first jail is still held")
+        .expect("join")
+        .expect("a jail");
+    assert!(!second.was_ready);
+    assert_eq!(pool.stats()["exec"].served_early, 1);
+    for w in [first, second] {
+        run_echo(&sb, w, "once").await;
+    }
+    // With the slots free again, the miss's own build (and the refill) go on
+    // and the pool is whole again for the next request.
+    let mut refilled = false;
+    for _ in 0..200 {
+        if pool.stats()["exec"].ready == 1 {
+            refilled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refilled, "the pool refills: {:?}", pool.stats());
+    let third = pool.get("exec").await.expect("hit");
+    assert!(third.was_ready);
+    run_echo(&sb, third, "again").await;
     pool.shutdown().await;
 }

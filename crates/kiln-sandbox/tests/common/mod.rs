@@ -20,21 +20,33 @@ use tokio_util::sync::CancellationToken;
 /// host cannot run jails and `CI` is unset.
 pub fn sandbox(uid_base: u32) -> Option<&'static Sandbox> {
     static SB: OnceLock<Result<Sandbox, String>> = OnceLock::new();
-    let sb = SB.get_or_init(|| {
-        let root = std::env::temp_dir().join("kiln-sandbox-test-root");
-        // One slots dir per test binary: a sandbox unmounts whatever it
-        // finds in its own on start.
-        let slots = std::env::temp_dir().join(format!("kiln-sandbox-test-slots-{uid_base}"));
-        let cfg = SandboxConfig {
-            helper: PathBuf::from(env!("CARGO_BIN_EXE_kiln-jail")),
-            root_dir: root,
-            slots_dir: Some(slots),
-            uid_base,
-            slots: 4,
-            ..SandboxConfig::default()
-        };
-        Sandbox::new(cfg).map_err(|e| e.to_string())
-    });
+    available(SB.get_or_init(|| new_sandbox(uid_base, 4)))
+}
+
+/// A sandbox of its own with `slots` uid slots (its own uid range and slots
+/// dir, so it never shares either with the binary's [`sandbox`]), for tests
+/// that need to run out of slots.
+pub fn sandbox_with_slots(uid_base: u32, slots: u32) -> Option<Sandbox> {
+    available(&new_sandbox(uid_base, slots)).cloned()
+}
+
+fn new_sandbox(uid_base: u32, slots: u32) -> Result<Sandbox, String> {
+    let root = std::env::temp_dir().join("kiln-sandbox-test-root");
+    // One slots dir per sandbox: a sandbox unmounts whatever it finds in its
+    // own on start.
+    let slots_dir = std::env::temp_dir().join(format!("kiln-sandbox-test-slots-{uid_base}"));
+    let cfg = SandboxConfig {
+        helper: PathBuf::from(env!("CARGO_BIN_EXE_kiln-jail")),
+        root_dir: root,
+        slots_dir: Some(slots_dir),
+        uid_base,
+        slots,
+        ..SandboxConfig::default()
+    };
+    Sandbox::new(cfg).map_err(|e| e.to_string())
+}
+
+fn available(sb: &Result<Sandbox, String>) -> Option<&Sandbox> {
     match sb {
         Ok(sb) => Some(sb),
         Err(e) if std::env::var_os("CI").is_some() => {
