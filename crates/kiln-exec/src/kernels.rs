@@ -610,12 +610,16 @@ impl Kernels {
         expired.len()
     }
 
-    /// Closes every session (shutdown).
+    /// Closes every session (shutdown), [`CLOSE_AT_ONCE`] at a time: one
+    /// after another, a node holding 1,000 idle kernels took about a minute
+    /// to stop — past an orchestrator's usual grace period, whose SIGKILL
+    /// leaves the clean-up to the next start.
     pub async fn close_all(&self) {
+        use futures::StreamExt;
         let all = self.inner.sessions.drain();
-        for s in &all {
-            close(s).await;
-        }
+        futures::stream::iter(&all)
+            .for_each_concurrent(CLOSE_AT_ONCE, |s| close(s))
+            .await;
     }
 }
 
@@ -822,6 +826,10 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| KernelsError::Files(e.to_string()))?
 }
+
+/// Kernels closed at once at shutdown. Closing one is mostly waiting (the
+/// jail killed and reaped, its slot's filesystem unmounted), little CPU.
+const CLOSE_AT_ONCE: usize = 32;
 
 async fn close(session: &Kernel) {
     session.kernel.close().await;

@@ -551,7 +551,7 @@ fn the_one_shot_jails_namespace_receives_every_slot_filesystem_the_server_mounts
 fn serve_stops_cleanly_on_sigterm() {
     common::require_root();
     let Served {
-        mut child,
+        child,
         addr,
         log: rx,
         reader,
@@ -580,6 +580,17 @@ fn serve_stops_cleanly_on_sigterm() {
     );
     assert!(String::from_utf8_lossy(&probe.stdout).contains(" 200 "));
     // SIGTERM: exits 0, promptly
+    stop_with_sigterm(child, reader, &rx, Duration::from_secs(15));
+}
+
+/// Sends SIGTERM and checks that `kiln serve` exits 0 within `limit`,
+/// saying that it stopped.
+fn stop_with_sigterm(
+    mut child: std::process::Child,
+    reader: std::thread::JoinHandle<()>,
+    log: &std::sync::mpsc::Receiver<String>,
+    limit: Duration,
+) {
     let t = Instant::now();
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -590,17 +601,95 @@ fn serve_stops_cleanly_on_sigterm() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "kiln did not stop on SIGTERM"
-        );
+        assert!(t.elapsed() < limit, "kiln did not stop on SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "exit status {status:?}");
     // it logged that it stopped
     reader.join().unwrap();
-    let rest: Vec<String> = rx.try_iter().collect();
+    let rest: Vec<String> = log.try_iter().collect();
     assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
+}
+
+#[test]
+fn sigterm_with_live_kernels_closes_every_one_and_leaves_no_jail_process() {
+    common::require_root();
+    let served = serve();
+    let addr = &served.addr;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    kiln_egress::install_crypto_provider();
+    let http = reqwest::Client::new();
+    const KERNELS: usize = 12;
+    for n in 0..KERNELS {
+        let created = rt.block_on(async {
+            let r = http
+                .post(format!("http://{addr}/v1/sessions"))
+                .header("User-Id", format!("user-{n}"))
+                .json(&serde_json::json!({"lang": "py"}))
+                .send()
+                .await?;
+            let status = r.status();
+            Ok::<_, reqwest::Error>((status, r.text().await?))
+        });
+        let (status, body) = created.unwrap();
+        assert!(status.is_success(), "create {n}: {status} {body}");
+    }
+    // what the server started: launchers, fork-servers, and each kernel's
+    // helper, init and interpreter (pid and start time, so a reused pid is
+    // not mistaken for a survivor)
+    let started = descendants(served.child.id());
+    assert!(
+        started.len() >= 3 * KERNELS,
+        "each kernel is three processes: {started:?}"
+    );
+    stop_with_sigterm(
+        served.child,
+        served.reader,
+        &served.log,
+        Duration::from_secs(30),
+    );
+    let left: Vec<_> = started
+        .iter()
+        .filter(|(pid, since)| start_time(*pid).as_ref() == Some(since))
+        .collect();
+    assert!(left.is_empty(), "processes outlived the server: {left:?}");
+}
+
+/// `(pid, start time)` of every process below `root`.
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after = stat.rsplit_once(')')?.1;
+            Some((pid, after.split_whitespace().nth(1)?.parse().ok()?))
+        })
+        .collect();
+    let mut below = vec![root];
+    let mut i = 0;
+    while i < below.len() {
+        let p = below[i];
+        below.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    below[1..]
+        .iter()
+        .filter_map(|pid| Some((*pid, start_time(*pid)?)))
+        .collect()
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started.
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(19)?
+            .to_owned(),
+    )
 }
 
 #[tokio::test]
