@@ -39,7 +39,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
@@ -169,14 +169,25 @@ pub(crate) struct SlotFs {
     /// shared bind of its directory on itself (see
     /// [`SlotFs::separates_kernels`]).
     shared_points: bool,
-    /// Set by [`SlotFs::teardown`]. Held while a slot's filesystem is
-    /// mounted again (`recreate`) and during teardown, so a re-creation
-    /// racing the teardown cannot leave a mount behind it.
-    torn_down: Mutex<bool>,
+    /// Set by [`SlotFs::teardown`]. Held exclusively while a slot's
+    /// filesystem is mounted again (`recreate`) and during teardown, so a
+    /// re-creation racing the teardown cannot leave a mount behind it;
+    /// shared while a slot's filesystem is given back, so kernels closing
+    /// together (a shutdown with many) unmount and remove their images side
+    /// by side instead of one after another.
+    torn_down: RwLock<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn shared<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn exclusive<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Live slot filesystems of this process, torn down at exit.
@@ -311,7 +322,7 @@ impl SlotFs {
             },
             template_made: Mutex::new(false),
             shared_points: false,
-            torn_down: Mutex::new(false),
+            torn_down: RwLock::new(false),
         };
         this.clear_all()
             .and_then(|()| this.clear_beyond())
@@ -651,7 +662,7 @@ impl SlotFs {
     /// can build keeps a slot out of use; only when that fails too is the
     /// error returned.
     pub(crate) fn empty(&self, slot: u32) -> Result<(), String> {
-        if *lock(&self.torn_down) {
+        if *shared(&self.torn_down) {
             return Ok(());
         }
         let parent = self.parent(slot);
@@ -694,7 +705,7 @@ impl SlotFs {
     /// busy; the loop device's autoclear frees it with the last user),
     /// removes its image and leaves an empty mount point.
     pub(crate) fn give_back(&self, slot: u32) -> Result<(), String> {
-        let torn_down = lock(&self.torn_down);
+        let torn_down = shared(&self.torn_down);
         if *torn_down {
             return Ok(());
         }
@@ -707,7 +718,7 @@ impl SlotFs {
     /// Replaces a slot's filesystem by a new empty one: unmount (detached
     /// if busy), then the same set-up as at start.
     fn recreate(&self, slot: u32) -> Result<(), String> {
-        let torn_down = lock(&self.torn_down);
+        let torn_down = exclusive(&self.torn_down);
         if *torn_down {
             return Err("the slot filesystems are torn down".to_owned());
         }
@@ -725,7 +736,7 @@ impl SlotFs {
     /// Idempotent; later runs find no workspace parent.
     pub(crate) fn teardown(&self) {
         let _under_way = TeardownUnderWay::start();
-        let mut torn_down = lock(&self.torn_down);
+        let mut torn_down = exclusive(&self.torn_down);
         if std::mem::replace(&mut *torn_down, true) {
             return;
         }
@@ -757,7 +768,7 @@ impl SlotFs {
             },
             template_made: Mutex::new(false),
             shared_points: false,
-            torn_down: Mutex::new(false),
+            torn_down: RwLock::new(false),
         };
         this.clear_all().expect("plain slot dirs");
         Arc::new(this)
