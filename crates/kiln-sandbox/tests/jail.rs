@@ -198,6 +198,32 @@ async fn usr_and_root_are_read_only_and_the_workspace_is_writable() {
     assert_eq!(meta.gid(), slot.host_gid());
 }
 
+/// The root is built with the umask cleared and each entry made with its
+/// final mode (no `chmod` after it): pins the modes and owner (the jail's
+/// root, uid 0; procfs is the host's root's, unmapped) that entries had
+/// when each was `chmod`ed, and that the program still starts with umask
+/// 022.
+#[tokio::test]
+async fn the_roots_entries_have_their_planned_modes_and_the_program_umask_022() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    let r = sh(
+        sb,
+        &slot,
+        "stat -c '%n %a %u' / /etc /etc/passwd /etc/hosts /etc/resolv.conf /mnt /tmp /dev \
+         /dev/shm /proc; touch /tmp/f; mkdir /tmp/d; stat -c '%n %a' /tmp/f /tmp/d; umask",
+    )
+    .await;
+    assert_eq!(
+        stdout(&r),
+        "/ 755 0\n/etc 755 0\n/etc/passwd 644 0\n/etc/hosts 644 0\n/etc/resolv.conf 644 0\n\
+         /mnt 755 0\n/tmp 1777 0\n/dev 755 0\n/dev/shm 1777 0\n/proc 555 65534\n\
+         /tmp/f 644\n/tmp/d 755\n0022\n",
+        "stderr: {}",
+        stderr(&r)
+    );
+}
+
 #[tokio::test]
 async fn tmp_and_shm_are_writable_but_not_executable() {
     let Some(sb) = sandbox(UID_BASE) else { return };

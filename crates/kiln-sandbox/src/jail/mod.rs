@@ -316,21 +316,29 @@ fn wait_go(pid: Pid, pidfd: Option<&OwnedFd>, control: &OwnedFd) -> Result<Parke
     }
 }
 
-/// The spec's mount plan and the program process's confinement (seccomp
-/// programs, Landlock rules), computed on the host.
-fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
-    let filters = spec
-        .seccomp_filters
-        .as_ref()
-        .map(|programs| programs.iter().map(seccomp::from_insns).collect())
-        .unwrap_or_default();
-    let plan = plan::build(spec, &plan::RealHost);
-    let confinement = Confinement {
-        filters,
-        landlock: spec.landlock.then(|| plan::landlock_rules(&plan)),
+/// The Landlock rules of a program process, as its helper made them.
+type LandlockRules = Option<Vec<(std::path::PathBuf, plan::PathAccess)>>;
+
+/// The program process's confinement: the spec's seccomp programs and
+/// `landlock` (the rules of the spec's mount plan).
+fn confinement(spec: &JailSpec, landlock: LandlockRules) -> Confinement {
+    Confinement {
+        filters: spec
+            .seccomp_filters
+            .as_ref()
+            .map(|programs| programs.iter().map(seccomp::from_insns).collect())
+            .unwrap_or_default(),
+        landlock,
         connect_port: spec.network.as_ref().map(|n| n.connect_port),
-    };
-    (plan, confinement)
+    }
+}
+
+/// The spec's mount plan and the program process's confinement (seccomp
+/// programs, Landlock rules), computed on the host by the helper.
+fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
+    let plan = plan::build(spec, &plan::RealHost);
+    let landlock = spec.landlock.then(|| plan::landlock_rules(&plan));
+    (plan, confinement(spec, landlock))
 }
 
 /// Joins a services channel's network namespace (see `netns.rs`): the
@@ -376,14 +384,30 @@ pub(crate) fn forked_program_main(
         let _ = nix::unistd::write(&exec_w, &e.into_status().to_line());
         sys::exit_now(127)
     };
-    let parsed = serde_json::from_slice::<JailSpec>(spec_line);
+    // The spec's line, then the helper's Landlock rules (see
+    // `remote::request_program`): the mount plan is the helper's to build;
+    // made again here it cost a `statx` of every host path it depends on
+    // and the allocations, in a process whose every touched page is a copy.
+    let (spec_part, rules_part) = match spec_line.iter().position(|&b| b == b'\n') {
+        Some(i) => (&spec_line[..i], &spec_line[i + 1..]),
+        None => (&spec_line[..], &[][..]),
+    };
+    let parsed = serde_json::from_slice::<JailSpec>(spec_part);
+    let rules = serde_json::from_slice::<LandlockRules>(rules_part);
     sys::scrub(spec_line);
     let mut spec = match parsed {
         Ok(s) => s,
         Err(e) => fail(JailError::setup("parse spec", e)),
     };
-    let (plan, confinement) = prepare(&spec);
-    plan.into_iter().for_each(plan::Op::scrub);
+    let landlock = match rules {
+        // The helper made them from this same spec.
+        Ok(rules) if rules.is_some() == spec.landlock => rules,
+        Ok(_) => fail(JailError::Setup(
+            "the helper's Landlock rules do not match the spec".to_owned(),
+        )),
+        Err(e) => fail(JailError::setup("parse the helper's Landlock rules", e)),
+    };
+    let confinement = confinement(&spec, landlock);
     // "0" is the writer itself (our pid here is the jail's, not the host's).
     let procs: Vec<std::path::PathBuf> = match &spec.cgroup {
         None => Vec::new(),
@@ -458,6 +482,12 @@ fn helper(status: &File) -> Result<(), JailError> {
     // the jail; inside, setgroups is denied, so drop them here.
     nix::unistd::setgroups(&[]).map_err(|e| JailError::setup("setgroups", e))?;
     let (plan, confinement) = prepare(&spec);
+    // What the fork-server's program process applies (see `request_program`).
+    let landlock_json = match &zygote {
+        Some(_) => serde_json::to_vec(&confinement.landlock)
+            .map_err(|e| JailError::setup("encode the Landlock rules", e))?,
+        None => Vec::new(),
+    };
 
     let cgroup_fd = match &spec.cgroup {
         None => None,
@@ -578,7 +608,10 @@ fn helper(status: &File) -> Result<(), JailError> {
                 exit_w: &exit_w,
                 init_pidfd,
             };
-            if let Err(e) = remote::request_program(&zygote, line.as_bytes(), &fds) {
+            let spec_line = line.strip_suffix('\n').unwrap_or(&line);
+            if let Err(e) =
+                remote::request_program(&zygote, spec_line.as_bytes(), &landlock_json, &fds)
+            {
                 let _ = kill(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
                 return Err(JailError::setup("fork the program", e));

@@ -64,41 +64,8 @@ pub enum Op {
     },
 }
 
-impl Op {
-    /// Zeroes every path and text of the op, then frees it: an embedded
-    /// program's process must keep no host path in its memory (see
-    /// `forked_program_main`).
-    pub fn scrub(self) {
-        use crate::sys::{scrub_path, scrub_string};
-        let source = |s: Source| match s {
-            Source::Host(p) | Source::Jail(p) => scrub_path(p),
-        };
-        match self {
-            Op::Dir { path, .. } | Op::Proc { dst: path } | Op::SetAttr { dst: path, .. } => {
-                scrub_path(path)
-            }
-            Op::Symlink { path, target } => {
-                scrub_path(path);
-                scrub_path(target);
-            }
-            Op::File { path, contents } => {
-                scrub_path(path);
-                scrub_string(contents);
-            }
-            Op::Bind { src, dst, .. } => {
-                source(src);
-                scrub_path(dst);
-            }
-            Op::Tmpfs { dst, options, .. } => {
-                scrub_path(dst);
-                scrub_string(options);
-            }
-        }
-    }
-}
-
 /// What the user program may do beneath one path once Landlock is in force.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PathAccess {
     /// Read files, list directories, execute (runtimes, `/etc`).
     ReadExec,

@@ -18,16 +18,22 @@ pub(crate) struct ProgramFds<'a> {
 }
 
 /// In a jail helper: asks the fork-server on `sock` for the program process
-/// of the jail whose init `fds.init_pidfd` is; returns its pid.
+/// of the jail whose init `fds.init_pidfd` is; returns its pid. The request
+/// is `g`, the spec (one line of JSON, no newline), a newline and the
+/// program's Landlock rules as the helper made them (JSON): the program
+/// process applies those rather than building the mount plan again.
 pub(crate) fn request_program(
     sock: &OwnedFd,
-    spec_line: &[u8],
+    spec: &[u8],
+    landlock_rules: &[u8],
     fds: &ProgramFds<'_>,
 ) -> Result<i32, String> {
     let (ours, theirs) = seqpacket::pair().map_err(|e| format!("socketpair: {e}"))?;
-    let mut msg = Vec::with_capacity(spec_line.len() + 1);
+    let mut msg = Vec::with_capacity(spec.len() + landlock_rules.len() + 2);
     msg.push(b'g');
-    msg.extend_from_slice(spec_line);
+    msg.extend_from_slice(spec);
+    msg.push(b'\n');
+    msg.extend_from_slice(landlock_rules);
     let raw = [
         fds.stdout.as_raw_fd(),
         fds.stderr.as_raw_fd(),

@@ -2,12 +2,14 @@
 //! jail's init, as uid 0 of its user namespace), then `pivot_root`s into it
 //! and makes `/` read-only.
 
-use std::fs;
-use std::os::unix::fs::{PermissionsExt, symlink};
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::{Mode, umask};
 use nix::sys::statvfs::{FsFlags, statvfs};
 use nix::unistd::{chdir, pivot_root};
 
@@ -106,31 +108,77 @@ fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> JailError {
     JailError::Setup(format!("{what}: {e}"))
 }
 
-fn make_dir(path: &Path, mode: u32) -> Result<(), JailError> {
-    fs::create_dir_all(path).map_err(|e| err(format_args!("mkdir {}", path.display()), e))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .map_err(|e| err(format_args!("chmod {}", path.display()), e))
-}
-
-fn make_parent(path: &Path) -> Result<(), JailError> {
-    match path.parent() {
-        Some(parent) if !parent.exists() => make_dir(parent, 0o755),
-        _ => Ok(()),
+/// Runs `make` at `path`; if the parent is missing, makes it (0755, and
+/// its own missing parents) and runs `make` once more. Each step of the
+/// plan is tried first and checked only when it fails: most of a root's
+/// entries go into directories the plan made just before, so looking
+/// first (a `statx` of the parent, then of the path) was a wasted system
+/// call or two per entry.
+fn with_parent<T>(path: &Path, make: impl Fn(&Path) -> std::io::Result<T>) -> std::io::Result<T> {
+    match make(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => match path.parent() {
+            Some(parent) if parent != path => {
+                make_dir_io(parent, 0o755)?;
+                make(path)
+            }
+            _ => Err(e),
+        },
+        r => r,
     }
 }
 
-/// Creates an empty directory or file to bind `src` on, matching its type.
+/// `mkdir` with exactly `mode` (the umask is 0 while the root is built, see
+/// [`build_and_enter`]); missing parents are made 0755. An existing
+/// directory is given `mode`, as `create_dir_all` + `chmod` did.
+fn make_dir_io(path: &Path, mode: u32) -> std::io::Result<()> {
+    match with_parent(path, |p| DirBuilder::new().mode(mode).create(p)) {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists && path.is_dir() => {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        }
+        r => r,
+    }
+}
+
+fn make_dir(path: &Path, mode: u32) -> Result<(), JailError> {
+    make_dir_io(path, mode).map_err(|e| err(format_args!("mkdir {}", path.display()), e))
+}
+
+/// Creates an empty directory or file to bind `src` on, matching its type;
+/// one that is there already is used as it is.
 fn make_mount_point(src: &Path, dst: &Path) -> Result<(), JailError> {
     let meta = fs::metadata(src).map_err(|e| err(format_args!("stat {}", src.display()), e))?;
     if meta.is_dir() {
-        if !dst.is_dir() {
-            make_dir(dst, 0o755)?;
+        match with_parent(dst, |p| DirBuilder::new().mode(0o755).create(p)) {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && dst.is_dir() => Ok(()),
+            r => r.map_err(|e| err(format_args!("mkdir {}", dst.display()), e)),
         }
-    } else if !dst.exists() {
-        make_parent(dst)?;
-        fs::File::create(dst).map_err(|e| err(format_args!("create {}", dst.display()), e))?;
+    } else {
+        match with_parent(dst, create_file) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(err(format_args!("create {}", dst.display()), e)),
+        }
     }
-    Ok(())
+}
+
+/// Creates a file that is not there yet, mode 0644.
+fn create_file(path: &Path) -> std::io::Result<fs::File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+}
+
+/// Writes a new file of the root, mode 0644 (a file the plan wrote before
+/// is overwritten and given 0644 again).
+fn write_file(at: &Path, contents: &str) -> std::io::Result<()> {
+    match with_parent(at, create_file) {
+        Ok(mut f) => f.write_all(contents.as_bytes()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => fs::write(at, contents)
+            .and_then(|()| fs::set_permissions(at, fs::Permissions::from_mode(0o644))),
+        Err(e) => Err(e),
+    }
 }
 
 fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
@@ -138,15 +186,12 @@ fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
         Op::Dir { path, mode } => make_dir(&under(root, path), *mode),
         Op::Symlink { path, target } => {
             let at = under(root, path);
-            make_parent(&at)?;
-            symlink(target, &at).map_err(|e| err(format_args!("symlink {}", path.display()), e))
+            with_parent(&at, |p| symlink(target, p))
+                .map_err(|e| err(format_args!("symlink {}", path.display()), e))
         }
         Op::File { path, contents } => {
             let at = under(root, path);
-            make_parent(&at)?;
-            fs::write(&at, contents)
-                .and_then(|()| fs::set_permissions(&at, fs::Permissions::from_mode(0o644)))
-                .map_err(|e| err(format_args!("write {}", path.display()), e))
+            write_file(&at, contents).map_err(|e| err(format_args!("write {}", path.display()), e))
         }
         Op::Bind {
             src,
@@ -217,6 +262,15 @@ fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
 /// Builds the new root on `root_dir` and switches to it. Must run in a
 /// private mount namespace as uid 0 of the jail's user namespace.
 pub fn build_and_enter(root_dir: &Path, ops: &[Op]) -> Result<(), JailError> {
+    // Every entry is created with its final mode (no `chmod` after it);
+    // the caller's umask is back once the root is entered.
+    let umask_before = umask(Mode::empty());
+    let built = build_and_enter_unmasked(root_dir, ops);
+    umask(umask_before);
+    built
+}
+
+fn build_and_enter_unmasked(root_dir: &Path, ops: &[Op]) -> Result<(), JailError> {
     // Nothing we mount may propagate back to the host.
     mount(
         None::<&str>,

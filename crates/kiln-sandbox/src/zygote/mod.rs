@@ -16,8 +16,9 @@
 //! server and the helpers of embedded jails hold the other end):
 //! 1. server → zygote: the [`ZygoteConfig`] as JSON;
 //! 2. zygote → server: `{"ready": ZygoteInfo}` or `{"failed": "why"}`;
-//! 3. per warm jail: helper → zygote: `g` and the [`crate::spec::JailSpec`]
-//!    line, with seven fds attached: stdout, stderr, the exec pipe's write
+//! 3. per warm jail: helper → zygote: `g`, the [`crate::spec::JailSpec`]
+//!    line, a newline and the program's Landlock rules as the helper made
+//!    them from the spec's mount plan (JSON), with seven fds attached: stdout, stderr, the exec pipe's write
 //!    end, the go pipe's read end, the exit pipe's write end, the jail
 //!    init's pidfd and a reply socket. The zygote forks the program into the
 //!    init's pid namespace and answers on the reply socket with its pid
