@@ -456,6 +456,15 @@ src = sys.stdin.read()
 n = int(sys.argv[1])
 exec(compile(src, "<kiln-template>", "exec"), {"__name__": "__main__"})
 import _kiln_zygote
+
+
+def run_as_the_fork_server_does(go):
+    # The fork-server enters the preload and run() the same way (PyRun_SimpleString), so
+    # run()'s frames sit as deep as the preload's did; the preload above ran one frame
+    # deeper than this loop (inside exec), so run() is called one frame deeper too.
+    _kiln_zygote.run(go)
+
+
 work = tempfile.mkdtemp()
 with open(os.path.join(work, "main.py"), "w") as f:
     f.write("print('hello')\n")
@@ -470,7 +479,7 @@ for _ in range(n):
         if sys.argv[2] == "bare":
             print('hello', flush=True)
             os._exit(0)
-        _kiln_zygote.run(go)
+        run_as_the_fork_server_does(go)
     _, status = os.waitpid(pid, 0)
     if status != 0:
         raise SystemExit("the template's run failed: %d" % status)

@@ -130,6 +130,46 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "try:\n    input()\nexcept EOFError:\n    print('eof')",
         &[],
     ),
+    (
+        // how deep a program can recurse, and the limit as sys shows and takes it: the
+        // template's frames below main.py are hidden from both
+        "recursion limit",
+        "py",
+        "import sys\nprint(sys.getrecursionlimit())\ndepth = 0\ndef down():\n    global depth\n    depth += 1\n    down()\n\
+         try:\n    down()\nexcept RecursionError:\n    print('depth reached', depth)\n\
+         sys.setrecursionlimit(60)\nprint(sys.getrecursionlimit())\ndepth = 0\ntry:\n    down()\nexcept RecursionError:\n    print('depth reached', depth)\n\
+         def again(n):\n    return again(n + 1)\nagain(0)",
+        &[],
+    ),
+    (
+        // site's user base and user site come from the run's HOME, as a cold start
+        // computes them
+        "user site",
+        "py",
+        "import site, sys\nprint(site.USER_BASE, site.USER_SITE, site.ENABLE_USER_SITE)\n\
+         print(site.getuserbase(), site.getusersitepackages())\nprint(sys.path)",
+        &[],
+    ),
+    (
+        // a finalizer at exit writing to both streams, and output left without a newline
+        "__del__ at exit and no newline",
+        "py",
+        "import sys\nclass Resource:\n    def __del__(self):\n        print('released', file=sys.stderr)\n        \
+         print('bye from __del__', end='')\nr = Resource()\nsys.stdout.write('end of main, no newline ')",
+        &[],
+    ),
+    (
+        // atexit handlers run last registered first; one that raises is reported (through
+        // sys.unraisablehook: the default one prints the handler's address) and the others
+        // still run
+        "atexit order and a failing handler",
+        "py",
+        "import atexit, sys\ndef hook(u):\n    print('unraisable:', repr(u.exc_value), file=sys.stderr)\n\
+         sys.unraisablehook = hook\n@atexit.register\ndef first():\n    print('registered first, runs last')\n\
+         @atexit.register\ndef failing():\n    raise RuntimeError('in an atexit handler')\n\
+         atexit.register(print, 'registered last, runs first', file=sys.stderr)\nprint('main done')",
+        &[],
+    ),
     ("js print", "js", "console.log('hello', 1 + 1)", &[]),
     (
         "js main module and argv",

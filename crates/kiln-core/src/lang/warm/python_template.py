@@ -165,6 +165,14 @@ def _kiln_template():
     ]
     split = next((i for i, p in enumerate(base_path) if p in site_dirs), len(base_path))
     stdlib_path, site_path = base_path[:split], base_path[split:]
+    # site's user base and user site for this environment, computed once here: they
+    # depend only on PYTHONUSERBASE and HOME (expanduser reads HOME when it is set;
+    # without it, the password entry of the child's uid, so then a run computes them).
+    site.USER_BASE = site.USER_SITE = None
+    user_site_cached = (site.getuserbase(), site.getusersitepackages())
+    user_site_key = (os.environ.get("PYTHONUSERBASE"), os.environ.get("HOME"))
+    if (not user_site_key[0] and user_site_key[1] is None) or None in user_site_cached:
+        user_site_key = None
     preloaded = set(sys.modules)
     template_globals = globals()  # every frame of this file runs with these
 
@@ -265,8 +273,12 @@ def _kiln_template():
         sys.breakpointhook = sys.__breakpointhook__
         pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path = [script_dir] + pythonpath + stdlib_path
-        site.USER_BASE = site.USER_SITE = None
-        user_site = site.getusersitepackages()  # from the new HOME
+        if user_site_key == (env.get("PYTHONUSERBASE"), env.get("HOME")):
+            site.USER_BASE, site.USER_SITE = user_site_cached
+            user_site = site.USER_SITE
+        else:
+            site.USER_BASE = site.USER_SITE = None
+            user_site = site.getusersitepackages()  # from the new HOME
         if site.ENABLE_USER_SITE and os.path.isdir(user_site):
             site.addsitedir(user_site)
         sys.path.extend(site_path)
@@ -487,9 +499,19 @@ def _kiln_template():
     )
 
     def hide_frames_from_recursion_limit(offset):
-        """Raise the limit by offset, and make sys's getter and setter pretend it was not."""
+        """Raise the limit by offset, and make sys's getter and setter pretend it was not
+        (the template's pair when offset is its calibration's)."""
+        if calibration and calibration[0] == offset:
+            wrappers = calibration[1]
+        else:
+            wrappers = recursion_limit_wrappers(offset)
+        sys.setrecursionlimit(sys.getrecursionlimit() + offset)
+        sys.getrecursionlimit, sys.setrecursionlimit = wrappers
+
+    def recursion_limit_wrappers(offset):
+        """sys.getrecursionlimit and sys.setrecursionlimit as seen by a program below which
+        frames take offset levels of the limit."""
         real_get, real_set = sys.getrecursionlimit, sys.setrecursionlimit
-        real_set(real_get() + offset)
 
         @functools.wraps(real_get)
         def getrecursionlimit():
@@ -501,7 +523,40 @@ def _kiln_template():
                 limit += offset
             real_set(limit)
 
-        sys.getrecursionlimit, sys.setrecursionlimit = getrecursionlimit, setrecursionlimit
+        return getrecursionlimit, setrecursionlimit
+
+    def exec_module_code(code, namespace):
+        """exec() of module code, one frame above the caller's: the program runs here."""
+        exec(code, namespace)
+
+    def levels_below_module_code():
+        """How much of the recursion limit the frames below module code run by the
+        caller's exec_module_code() take (0 in a cold `python3 main.py`): the probe, run
+        one frame above the caller as that code will be, recurses until RecursionError
+        under a limit just above that. The template measures it once (calibrate(), from
+        as deep as execute() runs in the fork-server, where both enter through
+        PyRun_SimpleString), and a run then starts its probe a few levels above the
+        template's answer: it recurses a few frames instead of dozens. The run still
+        measures (a stack entered differently gets its own answer)."""
+        limit, space = sys.getrecursionlimit(), {}
+        low = calibration[0] + 4 if calibration else 16
+        while True:
+            try:
+                sys.setrecursionlimit(low)
+                break
+            except RecursionError:
+                low *= 2
+        exec(probe, space)  # one frame above the caller, as exec_module_code's exec
+        sys.setrecursionlimit(limit)
+        return low - 1 - space["n"]
+
+    def calibrate():
+        """Called from _kiln_template() as execute() is from run(): as deep."""
+        room = levels_below_module_code()
+        calibration[:] = [room, recursion_limit_wrappers(room)]
+
+    calibration = []
+    calibrate()
 
     def execute(path):
         """Run main.py as __main__ and shut down; returns the exit status (or dies by SIGINT).
@@ -516,22 +571,12 @@ def _kiln_template():
                 % (sys.orig_argv[0], path, e.errno, e.strerror)
             )
             return finalize(2)
-        # The frames below this one count against the recursion limit: measure how
-        # deep module code called from here can go, with a low limit to keep it quick.
-        limit, low, space = sys.getrecursionlimit(), 100, {}
-        while True:
-            try:
-                sys.setrecursionlimit(low)
-                break
-            except RecursionError:
-                low *= 2
-        exec(probe, space)  # the same call as the program's exec below
-        sys.setrecursionlimit(limit)
-        if space["n"] != low - 1:
-            hide_frames_from_recursion_limit(low - 1 - space["n"])
+        room = levels_below_module_code()
+        if room:
+            hide_frames_from_recursion_limit(room)
         error = None
         try:
-            exec(source_code(source, path), sys.modules["__main__"].__dict__)
+            exec_module_code(source_code(source, path), sys.modules["__main__"].__dict__)
             status = 0
         except SystemExit as e:
             status = system_exit_status(e)
@@ -555,7 +600,10 @@ def _kiln_template():
         """Become `python3 [-u|-B] SCRIPT ARGS...` as described by go (JSON argv and env), with
         the script in the current directory, run it and os._exit(). Never returns."""
         try:
-            request = json.loads(bytes(go).decode("utf-8"))
+            text = bytes(go).decode("utf-8")
+            request, end = scan_json(text, 0)
+            if end != len(text):
+                raise ValueError("data after the go's JSON")
             argv = [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in request["env"]}
             script = 1
@@ -597,6 +645,9 @@ def _kiln_template():
             status = 70
         os._exit(status)
 
+    # json.loads without its Python layers (decode, raw_decode, the whitespace regex):
+    # the C scanner it ends in, which the go (serde_json's output) needs alone
+    scan_json = json.JSONDecoder().scan_once
     zygote = types.ModuleType("_kiln_zygote", "Kiln's warm Python template: run(go) never returns.")
     zygote.run = run
     sys.modules["_kiln_zygote"] = zygote
