@@ -499,6 +499,7 @@ mod tests {
             park: None,
             etc_files: vec![],
             network: None,
+            slot_netns: None,
         }
     }
 
