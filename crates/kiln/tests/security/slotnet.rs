@@ -2,6 +2,13 @@
 //! (`kiln-sandbox/src/slotnet.rs`): nothing one run leaves in it may reach
 //! the next user of the slot. A server with a single slot and no warm jails
 //! makes every run land in the same namespace.
+//!
+//! What stops it here is two things: the kernel's unix garbage collector,
+//! which the jail's own teardown sets off (a unix socket is closed) and
+//! which frees the cycles, and the slot's check before reuse, for the
+//! window before that collector has run. With the check disabled this test
+//! still passed (the collector won each time); the check's own tests are
+//! `kiln-sandbox`'s `slotnet::tests`, which fail without it.
 
 use serde_json::json;
 
