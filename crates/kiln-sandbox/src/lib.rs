@@ -2,8 +2,9 @@
 //!
 //! Every run gets a fresh jail: a helper process (see [`helper_main`]; a
 //! fork of the jail launcher, [`launcher_main`], or a spawned `kiln __jail`) attaches to per-run memory and pids cgroups and clones
-//! the jail's init into new user, mount, pid, net, ipc and uts namespaces
-//! under a slot's private uid range. Init builds a minimal read-only root
+//! the jail's init into new user, mount, pid, ipc and uts namespaces and its
+//! slot's network namespace (made once per slot, no network at all; see
+//! `slotnet.rs`) under a slot's private uid range. Init builds a minimal read-only root
 //! (runtimes bound from the host, our own `/etc`, the workspace at
 //! `/mnt/data`, private `/tmp`, `/dev` and `/proc`), `pivot_root`s into it and
 //! runs the user program as uid 1000 with rlimits, no capabilities,
@@ -50,6 +51,7 @@ mod run;
 mod sandbox;
 mod seccomp;
 mod seqpacket;
+mod slotnet;
 mod slots;
 mod spec;
 mod sys;

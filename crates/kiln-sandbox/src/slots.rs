@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Semaphore;
 
 use crate::quota::SlotFs;
-use crate::spec::{ID_RANGE, JAIL_UID};
+use crate::slotnet::SlotNets;
+use crate::spec::{ID_RANGE, JAIL_UID, SlotNetnsSpec};
 
 /// Free kernel slots kept mounted ahead of use (fewer when there are fewer
 /// kernel slots).
@@ -61,6 +62,9 @@ pub(crate) struct SlotPool {
     /// One permit per free on-demand index.
     free_on_demand: Semaphore,
     areas: Arc<SlotFs>,
+    /// The fixed slots' network namespaces (`slotnet.rs`); `None`: every
+    /// jail makes its own.
+    nets: Option<SlotNets>,
 }
 
 impl SlotPool {
@@ -69,6 +73,7 @@ impl SlotPool {
         slots: u32,
         on_demand: u32,
         areas: Arc<SlotFs>,
+        reuse_netns: bool,
     ) -> Arc<SlotPool> {
         let n = slots as usize;
         let fixed = n - (on_demand as usize).min(n);
@@ -79,6 +84,7 @@ impl SlotPool {
             free: Semaphore::new(fixed),
             free_on_demand: Semaphore::new(n - fixed),
             areas,
+            nets: reuse_netns.then(|| SlotNets::new(fixed)),
         })
     }
 
@@ -227,6 +233,11 @@ impl SlotPool {
             pool.areas.empty(index)
         } {
             Ok(()) => {
+                // every process of the slot's jails is gone: its network
+                // namespace is checked (or made) before the next job's
+                if let Some(nets) = pool.nets.as_ref().filter(|_| !on_demand) {
+                    nets.recycle(index);
+                }
                 if let Some(s) = pool.states().get_mut(index as usize) {
                     s.cleaning = false;
                 }
@@ -291,6 +302,12 @@ impl Slot {
         self.pool.areas.parent(self.index)
     }
 
+    /// The slot's network namespace, for a jail with no network at all;
+    /// `None`: the jail makes its own (see `slotnet.rs`).
+    pub(crate) fn netns(&self) -> Option<SlotNetnsSpec> {
+        self.pool.nets.as_ref()?.spec(self.index)
+    }
+
     /// Marks a run as started; the index stays reserved until the lease drops.
     pub(crate) fn lease(&self) -> SlotLease {
         self.pool.update(self.index, |s| s.live_runs += 1);
@@ -339,7 +356,7 @@ mod tests {
     fn with_on_demand(slots: u32, on_demand: u32) -> (tempfile::TempDir, Arc<SlotPool>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let areas = SlotFs::plain(dir.path(), slots);
-        (dir, SlotPool::new(200_000, slots, on_demand, areas))
+        (dir, SlotPool::new(200_000, slots, on_demand, areas, false))
     }
 
     #[tokio::test]

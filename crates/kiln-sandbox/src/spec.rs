@@ -71,6 +71,20 @@ pub struct JailSpec {
     /// instead of creating an empty one; `None`: no network at all.
     #[serde(default)]
     pub network: Option<NetworkSpec>,
+    /// Join the slot's own network namespace (`slotnet.rs`: no network at
+    /// all, made once per slot) instead of creating an empty one; only
+    /// without `network`.
+    #[serde(default)]
+    pub slot_netns: Option<SlotNetnsSpec>,
+}
+
+/// A slot's network namespace, which its jails join one after another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotNetnsSpec {
+    /// `/proc/<server pid>/fd/<n>`: the server's descriptor of it.
+    pub netns_path: PathBuf,
+    /// Its inode, checked before joining.
+    pub netns_inode: u64,
 }
 
 /// The network namespace a jail with a services channel joins.
@@ -111,6 +125,9 @@ impl JailSpec {
             Some(CgroupAttach::V1 { procs }) => procs.into_iter().for_each(scrub_path),
             Some(CgroupAttach::V2 { dir }) => scrub_path(dir),
             None => {}
+        }
+        if let Some(net) = self.slot_netns.take() {
+            scrub_path(net.netns_path);
         }
         self.id_base = 0;
     }

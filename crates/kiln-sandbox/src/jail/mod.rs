@@ -4,8 +4,9 @@
 //!
 //! Process tree: the helper **H** (host root) attaches itself to the run's
 //! cgroups and `clone3`s the jail's init **C** into new user, mount, pid,
-//! net, ipc and uts namespaces (`init.rs`), writes C's uid/gid maps, releases
-//! it and waits. C builds the root (`plan.rs`, `rootfs.rs`), forks the user
+//! ipc and uts namespaces (`init.rs`) and a network namespace — a new one,
+//! or the slot's or services channel's that H joined first (`slotnet.rs`,
+//! `netns.rs`) —, writes C's uid/gid maps, releases it and waits. C builds the root (`plan.rs`, `rootfs.rs`), forks the user
 //! program **G** (`exec.rs`) and reaps until G exits; then C reports on the
 //! status pipe and exits, which makes the kernel kill whatever else is left
 //! in the pid namespace.
@@ -42,8 +43,8 @@ use nix::unistd::{Pid, getpid, pipe2};
 use crate::probe::JAIL_NAMESPACES;
 use crate::seccomp;
 use crate::spec::{
-    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, NetworkSpec, ParkMode, STATUS_FD,
-    StatusMsg, ZYGOTE_FD,
+    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, ParkMode, STATUS_FD, StatusMsg,
+    ZYGOTE_FD,
 };
 use crate::sys::{self, Forked};
 
@@ -341,27 +342,24 @@ fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
     (plan, confinement(spec, landlock))
 }
 
-/// Joins a services channel's network namespace (see `netns.rs`): the
-/// server's descriptor of it, checked by inode so that a reused descriptor
-/// number can never lead into another run's namespace.
-fn join_network(net: &NetworkSpec) -> Result<(), JailError> {
-    let fd = open(
-        &net.netns_path,
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| JailError::setup(format_args!("open {}", net.netns_path.display()), e))?;
+/// Joins a network namespace the server made: a services channel's (see
+/// `netns.rs`) or the slot's (`slotnet.rs`), through the server's
+/// descriptor of it, checked by inode so that a reused descriptor number can
+/// never lead into another run's namespace.
+fn join_network(path: &std::path::Path, inode: u64) -> Result<(), JailError> {
+    let fd = open(path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| JailError::setup(format_args!("open {}", path.display()), e))?;
     let ino = nix::sys::stat::fstat(&fd)
         .map_err(|e| JailError::setup("fstat network namespace", e))?
         .st_ino;
-    if ino != net.netns_inode {
+    if ino != inode {
         return Err(JailError::Setup(format!(
             "network namespace: {} is not the run's namespace",
-            net.netns_path.display()
+            path.display()
         )));
     }
     nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| JailError::setup("join the services network namespace", e))
+        .map_err(|e| JailError::setup("join the network namespace", e))
 }
 
 /// The program process of an embedded jail as forked by the fork-server,
@@ -538,11 +536,16 @@ fn helper(status: &File) -> Result<(), JailError> {
         ),
         None => (None, None),
     };
-    let namespaces = match &spec.network {
+    // the jail's init inherits the namespace joined here
+    let joined = match (&spec.network, &spec.slot_netns) {
+        (Some(net), _) => Some((&net.netns_path, net.netns_inode)),
+        (None, Some(slot)) => Some((&slot.netns_path, slot.netns_inode)),
+        (None, None) => None,
+    };
+    let namespaces = match joined {
         None => JAIL_NAMESPACES,
-        // the jail's init inherits the namespace we join here
-        Some(net) => {
-            join_network(net)?;
+        Some((path, inode)) => {
+            join_network(path, inode)?;
             JAIL_NAMESPACES & !libc::CLONE_NEWNET
         }
     };

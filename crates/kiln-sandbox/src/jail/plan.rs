@@ -466,6 +466,7 @@ mod tests {
             park: None,
             etc_files: vec![],
             network: None,
+            slot_netns: None,
         }
     }
 

@@ -169,6 +169,8 @@ impl Sandbox {
             cfg.slots,
             cfg.kernel_slots,
             Arc::clone(&areas),
+            // only where seccomp limits sockets to AF_UNIX (`slotnet.rs`)
+            !filters.is_empty(),
         );
         // the first kernels find their filesystems made
         slots.refill();

@@ -102,7 +102,13 @@ impl Sandbox {
             landlock: self.inner.report.landlock_abi.is_some(),
         };
         let attach = cgroups.as_ref().map(RunCgroups::attach);
-        let spec = plan_spec(&base, slot.id_base(), req, attach, parking);
+        let mut spec = plan_spec(&base, slot.id_base(), req, attach, parking);
+        // a jail with no network at all joins its slot's namespace, made
+        // once (`slotnet.rs`); only under the profile that allows AF_UNIX
+        // sockets alone
+        if spec.network.is_none() && spec.seccomp_filters.is_some() {
+            spec.slot_netns = slot.netns();
+        }
         Ok(Prepared {
             name,
             spec,
@@ -204,6 +210,7 @@ pub(super) fn plan_spec(
         park,
         etc_files,
         network: req.network.as_ref().map(crate::netns::JailNetwork::spec),
+        slot_netns: None,
     }
 }
 

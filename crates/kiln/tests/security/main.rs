@@ -26,6 +26,7 @@ mod network;
 mod privilege;
 mod processes;
 mod sessions;
+mod slotnet;
 mod storage;
 mod syscalls;
 
