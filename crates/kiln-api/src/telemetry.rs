@@ -165,6 +165,18 @@ pub const SERIES: &[Series] = &[
         "Live kernels (sessions) on this node.",
     ),
     series(
+        "kiln_kernel_pool_takes_total",
+        Counter,
+        &["lang", "result"],
+        "Session creates by language and whether they took a kernel started ahead (hit) or started their own (miss).",
+    ),
+    series(
+        "kiln_kernel_pool_ready",
+        Gauge,
+        &["lang"],
+        "Kernels started ahead and ready for a session create, by language.",
+    ),
+    series(
         "kiln_sessions_lost_total",
         Counter,
         &[],

@@ -36,6 +36,19 @@ pub trait KernelHost: Send + Sync + 'static {
 
     /// Whether a `py` kernel can be started now.
     fn ready(&self) -> bool;
+
+    /// What a kernel of `language` started now would run from (the `py`
+    /// template it forks); kernels started ahead must match it to be
+    /// handed out. Errs as [`KernelHost::can_start`] does.
+    fn template(&self, language: Language) -> Result<String, KernelsError> {
+        self.can_start(language).map(|()| String::new())
+    }
+
+    /// Closes what the host holds of its own (kernels started ahead); the
+    /// registry calls it last, at shutdown.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// One live kernel, as the registry uses it.
@@ -131,6 +144,11 @@ impl SandboxHost {
 impl KernelHost for SandboxHost {
     fn can_start(&self, language: Language) -> Result<(), KernelsError> {
         self.program(language, &Limits::default()).map(|_| ())
+    }
+
+    fn template(&self, language: Language) -> Result<String, KernelsError> {
+        self.program(language, &Limits::default())
+            .map(|(_, _, t)| t.to_owned())
     }
 
     fn start(

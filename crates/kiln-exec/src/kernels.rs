@@ -42,6 +42,7 @@ use kiln_sandbox::{EvalLimits, KernelError, Sandbox};
 use crate::caps::{CapError, CapGuard, Caps};
 use crate::expiring::Expiring;
 use crate::kernel_host::{HostedKernel, KernelHost, SandboxHost};
+use crate::kernel_pool::{ParkedConfig, ParkedHost};
 use crate::runs::{Cancel, CancelReason};
 use crate::turns::Turn;
 use crate::workspace::{EntryKind, Workspace};
@@ -69,6 +70,10 @@ pub struct KernelsConfig {
     /// The kernel's limits as a whole (memory, pids, files, output caps per
     /// evaluation); `wall_time` is the longest timeout of one evaluation.
     pub limits: Limits,
+    /// Kernels of each session language kept started ahead, each under a
+    /// fresh slot of its own ([`crate::kernel_pool`]); 0: every create
+    /// starts its kernel.
+    pub parked_per_language: usize,
 }
 
 impl Default for KernelsConfig {
@@ -81,6 +86,7 @@ impl Default for KernelsConfig {
             busy_wait: Duration::from_secs(2),
             grace: Duration::from_secs(3),
             limits: Limits::default(),
+            parked_per_language: 0,
         }
     }
 }
@@ -226,8 +232,23 @@ impl std::fmt::Debug for Kernels {
 }
 
 impl Kernels {
+    /// Kernels of `sandbox`, some started ahead (`parked_per_language`;
+    /// needs a tokio runtime then).
     pub fn new(sandbox: Sandbox, cfg: KernelsConfig) -> Kernels {
-        Kernels::hosted(SandboxHost::new(sandbox), cfg)
+        let host: Arc<dyn KernelHost> = SandboxHost::new(sandbox);
+        if cfg.parked_per_language == 0 {
+            return Kernels::hosted(host, cfg);
+        }
+        let parked = ParkedHost::start(
+            host,
+            ParkedConfig {
+                per_language: cfg.parked_per_language,
+                languages: Language::with_kernels().collect(),
+                limits: cfg.limits.clone(),
+                max_age: cfg.max_age,
+            },
+        );
+        Kernels::hosted(parked, cfg)
     }
 
     /// A registry of kernels `host` starts.
@@ -610,16 +631,18 @@ impl Kernels {
         expired.len()
     }
 
-    /// Closes every session (shutdown), [`CLOSE_AT_ONCE`] at a time: one
-    /// after another, a node holding 1,000 idle kernels took about a minute
-    /// to stop — past an orchestrator's usual grace period, whose SIGKILL
-    /// leaves the clean-up to the next start.
+    /// Closes every session, [`CLOSE_AT_ONCE`] at a time, then the kernels
+    /// started ahead (shutdown). One after another, a node holding 1,000
+    /// idle kernels took about a minute to stop — past an orchestrator's
+    /// usual grace period, whose SIGKILL leaves the clean-up to the next
+    /// start.
     pub async fn close_all(&self) {
         use futures::StreamExt;
         let all = self.inner.sessions.drain();
         futures::stream::iter(&all)
             .for_each_concurrent(CLOSE_AT_ONCE, |s| close(s))
             .await;
+        self.inner.host.shutdown().await;
     }
 }
 

@@ -35,6 +35,7 @@ mod egress;
 pub mod eval;
 pub mod expiring;
 pub mod kernel_host;
+pub mod kernel_pool;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;

@@ -233,6 +233,13 @@ pub struct Config {
     /// Live kernels one user (principal) may hold; past it, 429. Default:
     /// half of the default `max_sessions`.
     pub max_sessions_per_user: usize,
+    /// Kernels of each session language (`py`, `js`) kept started ahead,
+    /// each in its own jail under a fresh kernel slot no session has used,
+    /// so a create only takes one (`kiln_kernel_pool_takes_total`); a create
+    /// that finds none starts its own. They hold slots beyond
+    /// `max_sessions` (never a user's room) and count against the memory
+    /// `max_sessions` may take. 0: every create starts its kernel.
+    pub parked_kernels: u32,
     /// A kernel idle this long is closed, seconds (a session may ask for less).
     pub session_idle_ttl_secs: u64,
     /// A kernel this old is closed however busy, seconds.
@@ -426,6 +433,7 @@ impl Default for Config {
             runtime_session_live: false,
             max_sessions: sized.max_sessions,
             max_sessions_per_user: sized.max_sessions_per_user,
+            parked_kernels: 1,
             session_idle_ttl_secs: 30 * 60,
             session_max_age_secs: 8 * 3600,
             session_busy_wait_ms: 2000,
@@ -475,7 +483,7 @@ mod storage;
 
 pub use self::auth::Auth;
 pub use self::images::RuntimeImages;
-pub use self::sessions::SessionSizing;
+pub use self::sessions::{MOST_PARKED_KERNELS, SessionSizing};
 
 /// `runtime_image`'s default: the compiled-in recipe's image.
 pub const DEFAULT_IMAGE: &str = "default";
@@ -559,6 +567,15 @@ impl Config {
                 "max_sessions must be at most {most} here ({} MiB of memory per idle kernel) \
                  and max_sessions_per_user at least 1",
                 sessions::IDLE_KERNEL_BYTES >> 20
+            );
+        }
+        if self.parked_kernels > MOST_PARKED_KERNELS
+            || self.max_sessions + self.parked_kernel_slots() > most
+        {
+            bail!(
+                "parked_kernels must be at most {MOST_PARKED_KERNELS}, and max_sessions plus the \
+                 kernels parked ahead ({} per session language) at most {most} here",
+                self.parked_kernels
             );
         }
         if self.bridge_sandboxes_per_user == 0 || self.bridge_idle_ttl_secs == 0 {
@@ -683,6 +700,43 @@ mod tests {
             ),
             _ => eprintln!("SKIPPED: a machine under 7 GiB ({:?})", sized.memory_bytes),
         }
+    }
+
+    #[test]
+    fn kernels_started_ahead_hold_slots_beyond_max_sessions_and_count_against_memory() {
+        let most = SessionSizing::for_this_machine().most_sessions;
+        let langs = kiln_core::Language::with_kernels().count() as u32;
+        let c = Config {
+            max_sessions: 10,
+            parked_kernels: 2,
+            ..Config::default()
+        };
+        c.validate().unwrap();
+        assert_eq!(c.parked_kernel_slots(), 2 * langs);
+        assert_eq!(c.kernel_slots(), 10 + 2 * langs);
+        let off = Config {
+            max_sessions: 0,
+            ..c.clone()
+        };
+        assert_eq!(off.kernel_slots(), 0, "no sessions, none started ahead");
+        let full = Config {
+            max_sessions: most,
+            parked_kernels: 1,
+            ..Config::default()
+        };
+        let err = full.validate().unwrap_err().to_string();
+        assert!(err.contains("parked_kernels"), "{err}");
+        Config {
+            parked_kernels: 0,
+            ..full
+        }
+        .validate()
+        .unwrap();
+        let many = Config {
+            parked_kernels: MOST_PARKED_KERNELS + 1,
+            ..Config::default()
+        };
+        assert!(many.validate().is_err());
     }
 
     #[test]

@@ -89,9 +89,10 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     sc.uid_base = config.uid_base;
     // parked warm jails and live kernels hold slots of their own, beyond the
     // concurrency
-    sc.slots = config.max_concurrency + config.warm_jails + config.max_sessions;
+    // (and kernels started ahead: beyond max_sessions)
+    sc.slots = config.max_concurrency + config.warm_jails + config.kernel_slots();
     // kernel slots get their filesystem only while a kernel holds them
-    sc.kernel_slots = config.max_sessions;
+    sc.kernel_slots = config.kernel_slots();
     sc.slots_dir = Some(work.join("slots"));
     sc.workspace_bytes = config.workspace_mb * 1024 * 1024;
     sc.workspace_inodes = config.workspace_files;

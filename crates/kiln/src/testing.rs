@@ -56,12 +56,15 @@ impl TestServer {
             // one warm jail per profile, not the default's room to grow: with
             // max_concurrency 8 and the 3 kernel slots, 16 slots in all
             warm_jails: 5,
+            // no kernels started ahead (each holds a slot of its own): a
+            // test of them turns them on with a uid range of its own
+            parked_kernels: 0,
             ..Config::default()
         };
         tweak(&mut cfg);
         cfg.validate()?;
         crate::init_logging_with("text", "info", true);
-        let slots = cfg.max_concurrency + cfg.warm_jails + cfg.max_sessions;
+        let slots = cfg.max_concurrency + cfg.warm_jails + cfg.kernel_slots();
         let uid_range = cfg.uid_base..cfg.uid_base + slots * 65_536;
         let kiln = crate::build(cfg).await?;
         let warm = kiln.jails.warm_pool().cloned();

@@ -1052,3 +1052,174 @@ async fn kernel_slots_are_mounted_only_while_their_kernels_live_or_ready_ahead()
     assert_eq!(end.len(), at_start.len(), "{end:?}");
     assert!((0..10).all(|i| end.iter().any(|m| m.ends_with(&format!("/slots/{i}")))));
 }
+
+/// The tests of kernels started ahead read the process-wide pool counters
+/// (`/metrics`): one at a time.
+static PARKED_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A sessions server keeping one kernel per language started ahead, on a
+/// uid range of its own (those kernels hold slots beyond `max_sessions`).
+async fn parked_server(uid_base: u32) -> TestServer {
+    sessions_server(|c| {
+        c.parked_kernels = 1;
+        c.uid_base = uid_base;
+    })
+    .await
+}
+
+/// `(ready, hits, misses)` of the `py` kernels started ahead.
+async fn py_pool(s: &TestServer) -> (u64, u64, u64) {
+    let text = client()
+        .get(format!("{}/metrics", s.base_url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let value = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    };
+    (
+        value(r#"kiln_kernel_pool_ready{lang="py"}"#),
+        value(r#"kiln_kernel_pool_takes_total{lang="py",result="hit"}"#),
+        value(r#"kiln_kernel_pool_takes_total{lang="py",result="miss"}"#),
+    )
+}
+
+/// Waits until a `py` kernel is parked ahead.
+async fn wait_parked(s: &TestServer) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while py_pool(s).await.0 < 1 {
+        assert!(Instant::now() < until, "no py kernel was started ahead");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The host uid the session's kernel runs as, and what its `/mnt/data`
+/// holds, as the kernel sees them.
+async fn uid_and_files(s: &TestServer, id: &str) -> (u64, Value) {
+    let v = exec_ok(
+        s,
+        id,
+        "import os, json\n\
+         host = int(open('/proc/self/uid_map').read().split()[1])\n\
+         print(json.dumps([host + os.getuid(), sorted(os.listdir('/mnt/data'))]))",
+    )
+    .await;
+    let out: Value = serde_json::from_str(v["stdout"].as_str().expect("stdout").trim())
+        .unwrap_or_else(|e| panic!("{e}: {v}"));
+    (out[0].as_u64().expect("uid"), out[1].clone())
+}
+
+/// Issue 28: a create takes a kernel started ahead; the next create's
+/// kernel, started ahead while the first session lived, is another slot's
+/// (another host uid) with an empty workspace: nothing session 1 wrote is
+/// visible to session 2, through the kernel or the files API.
+#[tokio::test]
+async fn a_create_takes_a_kernel_started_ahead_on_a_fresh_slot_of_its_own() {
+    let _one = PARKED_TESTS.lock().await;
+    let s = parked_server(3_400_000_000).await;
+    wait_parked(&s).await;
+    let (_, hits0, misses0) = py_pool(&s).await;
+    let first = create(&s, Some("alice")).await;
+    assert_eq!(py_pool(&s).await.1, hits0 + 1, "a hit");
+    let (uid1, files1) = uid_and_files(&s, &first).await;
+    assert_eq!(files1, json!([]), "a fresh workspace");
+    exec_ok(
+        &s,
+        &first,
+        "open('/mnt/data/secret.txt', 'w').write('alice')\nsecret = 'alice'",
+    )
+    .await;
+    wait_parked(&s).await;
+    close(&s, &first).await;
+    let second = create(&s, Some("bob")).await;
+    let (_, hits, misses) = py_pool(&s).await;
+    assert_eq!((hits, misses), (hits0 + 2, misses0), "two hits, no miss");
+    let (uid2, files2) = uid_and_files(&s, &second).await;
+    assert_ne!(uid2, uid1, "another slot's uid");
+    assert_eq!(files2, json!([]), "session 1's file is not there");
+    let v = exec_ok(&s, &second, "print('secret' in globals())").await;
+    assert_eq!(v["stdout"], "False\n", "{v}");
+    let (status, listed) = call(
+        &s,
+        reqwest::Method::GET,
+        &format!("/sessions/{second}/files"),
+        Some("bob"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(!listed.to_string().contains("secret.txt"), "{listed}");
+    close(&s, &second).await;
+    s.stop().await.unwrap();
+}
+
+/// Issue 28: creates that find no kernel started ahead (three at once, one
+/// parked) start their own and do not wait for the refill; deleting them
+/// and stopping the server leave no process, slot mount or workspace
+/// filesystem behind, the kernels still parked included.
+#[tokio::test]
+async fn creates_finding_none_parked_start_their_own_and_nothing_outlives_the_server() {
+    let _one = PARKED_TESTS.lock().await;
+    let s = parked_server(3_500_000_000).await;
+    wait_parked(&s).await;
+    let (_, hits0, misses0) = py_pool(&s).await;
+    let creates: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|u| {
+            let (v1, u) = (s.v1(), u.to_owned());
+            tokio::spawn(async move {
+                let r = client()
+                    .post(format!("{v1}/sessions"))
+                    .header("User-Id", u)
+                    .json(&json!({"lang": "py"}))
+                    .send()
+                    .await
+                    .expect("send");
+                assert_eq!(r.status().as_u16(), 201);
+                r.json::<Value>().await.expect("json")["session_id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned()
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for c in creates {
+        ids.push(c.await.expect("create"));
+    }
+    let (_, hits, misses) = py_pool(&s).await;
+    assert_eq!(hits + misses, hits0 + misses0 + 3, "every create counted");
+    assert!(misses > misses0, "one kernel parked, three creates at once");
+    let mut uids = Vec::new();
+    for id in &ids {
+        let (uid, files) = uid_and_files(&s, id).await;
+        assert_eq!(files, json!([]));
+        uids.push(uid);
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    assert_eq!(uids.len(), 3, "three slots: {uids:?}");
+    for id in &ids {
+        close(&s, id).await;
+    }
+    wait_parked(&s).await;
+    assert!(!common::jail_processes_of(&s).is_empty(), "kernels parked");
+    let data = s.data_dir.path().to_owned();
+    let range = s.uid_range.clone();
+    s.stop().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (procs, mounts) = (common::processes_in(range.clone()), slot_mounts(&data));
+        if procs.is_empty() && mounts.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < until, "left behind: {procs:?} {mounts:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

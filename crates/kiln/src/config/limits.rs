@@ -93,6 +93,7 @@ impl Config {
             busy_wait: Duration::from_millis(self.session_busy_wait_ms),
             grace: Duration::from_secs(self.session_interrupt_grace_secs),
             limits: self.limits(),
+            parked_per_language: self.parked_kernels as usize,
         }
     }
 

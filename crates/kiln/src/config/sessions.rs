@@ -93,7 +93,25 @@ impl SessionSizing {
     }
 }
 
+/// The most kernels of one language `parked_kernels` may keep started ahead.
+pub const MOST_PARKED_KERNELS: u32 = 16;
+
 impl super::Config {
+    /// Kernel slots held by kernels started ahead (`parked_kernels` per
+    /// session language; none when sessions are off).
+    pub fn parked_kernel_slots(&self) -> u32 {
+        if self.max_sessions == 0 {
+            return 0;
+        }
+        self.parked_kernels * kiln_core::Language::with_kernels().count() as u32
+    }
+
+    /// Every slot kept for live kernels: one per session, and those of the
+    /// kernels started ahead.
+    pub fn kernel_slots(&self) -> u32 {
+        self.max_sessions + self.parked_kernel_slots()
+    }
+
     /// What `max_sessions` and `max_sessions_per_user` are and why: sized
     /// from the machine, or configured (for the start-up log and `kiln
     /// doctor`).

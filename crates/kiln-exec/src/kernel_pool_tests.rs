@@ -1,0 +1,267 @@
+//! Kernels started ahead, against a fake host: a hit hands out a kernel
+//! started before the create, a refill follows each take, other limits or
+//! an empty pool start their own kernel, a kernel of a template no longer
+//! current (or dead) is replaced, shutdown closes every parked kernel.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kiln_core::{Language, Limits};
+use kiln_sandbox::{BoxFuture, EvalLimits, EvalResult, KernelError, KernelLost, OutputSink};
+
+use super::*;
+
+#[derive(Default)]
+struct Seen {
+    /// The host's count of starts when this one was asked for.
+    n: usize,
+    max_age: Mutex<Option<Duration>>,
+    closed: AtomicBool,
+    released: AtomicBool,
+    dead: AtomicBool,
+}
+
+struct FakeKernel(Arc<Seen>);
+
+impl HostedKernel for FakeKernel {
+    fn eval<'a>(
+        &'a self,
+        _code: &'a str,
+        _limits: EvalLimits,
+        _sink: Option<&'a OutputSink>,
+    ) -> BoxFuture<'a, Result<EvalResult, KernelError>> {
+        Box::pin(async { Ok(EvalResult::default()) })
+    }
+
+    fn interrupt(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
+    }
+
+    fn lost(&self) -> Option<KernelLost> {
+        (self.0.dead.load(Ordering::SeqCst) || self.0.closed.load(Ordering::SeqCst))
+            .then_some(KernelLost::Closed)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.closed.store(true, Ordering::SeqCst);
+        Box::pin(async {})
+    }
+
+    fn workspace(&self) -> Option<(PathBuf, (u32, u32))> {
+        None
+    }
+
+    fn release(&self) {
+        self.0.released.store(true, Ordering::SeqCst);
+    }
+
+    fn memory_now(&self) -> Option<u64> {
+        Some(self.0.n as u64)
+    }
+}
+
+struct FakeHost {
+    template: Mutex<String>,
+    started: Mutex<Vec<Arc<Seen>>>,
+    /// While set, starts wait for it to be cleared.
+    hold: AtomicBool,
+}
+
+impl FakeHost {
+    fn new() -> Arc<FakeHost> {
+        Arc::new(FakeHost {
+            template: Mutex::new("py-data".to_owned()),
+            started: Mutex::new(Vec::new()),
+            hold: AtomicBool::new(false),
+        })
+    }
+
+    fn started(&self) -> Vec<Arc<Seen>> {
+        self.started.lock().unwrap().clone()
+    }
+}
+
+impl KernelHost for FakeHost {
+    fn can_start(&self, _language: Language) -> Result<(), KernelsError> {
+        Ok(())
+    }
+
+    fn template(&self, _language: Language) -> Result<String, KernelsError> {
+        Ok(self.template.lock().unwrap().clone())
+    }
+
+    fn start(
+        &self,
+        _language: Language,
+        _limits: Limits,
+        max_age: Duration,
+    ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
+        Box::pin(async move {
+            while self.hold.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let mut started = self.started.lock().unwrap();
+            let seen = Arc::new(Seen {
+                n: started.len(),
+                max_age: Mutex::new(Some(max_age)),
+                ..Seen::default()
+            });
+            started.push(Arc::clone(&seen));
+            Ok(Box::new(FakeKernel(seen)) as Box<dyn HostedKernel>)
+        })
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+const MAX_AGE: Duration = Duration::from_secs(3600);
+
+fn py() -> Language {
+    Language::resolve("py").unwrap()
+}
+
+fn pool(host: &Arc<FakeHost>, per_language: usize) -> Arc<ParkedHost> {
+    ParkedHost::start(
+        Arc::clone(host) as Arc<dyn KernelHost>,
+        ParkedConfig {
+            per_language,
+            languages: vec![py()],
+            limits: Limits::default(),
+            max_age: MAX_AGE,
+        },
+    )
+}
+
+/// Which fake kernel `k` is (its start's index, which the fake gives as
+/// its memory).
+fn index_of(_host: &FakeHost, k: &dyn HostedKernel) -> usize {
+    k.memory_now().expect("a fake kernel") as usize
+}
+
+fn stats(p: &ParkedHost) -> ParkedStats {
+    p.stats()
+        .into_iter()
+        .find(|(l, _)| *l == py())
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(std::time::Instant::now() < until, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_create_takes_the_kernel_started_ahead_and_another_is_started_behind_it() {
+    let host = FakeHost::new();
+    let p = pool(&host, 1);
+    assert!(p.wait_filled(Duration::from_secs(5)).await);
+    assert_eq!(host.started().len(), 1);
+    // started ahead with room for its parking in its own life clock
+    assert_eq!(
+        *host.started()[0].max_age.lock().unwrap(),
+        Some(MAX_AGE + PARKED_AT_MOST)
+    );
+    let k = p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, k.as_ref()), 0, "the one started ahead");
+    wait_for("a refill", || stats(&p).ready == 1).await;
+    let k2 = p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, k2.as_ref()), 1, "another kernel");
+    let s = stats(&p);
+    assert_eq!((s.hits, s.misses), (2, 0));
+    // never more parked than asked for
+    wait_for("the second refill", || stats(&p).ready == 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(host.started().len(), 3);
+}
+
+#[tokio::test]
+async fn a_create_with_other_limits_or_finding_none_starts_its_own_kernel() {
+    let host = FakeHost::new();
+    let p = pool(&host, 1);
+    assert!(p.wait_filled(Duration::from_secs(5)).await);
+    let other = Limits {
+        memory_bytes: Limits::default().memory_bytes * 2,
+        ..Limits::default()
+    };
+    let k = p.start(py(), other, MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, k.as_ref()), 1, "started for it");
+    assert_eq!(*host.started()[1].max_age.lock().unwrap(), Some(MAX_AGE));
+    let k = p.start(py(), Limits::default(), MAX_AGE * 2).await.unwrap();
+    assert_eq!(
+        index_of(&host, k.as_ref()),
+        2,
+        "another life: started for it"
+    );
+    assert_eq!(stats(&p).ready, 1, "the parked one is still there");
+    // the pool is empty and its refill cannot finish: a create starts its own
+    let k = p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, k.as_ref()), 0);
+    host.hold.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let waiting = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.start(py(), Limits::default(), MAX_AGE).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    host.hold.store(false, Ordering::SeqCst);
+    waiting.await.unwrap().unwrap();
+    let s = stats(&p);
+    assert_eq!((s.hits, s.misses), (1, 3));
+}
+
+#[tokio::test]
+async fn a_kernel_parked_for_another_template_or_dead_is_replaced_not_handed_out() {
+    let host = FakeHost::new();
+    *host.template.lock().unwrap() = "py-lean".to_owned();
+    let p = pool(&host, 1);
+    assert!(p.wait_filled(Duration::from_secs(5)).await);
+    *host.template.lock().unwrap() = "py-data".to_owned();
+    let k = p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, k.as_ref()), 1, "not the lean one");
+    assert_eq!(stats(&p).misses, 1);
+    wait_for("the lean kernel closed and released", || {
+        let s = &host.started()[0];
+        s.closed.load(Ordering::SeqCst) && s.released.load(Ordering::SeqCst)
+    })
+    .await;
+    wait_for("a data kernel parked", || stats(&p).ready == 1).await;
+    let parked = host.started().last().cloned().unwrap();
+    parked.dead.store(true, Ordering::SeqCst);
+    let k = p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert!(!Arc::ptr_eq(
+        &parked,
+        &host.started()[index_of(&host, k.as_ref())]
+    ));
+    wait_for("the dead kernel released", || {
+        parked.released.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(stats(&p).retired >= 2);
+}
+
+#[tokio::test]
+async fn shutdown_closes_and_releases_every_parked_kernel_and_stops_refilling() {
+    let host = FakeHost::new();
+    let p = pool(&host, 2);
+    assert!(p.wait_filled(Duration::from_secs(5)).await);
+    p.shutdown().await;
+    let started = host.started();
+    assert_eq!(started.len(), 2);
+    for s in &started {
+        assert!(s.closed.load(Ordering::SeqCst) && s.released.load(Ordering::SeqCst));
+    }
+    assert_eq!(stats(&p).ready, 0);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(host.started().len(), 2, "no refill after shutdown");
+    // a create still works, on demand
+    p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert_eq!(stats(&p).misses, 1);
+}
