@@ -225,10 +225,10 @@ impl WarmPool {
         let inner = Arc::clone(&self.inner);
         let name = profile.to_owned();
         tokio::spawn(async move {
-            let built = tokio::select! {
-                r = build(&inner, &spec) => r,
-                () = inner.stop.cancelled() => return,
-            };
+            // Not cut short by the pool's shutdown: a miss builds its jail
+            // as before (tests drain the pool and still run); one nobody
+            // wants after the shutdown is torn down by `arrive`.
+            let built = build(&inner, &spec).await;
             if let Err(Ok(unwanted)) = own_tx.send(built) {
                 inner.arrive(&name, unwanted).await;
             }
@@ -249,7 +249,7 @@ impl WarmPool {
                 }
                 match built {
                     Ok(r) => r?,
-                    Err(_) => return Err(SandboxError::Request("the warm pool is shut down".to_owned())),
+                    Err(_) => return Err(SandboxError::Setup("building a jail: its task ended without a result".to_owned())),
                 }
             }
         };
