@@ -56,17 +56,8 @@ impl JailNetwork {
     /// `tokio::net::TcpListener::from_std`). Costs a thread and a network
     /// namespace (what every jail's `clone3` pays anyway).
     pub fn create(port: u16) -> Result<(JailNetwork, TcpListener), SandboxError> {
-        let made = std::thread::Builder::new()
-            .name("kiln-netns".to_owned())
-            .spawn(move || make(port))
-            .map_err(|e| SandboxError::Setup(format!("network namespace: spawn thread: {e}")))?
-            .join()
-            .map_err(|_| SandboxError::Setup("network namespace: thread panicked".to_owned()))?;
-        let (netns, listener) =
-            made.map_err(|e| SandboxError::Setup(format!("network namespace: {e}")))?;
-        let inode = fstat(&netns)
-            .map_err(|e| SandboxError::Setup(format!("network namespace: fstat: {e}")))?
-            .st_ino;
+        let (netns, inode, listener) = new_namespace("kiln-netns", move || listen(port))
+            .map_err(|e| SandboxError::Setup(format!("network namespace: {e}")))?;
         Ok((
             JailNetwork {
                 netns: Arc::new(netns),
@@ -85,31 +76,64 @@ impl JailNetwork {
     /// What the helper needs to join the namespace.
     pub(crate) fn spec(&self) -> NetworkSpec {
         NetworkSpec {
-            netns_path: format!("/proc/{}/fd/{}", std::process::id(), self.netns.as_raw_fd())
-                .into(),
+            netns_path: server_fd_path(&self.netns),
             netns_inode: self.inode,
             connect_port: self.port,
         }
     }
 }
 
-/// In the thread: a fresh network namespace, `lo` up, the listener, and a
-/// descriptor of the namespace. The thread ends right after.
-fn make(port: u16) -> Result<(OwnedFd, TcpListener), String> {
-    unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+/// In the new namespace: `lo` up and the listener.
+fn listen(port: u16) -> Result<TcpListener, String> {
     loopback_up().map_err(|e| format!("bring lo up: {e}"))?;
     let listener = TcpListener::bind(("127.0.0.1", port))
         .map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("listener: {e}"))?;
-    let netns = open(
-        "/proc/thread-self/ns/net",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| format!("open /proc/thread-self/ns/net: {e}"))?;
-    Ok((netns, listener))
+    Ok(listener)
+}
+
+/// Runs `f` on a short-lived thread named `name`, so that the namespace
+/// changes it makes stay on that thread.
+pub(crate) fn on_thread<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .map_err(|e| format!("spawn thread: {e}"))?
+        .join()
+        .map_err(|_| "thread panicked".to_owned())?
+}
+
+/// A new network namespace, owned by the host's user namespace and made on
+/// a short-lived thread (`name`) that runs `inside` in it: a descriptor of
+/// the namespace, its inode and what `inside` returned.
+pub(crate) fn new_namespace<T: Send + 'static>(
+    name: &str,
+    inside: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<(OwnedFd, u64, T), String> {
+    let (netns, made) = on_thread(name, move || {
+        unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+        let made = inside()?;
+        let netns = open(
+            "/proc/thread-self/ns/net",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| format!("open /proc/thread-self/ns/net: {e}"))?;
+        Ok((netns, made))
+    })?;
+    let inode = fstat(&netns).map_err(|e| format!("fstat: {e}"))?.st_ino;
+    Ok((netns, inode, made))
+}
+
+/// The path through which a jail's helper opens the server's descriptor
+/// `fd` (`/proc/<server>/fd/<n>`).
+pub(crate) fn server_fd_path(fd: &OwnedFd) -> std::path::PathBuf {
+    format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd()).into()
 }
 
 /// `ip link set lo up`, through rtnetlink: one `RTM_NEWLINK` request, and

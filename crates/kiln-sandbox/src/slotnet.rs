@@ -27,14 +27,16 @@
 //! seccomp profile (degraded hosts: every socket family) and runs with a
 //! services channel (they join their own namespace, `netns.rs`).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nix::fcntl::{OFlag, open};
-use nix::sched::{CloneFlags, setns, unshare};
-use nix::sys::stat::{Mode, fstat};
+use nix::sched::{CloneFlags, setns};
 
+use crate::netns::{new_namespace, on_thread, server_fd_path};
 use crate::spec::SlotNetnsSpec;
+
+/// The name of the short-lived threads that make and check the namespaces.
+const THREAD: &str = "kiln-slotnet";
 
 /// The files under `/proc/<thread>/net/` that hold a namespace's own
 /// state: its socket tables and its counters. Files with host-wide numbers
@@ -86,7 +88,7 @@ impl SlotNets {
         let nets = self.nets();
         let net = nets.get(index as usize)?.as_ref()?;
         Some(SlotNetnsSpec {
-            netns_path: format!("/proc/{}/fd/{}", std::process::id(), net.fd.as_raw_fd()).into(),
+            netns_path: server_fd_path(&net.fd),
             netns_inode: net.inode,
         })
     }
@@ -134,38 +136,16 @@ fn read_state() -> State {
         .collect()
 }
 
-/// Runs `f` on a short-lived thread (namespace changes stay on it).
-fn on_thread<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    std::thread::Builder::new()
-        .name("kiln-slotnet".to_owned())
-        .spawn(f)
-        .map_err(|e| format!("spawn thread: {e}"))?
-        .join()
-        .map_err(|_| "thread panicked".to_owned())?
-}
-
 /// A new namespace (`lo` left down) and its state as new.
 fn make() -> Result<SlotNetns, String> {
-    let (fd, fresh) = on_thread(|| {
-        unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
-        let fd = open(
-            "/proc/thread-self/ns/net",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| format!("open /proc/thread-self/ns/net: {e}"))?;
-        Ok((fd, read_state()))
-    })?;
-    let inode = fstat(&fd).map_err(|e| format!("fstat: {e}"))?.st_ino;
+    let (fd, inode, fresh) = new_namespace(THREAD, || Ok(read_state()))?;
     Ok(SlotNetns { fd, inode, fresh })
 }
 
 /// Whether `net` is exactly as it was made.
 fn check(net: &Arc<SlotNetns>) -> Result<bool, String> {
     let net = Arc::clone(net);
-    on_thread(move || {
+    on_thread(THREAD, move || {
         setns(&net.fd, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
         Ok(read_state() == net.fresh)
     })
@@ -174,6 +154,9 @@ fn check(net: &Arc<SlotNetns>) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixDatagram;
+
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::{Mode, fstat};
 
     use super::*;
     use crate::netns::tests::root;
