@@ -569,9 +569,7 @@ impl Config {
                 sessions::IDLE_KERNEL_BYTES >> 20
             );
         }
-        if self.parked_kernels > MOST_PARKED_KERNELS
-            || self.max_sessions + self.parked_kernel_slots() > most
-        {
+        if self.parked_kernels > MOST_PARKED_KERNELS || self.kernel_slots() > most {
             bail!(
                 "parked_kernels must be at most {MOST_PARKED_KERNELS}, and max_sessions plus the \
                  kernels parked ahead ({} per session language) at most {most} here",

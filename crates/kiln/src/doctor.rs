@@ -729,7 +729,7 @@ pub fn checks(
     out.push(judge_uids(&UidFacts {
         uid_base: u64::from(config.uid_base),
         // every slot's uids, the kernels' too (as lib.rs gives the sandbox)
-        slots: u64::from(config.max_concurrency + config.warm_jails + config.kernel_slots()),
+        slots: u64::from(config.slots()),
         subids,
         accounts: parse_passwd(&read("/etc/passwd")),
         uid_map: parse_id_map(&read("/proc/self/uid_map")),

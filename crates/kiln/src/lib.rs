@@ -87,10 +87,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     let work = prepare_work_dir(&config, &data)?;
     sc.root_dir = work.join("jail-root");
     sc.uid_base = config.uid_base;
-    // parked warm jails and live kernels hold slots of their own, beyond the
-    // concurrency
-    // (and kernels started ahead: beyond max_sessions)
-    sc.slots = config.max_concurrency + config.warm_jails + config.kernel_slots();
+    // parked warm jails and live kernels (those started ahead too) hold
+    // slots of their own, beyond the concurrency
+    sc.slots = config.slots();
     // kernel slots get their filesystem only while a kernel holds them
     sc.kernel_slots = config.kernel_slots();
     sc.slots_dir = Some(work.join("slots"));

@@ -64,7 +64,7 @@ impl TestServer {
         tweak(&mut cfg);
         cfg.validate()?;
         crate::init_logging_with("text", "info", true);
-        let slots = cfg.max_concurrency + cfg.warm_jails + cfg.kernel_slots();
+        let slots = cfg.slots();
         let uid_range = cfg.uid_base..cfg.uid_base + slots * 65_536;
         let kiln = crate::build(cfg).await?;
         let warm = kiln.jails.warm_pool().cloned();

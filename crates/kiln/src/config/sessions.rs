@@ -112,6 +112,12 @@ impl super::Config {
         self.max_sessions + self.parked_kernel_slots()
     }
 
+    /// Every uid slot the sandbox gets: the runs' concurrency, the parked
+    /// warm jails' and the kernels' ([`Self::kernel_slots`]).
+    pub fn slots(&self) -> u32 {
+        self.max_concurrency + self.warm_jails + self.kernel_slots()
+    }
+
     /// What `max_sessions` and `max_sessions_per_user` are and why: sized
     /// from the machine, or configured (for the start-up log and `kiln
     /// doctor`).
