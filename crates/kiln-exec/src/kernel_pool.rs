@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_core::{Language, Limits};
-use kiln_sandbox::BoxFuture;
+use kiln_sandbox::{Backoff, BoxFuture};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -73,38 +73,37 @@ struct Parked {
 struct State {
     parked: Vec<Parked>,
     stats: Vec<(Language, ParkedStats)>,
-    /// After a failed start, no other attempt for the language until then.
-    backoff: Vec<(Language, Instant, u32)>,
+    /// Failed starts in a row per language, and the wait before the next.
+    backoff: Vec<(Language, Backoff)>,
+}
+
+/// `language`'s value in a short per-language list, added as the default
+/// on first use.
+fn entry<T: Default>(list: &mut Vec<(Language, T)>, language: Language) -> &mut T {
+    let i = match list.iter().position(|(l, _)| *l == language) {
+        Some(i) => i,
+        None => {
+            list.push((language, T::default()));
+            list.len() - 1
+        }
+    };
+    &mut list[i].1
 }
 
 impl State {
     fn stats_of(&mut self, language: Language) -> &mut ParkedStats {
-        let i = match self.stats.iter().position(|(l, _)| *l == language) {
-            Some(i) => i,
-            None => {
-                self.stats.push((language, ParkedStats::default()));
-                self.stats.len() - 1
-            }
-        };
-        &mut self.stats[i].1
+        entry(&mut self.stats, language)
     }
 
     /// Records a failed start of `language`: no other attempt for it
-    /// before a wait that doubles with each failure in a row (100 ms to
-    /// 51 s); returns the wait.
+    /// before the wait [`Backoff`] returns.
     fn failed(&mut self, language: Language) -> Duration {
         self.stats_of(language).build_failures += 1;
-        let failures = self
-            .backoff
-            .iter()
-            .find(|(l, _, _)| *l == language)
-            .map_or(0, |(_, _, n)| *n)
-            + 1;
-        let wait = Duration::from_millis(100 << failures.min(9));
-        self.backoff.retain(|(l, _, _)| *l != language);
-        self.backoff
-            .push((language, Instant::now() + wait, failures));
-        wait
+        self.backoff_of(language).failed(Instant::now())
+    }
+
+    fn backoff_of(&mut self, language: Language) -> &mut Backoff {
+        entry(&mut self.backoff, language)
     }
 
     fn count(&self, language: Language) -> usize {
@@ -333,10 +332,7 @@ fn next_language(state: &State, cfg: &ParkedConfig, host: &dyn KernelHost) -> Op
     let now = Instant::now();
     cfg.languages.iter().copied().find(|l| {
         state.count(*l) < cfg.per_language
-            && !state
-                .backoff
-                .iter()
-                .any(|(bl, until, _)| bl == l && now < *until)
+            && state.backoff.iter().all(|(bl, b)| bl != l || b.allows(now))
             && host.template(*l).is_ok()
     })
 }
@@ -381,7 +377,7 @@ async fn refill_loop(inner: Arc<Inner>) {
             Ok(kernel) => {
                 let mut state = inner.state();
                 state.stats_of(language).built += 1;
-                state.backoff.retain(|(l, _, _)| *l != language);
+                state.backoff_of(language).succeeded();
                 state.parked.push(Parked {
                     language,
                     template,

@@ -1,10 +1,11 @@
 //! Kernels started ahead, against a fake host: a hit hands out a kernel
 //! started before the create, a refill follows each take, other limits or
 //! an empty pool start their own kernel, a kernel of a template no longer
-//! current (or dead) is replaced, shutdown closes every parked kernel.
+//! current (or dead) is replaced, shutdown closes every parked kernel, failed
+//! starts back off.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,6 +68,10 @@ struct FakeHost {
     started: Mutex<Vec<Arc<Seen>>>,
     /// While set, starts wait for it to be cleared.
     hold: AtomicBool,
+    /// This many starts fail before one succeeds.
+    failing: AtomicUsize,
+    /// When each start was tried.
+    tried: Mutex<Vec<std::time::Instant>>,
 }
 
 impl FakeHost {
@@ -75,6 +80,8 @@ impl FakeHost {
             template: Mutex::new("py-data".to_owned()),
             started: Mutex::new(Vec::new()),
             hold: AtomicBool::new(false),
+            failing: AtomicUsize::new(0),
+            tried: Mutex::new(Vec::new()),
         })
     }
 
@@ -101,6 +108,13 @@ impl KernelHost for FakeHost {
         Box::pin(async move {
             while self.hold.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            self.tried.lock().unwrap().push(std::time::Instant::now());
+            let fail = self
+                .failing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if fail.is_ok() {
+                return Err(KernelsError::Kernel("no room for a jail".to_owned()));
             }
             let mut started = self.started.lock().unwrap();
             let seen = Arc::new(Seen {
@@ -264,4 +278,26 @@ async fn shutdown_closes_and_releases_every_parked_kernel_and_stops_refilling() 
     // a create still works, on demand
     p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
     assert_eq!(stats(&p).misses, 1);
+}
+
+#[tokio::test]
+async fn failed_starts_are_retried_after_a_wait_that_doubles_until_one_succeeds() {
+    let host = FakeHost::new();
+    host.failing.store(3, Ordering::SeqCst);
+    let p = pool(&host, 1);
+    wait_for("a kernel parked after three failures", || {
+        stats(&p).built == 1
+    })
+    .await;
+    let tried = host.tried.lock().unwrap().clone();
+    assert_eq!(tried.len(), 4, "three failed starts and one that worked");
+    let gaps: Vec<Duration> = tried.windows(2).map(|w| w[1] - w[0]).collect();
+    for (gap, least) in gaps.iter().zip([100, 200, 400]) {
+        assert!(
+            *gap >= Duration::from_millis(least),
+            "retried after {gap:?}, before the {least} ms back-off: {gaps:?}"
+        );
+    }
+    assert_eq!(stats(&p).build_failures, 3);
+    p.shutdown().await;
 }

@@ -33,6 +33,7 @@
 //! This is the only crate of the workspace with `unsafe`: system calls in
 //! `sys/` and the embedded interpreter's C API in `embed.rs`.
 
+mod backoff;
 mod cgroup;
 mod config;
 mod embed;
@@ -63,6 +64,7 @@ mod zygote;
 /// the jail, and the program's working directory then.
 pub const PROJECT_DIR: &str = "/workspace";
 
+pub use backoff::Backoff;
 pub use cgroup::CgroupSupport;
 pub use config::{
     DEFAULT_ETC_BINDS, JailSystem, LanguageImage, MIN_WORKSPACE_BYTES, MIN_WORKSPACE_INODES,

@@ -28,6 +28,7 @@ use kiln_core::Limits;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::error::SandboxError;
 use crate::sandbox::{ParkSpec, ParkedJail, Sandbox};
 use crate::slots::Slot;
@@ -98,9 +99,8 @@ struct Profile {
     target: u32,
     last_change: Instant,
     stats: WarmStats,
-    /// After a failed build, wait until then before the next attempt.
-    backoff_until: Option<Instant>,
-    failures_in_row: u32,
+    /// Failed builds in a row, and the wait before the next attempt.
+    backoff: Backoff,
 }
 
 impl Profile {
@@ -118,8 +118,7 @@ impl Profile {
                 target,
                 ..WarmStats::default()
             },
-            backoff_until: None,
-            failures_in_row: 0,
+            backoff: Backoff::default(),
         }
     }
 }
@@ -298,7 +297,7 @@ impl WarmPool {
         loop {
             let filled = self.inner.lock().values().all(|p| {
                 p.ready.len() as u32 >= p.target.min(self.inner.cfg.max_total)
-                    || p.backoff_until.is_some()
+                    || p.backoff.failing()
             });
             if filled {
                 return true;
@@ -393,7 +392,7 @@ impl Inner {
         }
         let pick = profiles
             .iter_mut()
-            .filter(|(_, p)| p.backoff_until.is_none_or(|t| now >= t))
+            .filter(|(_, p)| p.backoff.allows(now))
             .filter(|(_, p)| (p.ready.len() as u32 + p.building) < p.target)
             .max_by_key(|(_, p)| p.target - (p.ready.len() as u32 + p.building))
             .map(|(name, p)| {
@@ -414,8 +413,7 @@ impl Inner {
                 metrics::histogram!("kiln_warm_build_seconds", "profile" => name.to_owned())
                     .record(jail.build_time().as_secs_f64());
                 p.stats.built += 1;
-                p.failures_in_row = 0;
-                p.backoff_until = None;
+                p.backoff.succeeded();
                 if let Some(ready) = p.serve_waiter((slot, jail)) {
                     p.ready.push_back(ready);
                 }
@@ -424,9 +422,7 @@ impl Inner {
             }
             Err(e) => {
                 p.stats.build_failures += 1;
-                p.failures_in_row += 1;
-                let wait = Duration::from_millis(100 << p.failures_in_row.min(9));
-                p.backoff_until = Some(Instant::now() + wait);
+                let wait = p.backoff.failed(Instant::now());
                 tracing::warn!(profile = name, error = %e, retry_in = ?wait, "building a warm jail failed");
             }
         }
