@@ -43,12 +43,17 @@ async fn call(
 }
 
 async fn create(s: &TestServer, user: Option<&str>) -> String {
+    create_lang(s, user, "py").await
+}
+
+/// Creates a `lang` session as `user` (201); its id.
+async fn create_lang(s: &TestServer, user: Option<&str>, lang: &str) -> String {
     let (status, v) = call(
         s,
         reqwest::Method::POST,
         "/sessions",
         user,
-        Some(json!({"lang": "py"})),
+        Some(json!({ "lang": lang })),
     )
     .await;
     assert_eq!(status, 201, "create: {v}");
@@ -1069,6 +1074,11 @@ async fn parked_server(uid_base: u32) -> TestServer {
 
 /// `(ready, hits, misses)` of the `py` kernels started ahead.
 async fn py_pool(s: &TestServer) -> (u64, u64, u64) {
+    kernel_pool(s, "py").await
+}
+
+/// `(ready, hits, misses)` of `lang`'s kernels started ahead.
+async fn kernel_pool(s: &TestServer, lang: &str) -> (u64, u64, u64) {
     let text = client()
         .get(format!("{}/metrics", s.base_url))
         .send()
@@ -1084,17 +1094,26 @@ async fn py_pool(s: &TestServer) -> (u64, u64, u64) {
             .unwrap_or(0.0) as u64
     };
     (
-        value(r#"kiln_kernel_pool_ready{lang="py"}"#),
-        value(r#"kiln_kernel_pool_takes_total{lang="py",result="hit"}"#),
-        value(r#"kiln_kernel_pool_takes_total{lang="py",result="miss"}"#),
+        value(&format!(r#"kiln_kernel_pool_ready{{lang="{lang}"}}"#)),
+        value(&format!(
+            r#"kiln_kernel_pool_takes_total{{lang="{lang}",result="hit"}}"#
+        )),
+        value(&format!(
+            r#"kiln_kernel_pool_takes_total{{lang="{lang}",result="miss"}}"#
+        )),
     )
 }
 
 /// Waits until a `py` kernel is parked ahead.
 async fn wait_parked(s: &TestServer) {
+    wait_parked_lang(s, "py").await
+}
+
+/// Waits until a `lang` kernel is parked ahead.
+async fn wait_parked_lang(s: &TestServer, lang: &str) {
     let until = Instant::now() + Duration::from_secs(60);
-    while py_pool(s).await.0 < 1 {
-        assert!(Instant::now() < until, "no py kernel was started ahead");
+    while kernel_pool(s, lang).await.0 < 1 {
+        assert!(Instant::now() < until, "no {lang} kernel was started ahead");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -1155,6 +1174,38 @@ async fn a_create_takes_a_kernel_started_ahead_on_a_fresh_slot_of_its_own() {
     .await;
     assert_eq!(status, 200, "{listed}");
     assert!(!listed.to_string().contains("secret.txt"), "{listed}");
+    close(&s, &second).await;
+    s.stop().await.unwrap();
+}
+
+/// Issue 28: `js` kernels are started ahead too: a `js` create takes one,
+/// and the next `js` session, on a kernel parked after it, sees none of the
+/// first one's globals or files.
+#[tokio::test]
+async fn a_js_create_takes_a_js_kernel_started_ahead_that_holds_nothing_of_the_last() {
+    let _one = PARKED_TESTS.lock().await;
+    let s = parked_server(3_600_000_000).await;
+    wait_parked_lang(&s, "js").await;
+    let (_, hits0, misses0) = kernel_pool(&s, "js").await;
+    let first = create_lang(&s, Some("alice"), "js").await;
+    exec_ok(
+        &s,
+        &first,
+        "require('fs').writeFileSync('/mnt/data/secret.txt', 'alice'); globalThis.secret = 'alice';",
+    )
+    .await;
+    wait_parked_lang(&s, "js").await;
+    close(&s, &first).await;
+    let second = create_lang(&s, Some("bob"), "js").await;
+    let (_, hits, misses) = kernel_pool(&s, "js").await;
+    assert_eq!((hits, misses), (hits0 + 2, misses0), "two hits, no miss");
+    let v = exec_ok(
+        &s,
+        &second,
+        "console.log(typeof secret, require('fs').existsSync('/mnt/data/secret.txt'))",
+    )
+    .await;
+    assert_eq!(v["stdout"], "undefined false\n", "{v}");
     close(&s, &second).await;
     s.stop().await.unwrap();
 }
