@@ -10,7 +10,13 @@
 //!   GiB from the PSS;
 //! - scenario A's py hello (`/v1/exec`) while the kernels sit idle, with
 //!   the same hello before they were created as the baseline column: a
-//!   busy node should not slow down.
+//!   busy node should not slow down. Measured twice: right after the
+//!   creates (and the memory read), and again after [`PACED`] paced
+//!   creates and [`QUIET`] more, so what the creates left running in the
+//!   background is told apart from what the idle kernels cost;
+//! - creates as people make them at full density: [`PACED`] sessions
+//!   created, evaluated once and deleted, [`PACE`] apart (the back-to-back
+//!   creates above outrun any pool of kernels started ahead).
 //!
 //! Every kernel is deleted again at the end of a run, failed or not.
 
@@ -38,6 +44,14 @@ const FIRST_STDOUT: &str = "42";
 /// How long the kernels sit idle before their memory is read.
 const SETTLE: Duration = Duration::from_secs(3);
 
+/// Creates made one at a time at full density, each deleted again.
+pub const PACED: usize = 50;
+/// The pause after each paced create's delete.
+const PACE: Duration = Duration::from_millis(300);
+/// How long the kernels sit idle after the paced creates before the
+/// second hello.
+const QUIET: Duration = Duration::from_secs(20);
+
 /// One run's numbers.
 #[derive(Default)]
 struct DensityRun {
@@ -45,8 +59,13 @@ struct DensityRun {
     first_output: Vec<Duration>,
     /// The create request alone.
     create: Vec<Duration>,
+    /// Paced creates at full density: create → first output, create.
+    paced_first_output: Vec<Duration>,
+    paced_create: Vec<Duration>,
     hello_before: RunOutcome,
     hello_during: RunOutcome,
+    /// The hello again after the paced creates and [`QUIET`].
+    hello_settled: RunOutcome,
     kernels: usize,
     pss_kib: u64,
     private_kib: u64,
@@ -155,6 +174,32 @@ async fn one_run(ctx: &Ctx<'_>, run: usize) -> DensityRun {
         load_average()
     );
     d.hello_during = hellos(kiln, s.a_requests).await;
+    eprintln!("[K] run {}: {PACED} creates {PACE:?} apart", run + 1);
+    for _ in 0..PACED {
+        d.tally.attempted += 1;
+        let (id, r) = create_one(kiln).await;
+        match r {
+            Ok((first, create)) => {
+                d.paced_first_output.push(first);
+                d.paced_create.push(create);
+            }
+            Err(e) => fail(&mut d.tally, &e),
+        }
+        if let Some(id) = id
+            && let Err(e) = kiln.delete_session(&id).await
+        {
+            d.tally.attempted += 1;
+            fail(&mut d.tally, &e);
+        }
+        tokio::time::sleep(PACE).await;
+    }
+    tokio::time::sleep(QUIET).await;
+    eprintln!(
+        "[K] run {}: hello again after {QUIET:?} more (load average {})",
+        run + 1,
+        load_average()
+    );
+    d.hello_settled = hellos(kiln, s.a_requests).await;
     for id in &ids {
         if let Err(e) = kiln.delete_session(id).await {
             d.tally.attempted += 1;
@@ -219,6 +264,20 @@ pub async fn density(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
             each(&|d| last_percentile(&d.create, p)),
         ));
     }
+    for p in [50.0, 95.0] {
+        metrics.push(kiln_only(
+            &format!("create → first output p{p:.0}, {PACED} paced at full density"),
+            Unit::Ms,
+            Better::Lower,
+            each(&|d| Latencies::from_durations(&d.paced_first_output).percentile(p)),
+        ));
+        metrics.push(kiln_only(
+            &format!("create alone p{p:.0}, {PACED} paced at full density"),
+            Unit::Ms,
+            Better::Lower,
+            each(&|d| Latencies::from_durations(&d.paced_create).percentile(p)),
+        ));
+    }
     metrics.push(kiln_only(
         "create → first output p50, all",
         Unit::Ms,
@@ -267,20 +326,25 @@ pub async fn density(ctx: &Ctx<'_>) -> anyhow::Result<Measured> {
         Better::Higher,
         each(&|d| Some(d.cgroups as f64)),
     ));
-    for p in [50.0, 95.0] {
-        metrics.push(Metric::new(
-            &format!("py hello p{p:.0} with the kernels idle"),
-            Unit::Ms,
-            Better::Lower,
-            each(&|d| Latencies::from_durations(&d.hello_during.latencies).percentile(p)),
-            each(&|d| Latencies::from_durations(&d.hello_before.latencies).percentile(p)),
-        ));
+    let hello_during: fn(&DensityRun) -> &RunOutcome = |d| &d.hello_during;
+    let hello_settled: fn(&DensityRun) -> &RunOutcome = |d| &d.hello_settled;
+    for (when, hello) in [("", hello_during), (", later", hello_settled)] {
+        for p in [50.0, 95.0] {
+            metrics.push(Metric::new(
+                &format!("py hello p{p:.0} with the kernels idle{when}"),
+                Unit::Ms,
+                Better::Lower,
+                each(&|d| Latencies::from_durations(&hello(d).latencies).percentile(p)),
+                each(&|d| Latencies::from_durations(&d.hello_before.latencies).percentile(p)),
+            ));
+        }
     }
     let mut kiln = Tally::default();
     let mut baseline = Tally::default();
     for d in runs {
         kiln.absorb(d.tally);
         kiln.absorb(d.hello_during.tally);
+        kiln.absorb(d.hello_settled.tally);
         baseline.absorb(d.hello_before.tally);
     }
     Ok(Measured {
