@@ -284,8 +284,9 @@ fn caller(
 }
 
 /// The sandbox `id` if the caller may do `action` to it (the one access
-/// rule); someone else's is not found, as a missing one.
-fn find(
+/// rule); someone else's is not found, as a missing one. On a single node,
+/// one its creator names after a restart is taken back ([`restore`]).
+async fn find(
     state: &AppState,
     identity: &Identity,
     headers: &HeaderMap,
@@ -296,12 +297,48 @@ fn find(
     let Path(id) = id.map_err(|_| BridgeError::Invalid("malformed sandbox id".into()))?;
     let id = kiln_core::Nanoid::parse(&id)
         .map_err(|_| BridgeError::Invalid("malformed sandbox id".into()))?;
-    let sandbox = registry(state)?.get(&id)?;
+    let sandbox = match registry(state)?.get(&id) {
+        Err(SandboxesError::NotFound) => restore(state, &caller, id.clone()).await?,
+        found => found?,
+    };
     match authorize_owned(&state.config, &caller, action, &id, sandbox.owner()) {
         Ok(()) => Ok((caller, sandbox)),
         Err(ApiError::SessionForbidden { .. }) => Err(BridgeError::NotFound("no such sandbox")),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The sandbox `id` of `caller`'s that this node's registry does not hold
+/// — a restart forgot it — taken back when its project (on disk, the
+/// caller's, since a sandbox's project is its creator's) was used within
+/// the idle TTL; one idle longer is removed with its project, as the sweep
+/// would have. Several nodes keep 404: which node a sandbox lives on is
+/// recorded when it is made, and a node taking one back on its own could
+/// serve it next to another node doing the same.
+async fn restore(
+    state: &AppState,
+    caller: &Caller,
+    id: kiln_core::Nanoid,
+) -> Result<Arc<Sandbox>, BridgeError> {
+    let not_found = || BridgeError::NotFound("no such sandbox");
+    let sandboxes = registry(state)?;
+    if state.cluster.is_some() {
+        return Err(not_found());
+    }
+    let name = Sandbox::project_name_of(&id);
+    let Some(opened) = project::last_opened(state, caller, &name).await? else {
+        return Err(not_found());
+    };
+    let idle = std::time::SystemTime::now()
+        .duration_since(opened)
+        .unwrap_or_default();
+    if idle >= sandboxes.config().idle_ttl {
+        project::remove_named(state, caller, &name).await?;
+        return Err(not_found());
+    }
+    let sandbox = sandboxes.restore(id, caller)?;
+    tracing::info!(sandbox = %sandbox.id(), "bridge sandbox taken back after a restart");
+    Ok(sandbox)
 }
 
 type IdPath = Result<Path<String>, PathRejection>;
@@ -358,7 +395,7 @@ pub async fn delete(
     headers: HeaderMap,
     id: IdPath,
 ) -> Result<Response, BridgeError> {
-    let (_, sandbox) = find(&state, &identity, &headers, id, Control)?;
+    let (_, sandbox) = find(&state, &identity, &headers, id, Control).await?;
     registry(&state)?.remove(sandbox.id())?;
     project::remove(&state, &sandbox).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -384,7 +421,7 @@ pub async fn running(
     headers: HeaderMap,
     id: IdPath,
 ) -> Result<Response, BridgeError> {
-    find(&state, &identity, &headers, id, Read)?;
+    find(&state, &identity, &headers, id, Read).await?;
     Ok(Json(Running { running: true }).into_response())
 }
 
@@ -414,7 +451,7 @@ pub async fn exec(
     id: IdPath,
     admitted: Admitted<BridgeError>,
 ) -> Result<Response, BridgeError> {
-    let (caller, sandbox) = find(&state, &identity, &headers, id, Control)?;
+    let (caller, sandbox) = find(&state, &identity, &headers, id, Control).await?;
     let body: ExecBody = admitted.json()?;
     if body.argv.is_empty() || body.argv[0].is_empty() {
         return Err(BridgeError::Invalid(
@@ -598,7 +635,7 @@ pub async fn read_file(
     path: FilePath,
 ) -> Result<Response, BridgeError> {
     let (id, rel) = file_path(path)?;
-    let (_, sandbox) = find(&state, &identity, &headers, id, Read)?;
+    let (_, sandbox) = find(&state, &identity, &headers, id, Read).await?;
     let bytes = project::read(&state, &sandbox, &rel).await?;
     let mut resp = Body::from(bytes).into_response();
     let h = resp.headers_mut();
@@ -640,7 +677,7 @@ pub async fn write_file(
     admitted: Admitted<BridgeError, Unresolved, FileBody, Open>,
 ) -> Result<Response, BridgeError> {
     let (id, rel) = file_path(path)?;
-    let (_, sandbox) = find(&state, &identity, &headers, id, Control)?;
+    let (_, sandbox) = find(&state, &identity, &headers, id, Control).await?;
     project::write(&state, &sandbox, &rel, admitted.body.to_vec()).await?;
     Ok(Json(Written { ok: true }).into_response())
 }
@@ -758,6 +795,7 @@ mod project {
     use std::time::Duration;
 
     use kiln_core::RelPath;
+    use kiln_core::access::Caller;
     use kiln_exec::projects::{Project, ProjectBinding, ProjectError, Projects};
     use kiln_exec::sandboxes::Sandbox;
 
@@ -787,10 +825,31 @@ mod project {
     }
 
     pub(super) async fn remove(state: &AppState, sandbox: &Sandbox) -> Result<(), BridgeError> {
+        remove_named(state, sandbox.creator(), &sandbox.project_name()).await
+    }
+
+    /// Removes `creator`'s project `name` (a sandbox's, by its name).
+    pub(super) async fn remove_named(
+        state: &AppState,
+        creator: &Caller,
+        name: &str,
+    ) -> Result<(), BridgeError> {
         projects(state)?
-            .delete(sandbox.creator(), &sandbox.project_name())
+            .delete(creator, name)
             .await
             .map(drop)
+            .map_err(failed)
+    }
+
+    /// When `creator`'s project `name` was last opened, if it exists.
+    pub(super) async fn last_opened(
+        state: &AppState,
+        creator: &Caller,
+        name: &str,
+    ) -> Result<Option<std::time::SystemTime>, BridgeError> {
+        projects(state)?
+            .last_opened(creator, name)
+            .await
             .map_err(failed)
     }
 

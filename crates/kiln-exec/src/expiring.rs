@@ -75,6 +75,22 @@ impl<K: Eq + Hash + Clone, V: Clone> Expiring<K, V> {
         );
     }
 
+    /// The value kept under `key`, used at `now`; `value` is added first
+    /// (made and used at `now`) if there was none, so of two callers adding
+    /// the same key at once both get the one kept.
+    pub fn get_or_insert_at(&self, key: K, value: V, now: Instant) -> V {
+        let ttl = self.idle_ttl;
+        let mut map = self.map();
+        let e = map.entry(key).or_insert(Entry {
+            value,
+            created: now,
+            used: now,
+            ttl,
+        });
+        e.used = now;
+        e.value.clone()
+    }
+
     /// Marks `key` used now (nothing if it is not kept).
     pub fn touch(&self, key: &K) {
         self.touch_at(key, Instant::now());

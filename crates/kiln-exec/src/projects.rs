@@ -282,6 +282,19 @@ impl Projects {
         Ok(exists.then_some(project))
     }
 
+    /// When `caller`'s project `name` was last opened (the idle clock of
+    /// [`Projects::sweep`], on disk), if it exists.
+    pub async fn last_opened(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<Option<std::time::SystemTime>, ProjectError> {
+        let Some(project) = self.find(caller, name).await? else {
+            return Ok(None);
+        };
+        blocking(move || Ok(Some(std::fs::symlink_metadata(&project.dir)?.modified()?))).await
+    }
+
     /// Deletes `caller`'s project `name` and everything in it; `false` when
     /// there was none.
     pub async fn delete(&self, caller: &Caller, name: &str) -> Result<bool, ProjectError> {

@@ -10,6 +10,10 @@
 //! - **Idle TTL**: a sandbox not used for `idle_ttl` is gone: [`Sandboxes::get`]
 //!   no longer finds it and [`Sandboxes::sweep`] removes it (the caller
 //!   then deletes its project).
+//! - **Restarts**: the registry is the node's memory, its projects are on
+//!   disk. A face that finds no sandbox by an id its caller names, but the
+//!   caller's project of that sandbox used within the idle TTL, takes it
+//!   back with [`Sandboxes::restore`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -97,7 +101,12 @@ impl Sandbox {
     /// The name of its project: unique per sandbox, never chosen by a
     /// caller.
     pub fn project_name(&self) -> String {
-        format!("sandbox-{}", self.id.as_str())
+        Sandbox::project_name_of(&self.id)
+    }
+
+    /// The project name of the sandbox `id`.
+    pub fn project_name_of(id: &Nanoid) -> String {
+        format!("sandbox-{}", id.as_str())
     }
 }
 
@@ -164,6 +173,28 @@ impl Sandboxes {
             .map
             .use_at(id, now)
             .ok_or(SandboxesError::NotFound)
+    }
+
+    /// Takes back the sandbox `id` of `caller`'s, which this registry does
+    /// not hold (a restart forgot it) but whose project exists: the caller
+    /// is its creator, since a sandbox's project is its creator's. Within
+    /// the caps, as a create; if the id is held meanwhile, that sandbox.
+    pub fn restore(&self, id: Nanoid, caller: &Caller) -> Result<Arc<Sandbox>, SandboxesError> {
+        let now = Instant::now();
+        if let Some(held) = self.inner.map.use_at(&id, now) {
+            return Ok(held);
+        }
+        let owner = Owner::of(caller);
+        self.expire(now);
+        let place = self.inner.caps.acquire(&owner)?;
+        let sandbox = Arc::new(Sandbox {
+            id: id.clone(),
+            creator: caller.clone(),
+            owner,
+            created_at: SystemTime::now(),
+            _place: place,
+        });
+        Ok(self.inner.map.get_or_insert_at(id, sandbox, now))
     }
 
     /// Marks `sandbox` used now (a command that ran long ends).
@@ -271,6 +302,28 @@ mod tests {
         let gone = r.sweep();
         assert_eq!(gone.len(), 1);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_restored_sandbox_keeps_its_id_counts_against_the_caps_and_is_held_once() {
+        let r = registry(1, 10, 60);
+        let id = Nanoid::random();
+        let s = r.restore(id.clone(), &caller("alice")).expect("restore");
+        assert_eq!(s.id(), &id);
+        assert_eq!(s.owner(), &Owner::of(&caller("alice")));
+        assert_eq!(r.get(&id).expect("held").id(), &id);
+        let again = r.restore(id.clone(), &caller("alice")).expect("held");
+        assert!(Arc::ptr_eq(&s, &again), "one sandbox per id");
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            r.create(&caller("alice")).unwrap_err(),
+            SandboxesError::PrincipalCap(1),
+            "the restored sandbox holds alice's place"
+        );
+        assert_eq!(
+            r.restore(Nanoid::random(), &caller("alice")).unwrap_err(),
+            SandboxesError::PrincipalCap(1)
+        );
     }
 
     #[test]

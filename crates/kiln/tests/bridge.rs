@@ -96,6 +96,18 @@ async fn exec(s: &TestServer, user: &str, id: &str, body: Value) -> Exec {
     out
 }
 
+/// `PUT`s `body` as the file `path` (below the root, e.g.
+/// `workspace/a.txt`) of sandbox `id`; the status.
+async fn put_file(s: &TestServer, user: &str, id: &str, path: &str, body: &'static str) -> u16 {
+    call(s, Method::PUT, &format!("/{id}/file/{path}"), user)
+        .body(body)
+        .send()
+        .await
+        .expect("send")
+        .status()
+        .as_u16()
+}
+
 fn argv(cmd: &str) -> Value {
     json!({ "argv": ["bash", "-c", cmd] })
 }
@@ -278,17 +290,10 @@ async fn commands_stream_their_output_and_end_with_the_protocols_event() {
     let s = bridge_server().await;
     let id = create(&s, "alice").await;
     // a file put over HTTP is in /workspace; what a command writes persists
-    let r = call(
-        &s,
-        Method::PUT,
-        &format!("/{id}/file/workspace/src/in.txt"),
-        "alice",
-    )
-    .body("from the host\n")
-    .send()
-    .await
-    .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        put_file(&s, "alice", &id, "workspace/src/in.txt", "from the host\n").await,
+        200
+    );
     let e = exec(
         &s,
         "alice",
@@ -432,17 +437,10 @@ async fn an_idle_sandbox_is_removed_with_its_workspace() {
     })
     .await;
     let id = create(&s, "alice").await;
-    let r = call(
-        &s,
-        Method::PUT,
-        &format!("/{id}/file/workspace/a.txt"),
-        "alice",
-    )
-    .body("kept until idle")
-    .send()
-    .await
-    .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        put_file(&s, "alice", &id, "workspace/a.txt", "kept until idle").await,
+        200
+    );
     let projects = s.data_dir.path().join("projects");
     let count = || std::fs::read_dir(&projects).map_or(0, Iterator::count);
     assert_eq!(count(), 1, "the sandbox's project exists");
@@ -460,4 +458,65 @@ async fn an_idle_sandbox_is_removed_with_its_workspace() {
     // its place is free again: a principal at its cap can create anew
     create(&s, "alice").await;
     s.stop().await.expect("stop");
+}
+
+/// A bridge server keeping its data in `dir` (so a second one is the first
+/// restarted).
+async fn bridge_server_in(dir: &std::path::Path, idle_ttl_secs: u64) -> TestServer {
+    server_with(|c| {
+        c.api_key = Some(KEY.into());
+        c.bridge_sandboxes_per_user = 2;
+        c.bridge_idle_ttl_secs = idle_ttl_secs;
+        c.data_dir = dir.to_owned();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_restart_forgets_no_sandbox_its_creator_uses_again() {
+    let data = tempfile::tempdir().unwrap();
+    let s = bridge_server_in(data.path(), 3600).await;
+    let id = create(&s, "alice").await;
+    let made = exec(&s, "alice", &id, argv("echo durable > state.txt")).await;
+    assert_eq!(made.last, "exit", "{made:?}");
+    s.stop().await.unwrap();
+
+    let s = bridge_server_in(data.path(), 3600).await;
+    // another principal naming it finds nothing, as before the restart
+    let (st, _) = status_and_json(call(&s, Method::GET, &format!("/{id}/running"), "bob")).await;
+    assert_eq!(st, 404);
+    let again = exec(&s, "alice", &id, argv("cat state.txt")).await;
+    assert_eq!(
+        (again.last.as_str(), again.stdout.as_str()),
+        ("exit", "durable\n"),
+        "{again:?}"
+    );
+    let (st, v) = status_and_json(call(&s, Method::GET, &format!("/{id}/running"), "alice")).await;
+    assert_eq!((st, &v), (200, &json!({"running": true})));
+    // the sandbox taken back holds one of alice's two places
+    create(&s, "alice").await;
+    let (st, v) = status_and_json(call(&s, Method::POST, "", "alice")).await;
+    assert_eq!(st, 429, "{v}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sandbox_idle_past_its_ttl_across_a_restart_is_gone_with_its_workspace() {
+    let data = tempfile::tempdir().unwrap();
+    let s = bridge_server_in(data.path(), 2).await;
+    let id = create(&s, "alice").await;
+    assert_eq!(
+        put_file(&s, "alice", &id, "workspace/a.txt", "left behind").await,
+        200
+    );
+    s.stop().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+
+    let s = bridge_server_in(data.path(), 2).await;
+    let projects = data.path().join("projects");
+    let count = || std::fs::read_dir(&projects).map_or(0, Iterator::count);
+    let (st, _) = status_and_json(call(&s, Method::GET, &format!("/{id}/running"), "alice")).await;
+    assert_eq!(st, 404);
+    assert_eq!(count(), 0, "its project is removed");
+    s.stop().await.unwrap();
 }
