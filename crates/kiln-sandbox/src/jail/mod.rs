@@ -50,14 +50,14 @@ use crate::sys::{self, Forked};
 /// (the fork-server's embedded interpreter). Never returns.
 pub type EmbeddedRunner = fn(&GoMsg) -> !;
 
-/// The command line and name the jail's init (and its helper) shows.
+/// The command line and name the jail's init shows.
 const INIT_NAME: &str = "sandbox-init";
 
 /// Exit code of C (and H) after it reported an error on the status pipe.
 const EXIT_REPORTED: i32 = 3;
 
 /// What the user program's process applies to itself just before `execve`,
-/// prepared by the helper before it clones.
+/// prepared by the jail's starter before it clones.
 pub(crate) struct Confinement {
     /// Seccomp programs in installation order (empty: no seccomp).
     pub filters: Vec<seccompiler::BpfProgram>,
@@ -171,7 +171,7 @@ fn clone_owned_by(
     forked.map_err(|e| JailError::setup("clone3", e))
 }
 
-/// The Landlock rules of a program process, as its helper made them.
+/// The Landlock rules of a program process, as its starter made them.
 type LandlockRules = Option<Vec<(std::path::PathBuf, plan::PathAccess)>>;
 
 /// The program process's confinement: the spec's seccomp programs and
@@ -189,7 +189,7 @@ fn confinement(spec: &JailSpec, landlock: LandlockRules) -> Confinement {
 }
 
 /// The spec's mount plan and the program process's confinement (seccomp
-/// programs, Landlock rules), computed on the host by the helper.
+/// programs, Landlock rules), computed on the host by the jail's starter.
 fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
     let plan = plan::build(spec, &plan::RealHost);
     let landlock = spec.landlock.then(|| plan::landlock_rules(&plan));
@@ -236,8 +236,8 @@ pub(crate) fn forked_program_main(
         let _ = nix::unistd::write(&exec_w, &e.into_status().to_line());
         sys::exit_now(127)
     };
-    // The spec's line, then the helper's Landlock rules (see
-    // `remote::request_program`): the mount plan is the helper's to build;
+    // The spec's line, then the starter's Landlock rules (see
+    // `remote::request_program`): the mount plan is the starter's to build;
     // made again here it cost a `statx` of every host path it depends on
     // and the allocations, in a process whose every touched page is a copy.
     let (spec_part, rules_part) = match spec_line.iter().position(|&b| b == b'\n') {
@@ -252,7 +252,7 @@ pub(crate) fn forked_program_main(
         Err(e) => fail(JailError::setup("parse spec", e)),
     };
     let landlock = match rules {
-        // The helper made them from this same spec.
+        // The starter made them from this same spec.
         Ok(rules) if rules.is_some() == spec.landlock => rules,
         Ok(_) => fail(JailError::Setup(
             "the helper's Landlock rules do not match the spec".to_owned(),
