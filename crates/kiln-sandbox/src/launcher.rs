@@ -1,31 +1,40 @@
 //! The jail launcher (`kiln __launcher`): a small, single-threaded host
-//! process the server starts once and that forks the helper of every jail.
+//! process the server starts once and that starts every jail: it clones
+//! each jail's init itself (`jail/start.rs`), with no helper process in
+//! between.
 //!
 //! Spawning `kiln __jail` for each jail cost about 1.2 ms of CPU: a fork of
 //! the multi-threaded server (the hook that places the status pipe on fd 3
 //! rules out `vfork`), an `execve` of the large `kiln` binary, the dynamic
 //! loader's relocations and glibc's CPU-feature probing, whose `cpuid`
-//! instructions trap to the hypervisor on a VM. A fork of the launcher
-//! costs a fraction of that and starts the helper in the state `kiln __jail`
-//! starts in: the same binary and code, an empty environment, only its own
-//! descriptors, default signal dispositions except `SIGPIPE` ignored (as
-//! Rust's runtime leaves it), the server's cgroup, uid and limits.
+//! instructions trap to the hypervisor on a VM. A fork of the launcher per
+//! jail (the helper H that cloned the init and then waited) still cost
+//! its fork, page faults and exit; now the launcher does H's part (parse
+//! the spec, the mount plan, the network namespace, the clone, the v1
+//! cgroup attach, the uid maps, the release) and the init the rest (the
+//! go, a kernel's input, the wall-time backstop). The launcher runs in the
+//! state `kiln __jail` starts in: the same binary and code, an empty
+//! environment, only its own descriptors, default signal dispositions
+//! except `SIGPIPE` ignored (as Rust's runtime leaves it) and `SIGCHLD`
+//! ignored (the init restores it), the server's cgroup, uid and limits.
 //!
 //! Protocol on a `SOCK_SEQPACKET` socket (the launcher's stdin):
 //! 1. launcher → server: `r` once it is ready;
-//! 2. per helper, server → launcher: `h` with five or six fds attached: a
-//!    reply socket, then what becomes the helper's fds 0–3 (control pipe,
-//!    stdout, stderr, status pipe) and, for an embedded warm jail, 4 (a
-//!    socket to the fork-server). The answer, on the reply socket, is the
-//!    helper's pid (4 bytes, little-endian) with its pidfd attached, or an
+//! 2. per jail, server → launcher: `h` and the jail's spec (one line of
+//!    JSON, no newline) with five or six fds attached: a reply socket, then
+//!    the jail's control pipe, stdout, stderr, status pipe and, for an
+//!    embedded warm jail, a socket to the fork-server. The answer, on the
+//!    reply socket, is the init's pid (4 bytes, little-endian) with its
+//!    pidfd attached, `!` and the text of a set-up failure, or another
 //!    error text.
 //!
-//! The launcher ignores `SIGCHLD`, so the kernel reaps the helpers (and,
-//! as their subreaper, any jail init a dead helper left behind); the
-//! server follows each helper through its pidfd, and the helper reports how
-//! its jail ended on its status pipe, as a spawned one does. The launcher
-//! exits when the server closes the socket. If it cannot start or dies, the
-//! server spawns `kiln __jail` per jail as before.
+//! The launcher ignores `SIGCHLD`, so the kernel reaps the inits; the
+//! server follows each through its pidfd and kills it through it (the
+//! whole pid namespace dies with it), and the init reports how its jail
+//! ended on its status pipe. Each init's parent-death signal ties it to
+//! the launcher, which exits when the server closes the socket. If the
+//! launcher cannot start or dies, the server spawns `kiln __jail` per jail,
+//! which starts the jail the same way and then waits for its init.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -37,7 +46,12 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use crate::error::SandboxError;
 use crate::jail;
 use crate::seqpacket::{self, OwnedChild, recv, recv_into, send, wait_readable};
-use crate::sys::{self, Forked};
+use crate::sys;
+
+/// First byte of an answer that carries the jail's set-up failure.
+const SETUP_FAILED: u8 = b'!';
+/// The largest request (`h` and a spec) the launcher reads.
+const REQUEST_MAX: usize = 1 << 20;
 
 /// How long the launcher may take to say it is ready.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,14 +64,8 @@ pub(crate) struct Launcher {
     alive: AtomicBool,
 }
 
-/// The fds a launched helper gets, in protocol order.
-pub(crate) struct HelperFds<'a> {
-    pub control: &'a OwnedFd,
-    pub stdout: &'a OwnedFd,
-    pub stderr: &'a OwnedFd,
-    pub status: &'a OwnedFd,
-    pub zygote: Option<&'a OwnedFd>,
-}
+/// The fds a launched jail gets (sent in this order after the reply socket).
+pub(crate) type HelperFds<'a> = jail::start::JailFds<'a>;
 
 fn set_nonblocking(fd: &OwnedFd) -> nix::Result<()> {
     let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
@@ -113,8 +121,15 @@ impl Launcher {
         self.alive.load(Ordering::SeqCst)
     }
 
-    /// Forks a helper with `fds` as its 0–3 (and 4); returns its pidfd.
-    pub(crate) async fn launch(&self, fds: &HelperFds<'_>) -> Result<OwnedFd, SandboxError> {
+    /// Starts the jail of `spec_line` (its JSON, one line) with `fds`;
+    /// returns the pidfd of its init. A jail the launcher could not start
+    /// (its set-up failed) is a [`SandboxError::Setup`]; any other error
+    /// means the launcher could not be used.
+    pub(crate) async fn launch(
+        &self,
+        fds: &HelperFds<'_>,
+        spec_line: &[u8],
+    ) -> Result<OwnedFd, SandboxError> {
         let err = |m: String| SandboxError::Helper(format!("jail launcher: {m}"));
         if !self.alive() {
             return Err(err("gone".to_owned()));
@@ -131,7 +146,11 @@ impl Launcher {
             fds.status.as_raw_fd(),
         ];
         raw.extend(fds.zygote.map(AsRawFd::as_raw_fd));
-        if let Err(e) = send(&self.sock, b"h", &raw) {
+        let spec_line = spec_line.strip_suffix(b"\n").unwrap_or(spec_line);
+        let mut msg = Vec::with_capacity(spec_line.len() + 1);
+        msg.push(b'h');
+        msg.extend_from_slice(spec_line);
+        if let Err(e) = send(&self.sock, &msg, &raw) {
             if e != nix::errno::Errno::EAGAIN {
                 self.alive.store(false, Ordering::SeqCst);
             }
@@ -155,6 +174,9 @@ impl Launcher {
                 self.alive.store(false, Ordering::SeqCst);
                 Err(err("gone".to_owned()))
             }
+            _ if bytes.first() == Some(&SETUP_FAILED) => Err(SandboxError::Setup(
+                String::from_utf8_lossy(&bytes[1..]).into_owned(),
+            )),
             _ => Err(err(format!("refused: {}", String::from_utf8_lossy(&bytes)))),
         }
     }
@@ -180,59 +202,54 @@ fn serve(sock: &OwnedFd, slots_dir: Option<&Path>) -> Result<(), String> {
         eprintln!("kiln __launcher: kernel slots stay visible to its jails: {e}");
     }
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
-    // The kernel reaps our children: the server watches each by its pidfd.
+    // The kernel reaps our children (the jails' inits): the server watches
+    // each by its pidfd.
     sys::set_sigchld_ignored(true).map_err(|e| format!("ignore SIGCHLD: {e}"))?;
-    // A jail's init whose helper died is orphaned to us, not to the
-    // server (or whatever is PID 1), and reaped at once like our children.
+    // A spawned helper's jail init left behind is orphaned to us, not to
+    // the server (or whatever is PID 1), and reaped at once.
     nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("become a subreaper: {e}"))?;
+    // What every jail's start needs, opened once.
+    let devnull = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| format!("open /dev/null: {e}"))?;
+    let me = sys::pidfd_open(nix::unistd::getpid()).map_err(|e| format!("pidfd_open: {e}"))?;
+    let home_netns = jail::open_home_netns().map_err(|e| e.message().to_owned())?;
     send(sock, b"r", &[]).map_err(|e| format!("report ready: {e}"))?;
-    let mut buf = [0u8; 16];
+    let mut buf = vec![0u8; REQUEST_MAX];
     loop {
         let (n, fds) = recv_into(sock, &mut buf).map_err(|e| format!("read request: {e}"))?;
         if n == 0 && fds.is_empty() {
             return Ok(()); // the server closed the socket
         }
-        if &buf[..n] != b"h" || !(5..=6).contains(&fds.len()) {
+        if buf.first() != Some(&b'h') || n >= REQUEST_MAX || !(5..=6).contains(&fds.len()) {
             continue; // not a request: its fds close here, the requester sees EOF
         }
-        match sys::clone3_fork(0, None) {
-            Ok(Forked::Child) => become_helper(fds),
-            Ok(Forked::Parent { pid, pidfd }) => {
-                let answer = match &pidfd {
-                    Some(p) => send(&fds[0], &pid.as_raw().to_le_bytes(), &[p.as_raw_fd()]),
-                    None => send(&fds[0], b"clone3 gave no pidfd", &[]),
-                };
-                // The requester may have given up meanwhile; the helper
-                // then sees its control pipe close and ends.
-                let _ = answer;
-            }
+        let start = jail::start::StartFds {
+            jail: HelperFds {
+                control: &fds[1],
+                stdout: &fds[2],
+                stderr: &fds[3],
+                status: &fds[4],
+                zygote: fds.get(5),
+            },
+            devnull: &devnull,
+            starter: &me,
+            home_netns: &home_netns,
+        };
+        let answer = match jail::start::start(&buf[1..n], &start) {
+            Ok((pid, pidfd)) => send(&fds[0], &pid.as_raw().to_le_bytes(), &[pidfd.as_raw_fd()]),
             Err(e) => {
-                let _ = send(&fds[0], format!("fork: {e}").as_bytes(), &[]);
+                let mut msg = vec![SETUP_FAILED];
+                msg.extend_from_slice(e.message().as_bytes());
+                send(&fds[0], &msg, &[])
             }
-        }
+        };
+        // The requester may have given up meanwhile; the jail then sees
+        // its control pipe close and ends.
+        let _ = answer;
+        // the jail's init holds its own copies of the request's fds
     }
-}
-
-/// In the fork: installs the received fds (all but the reply socket) as
-/// 0, 1, 2, ... and runs the jail helper. Never returns.
-fn become_helper(fds: Vec<OwnedFd>) -> ! {
-    let fail = |what: &str, e: &dyn std::fmt::Display| -> ! {
-        eprintln!("kiln __launcher: helper {what}: {e}");
-        sys::exit_now(2)
-    };
-    if let Err(e) = sys::set_sigchld_ignored(false) {
-        fail("restore SIGCHLD", &e);
-    }
-    let targets: Vec<&OwnedFd> = fds[1..].iter().collect();
-    if let Err(e) = sys::install_fds(&targets) {
-        fail("install fds", &e);
-    }
-    let count = (fds.len() - 1) as RawFd;
-    // Not dropped: an original may sit on a target by now, replaced by
-    // dup2; close_from closes the rest (our socket, originals, copies).
-    std::mem::forget(fds);
-    if let Err(e) = sys::close_from(count) {
-        fail("close fds", &e);
-    }
-    jail::helper_main()
 }

@@ -8,7 +8,7 @@
 //! jail's CPU budget, which the server reads from the jail's cgroup
 //! (`run.rs`, `CpuBudget`).
 //!
-//! The helper's own backstop (it kills the jail a grace after the wall
+//! The jail init's own backstop (it ends the jail a grace after the wall
 //! time, in case the server is gone) cannot see the clock, so a pausable
 //! run's jail is given its wall time plus [`PauseClock::max_paused`]; past
 //! that much paused time the server stops the run as timed out.

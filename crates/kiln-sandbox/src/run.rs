@@ -313,16 +313,17 @@ fn make_pipes() -> std::io::Result<(ServerEnds, HelperPipes)> {
     ))
 }
 
-/// A helper process: forked by the jail launcher (then a pidfd ties the
-/// server to it; the kernel reaps it) or spawned by the server.
+/// The process the server follows for a jail: its init, cloned by the jail
+/// launcher (a pidfd ties the server to it; the kernel reaps it for the
+/// launcher), or a helper spawned by the server, the init's parent.
 ///
-/// Dropped while the helper still runs (the run's future was dropped: a
-/// client hung up), it ends the run the graceful way: the control pipe
-/// closes with it, so the helper kills and reaps the jail itself, and only
-/// a helper still there after [`HARD_KILL_AFTER`] is killed, by a
-/// background task. Killing the helper at once would orphan the jail's
-/// init: a zombie for whoever inherits it (the launcher reaps those; a
-/// server that is PID 1 would not).
+/// Dropped while it still runs (the run's future was dropped: a client
+/// hung up), it ends the run the graceful way: the control pipe closes
+/// with it, so the jail's init ends itself and with it the jail (a spawned
+/// helper then reaps it), and only a process still there after
+/// [`HARD_KILL_AFTER`] is killed, by a background task. Killing a spawned
+/// helper at once would orphan the jail's init: a zombie for whoever
+/// inherits it (the launcher reaps those; a server that is PID 1 would not).
 pub(crate) struct HelperProc {
     /// `None` once handed to the background task.
     kind: Option<HelperKind>,
@@ -353,7 +354,8 @@ impl HelperProc {
         }
     }
 
-    /// SIGKILL; its death takes the jail down (PDEATHSIG of the jail's init).
+    /// SIGKILL: the init's death takes the jail down (a spawned helper's
+    /// through the init's PDEATHSIG).
     pub(crate) fn kill(&self) {
         if self.exited {
             return;
@@ -457,6 +459,7 @@ pub(crate) async fn start_helper(
     helper: &Path,
     launcher: Option<&Launcher>,
     zygote: Option<OwnedFd>,
+    spec_line: &[u8],
 ) -> Result<Started, SandboxError> {
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
@@ -468,16 +471,17 @@ pub(crate) async fn start_helper(
             status: &child_ends.status,
             zygote: zygote.as_ref(),
         };
-        match launcher.launch(&fds).await {
+        match launcher.launch(&fds, spec_line).await {
             Ok(pidfd) => {
-                // The helper has its own copies: EOF and SIGPIPE work.
+                // The jail's init has its own copies: EOF and SIGPIPE work.
                 drop(child_ends);
                 drop(zygote);
                 let pidfd = sys::async_readable(pidfd)
-                    .map_err(|e| SandboxError::io("watch helper pidfd", helper, e))?;
+                    .map_err(|e| SandboxError::io("watch jail init pidfd", helper, e))?;
                 let proc = HelperProc::launched(pidfd);
                 return Started::new(helper, proc, ends);
             }
+            Err(e @ SandboxError::Setup(_)) => return Err(e),
             Err(e) => tracing::warn!(error = %e, "spawning the jail helper instead"),
         }
     }
@@ -501,7 +505,10 @@ pub(crate) async fn start_helper(
     drop(cmd);
     drop(child_ends.status);
     drop(zygote);
-    Started::new(helper, HelperProc::spawned(child), ends)
+    let mut started = Started::new(helper, HelperProc::spawned(child), ends)?;
+    // A spawned helper reads the spec on its stdin, the control pipe.
+    started.send_line(spec_line).await;
+    Ok(started)
 }
 
 impl Started {
@@ -592,9 +599,10 @@ impl Started {
     /// output with caps, enforces the wall time from now on, kills on
     /// cancellation, and collects the status.
     ///
-    /// Closing the control pipe asks the helper to kill the jail and reap
-    /// it, so the jail's init never becomes an orphan zombie. SIGKILL of the
-    /// helper (the jail follows through PDEATHSIG) is the fallback when that
+    /// Closing the control pipe asks the jail's init to end itself (and a
+    /// spawned helper to reap it, so it never becomes an orphan zombie).
+    /// SIGKILL of the init (or of the helper: the jail follows through
+    /// PDEATHSIG) is the fallback when that
     /// takes longer than [`HARD_KILL_AFTER`].
     ///
     /// With a `pause` clock the wall time stops while it is paused (the
@@ -745,8 +753,7 @@ pub(crate) async fn supervise(
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
-    let mut started = start_helper(helper, launcher, None).await?;
-    started.send_line(&spec_line).await;
+    let started = start_helper(helper, launcher, None, &spec_line).await?;
     started
         .drive(None, limits, cancel, sink, pause, budget)
         .await

@@ -156,7 +156,7 @@ pub struct GoMsg {
     pub argv: Vec<String>,
     /// The complete environment of the program.
     pub env: Vec<(String, String)>,
-    /// Wall time of this run in milliseconds (the helper's backstop).
+    /// Wall time of this run in milliseconds (the jail init's backstop).
     pub wall_ms: u64,
     /// RLIMIT_CPU soft limit in whole seconds; only ever lowers the parked
     /// jail's limit.

@@ -1,6 +1,6 @@
-//! The jail launcher forks every helper, the kernel reaps them, and when the
-//! launcher is gone the sandbox spawns helpers instead. One test: it kills
-//! this binary's launcher halfway.
+//! The jail launcher clones every jail's init itself, the kernel reaps
+//! them, and when the launcher is gone the sandbox spawns helpers instead.
+//! One test: it kills this binary's launcher halfway.
 
 mod common;
 
@@ -11,6 +11,17 @@ use kiln_core::ExitStatus;
 use tokio_util::sync::CancellationToken;
 
 const UID_BASE: u32 = 1_870_000_000;
+
+/// The `NSpid:` line of a process's status (its pid in each pid namespace
+/// it is in, the outermost first).
+fn nspid(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .unwrap_or_default()
+        .to_owned()
+}
 
 /// (pid, cmdline) of the processes whose parent is `ppid`, zombies included.
 fn children_of(ppid: u32) -> Vec<(u32, Vec<u8>)> {
@@ -36,14 +47,15 @@ fn children_of(ppid: u32) -> Vec<(u32, Vec<u8>)> {
 }
 
 #[tokio::test]
-async fn helpers_are_forked_by_the_launcher_and_spawned_once_it_is_gone() {
+async fn jail_inits_are_cloned_by_the_launcher_and_helpers_spawned_once_it_is_gone() {
     let Some(sb) = sandbox(UID_BASE) else { return };
     let launcher = sb.launcher_pid().expect("the jail launcher runs");
     let slot = sb.acquire_slot().await;
     let ws = workspace(&slot);
 
-    // While a jail runs, its helper is the launcher's child (a fork, which
-    // names itself as the jail's PID 1 will be seen: `sandbox-init`).
+    // While a jail runs, its init is the launcher's child, with no helper
+    // process in between: PID 1 of the jail's pid namespace, named
+    // `sandbox-init`.
     let run = sb.run(
         &slot,
         request(&ws, &["/bin/sh", "-c", "sleep 1; echo done"], limits()),
@@ -55,17 +67,24 @@ async fn helpers_are_forked_by_the_launcher_and_spawned_once_it_is_gone() {
             // A fresh fork still carries the launcher's argv for a moment
             // before it renames itself; wait for the rename, not the fork.
             let kids = children_of(launcher);
-            let renamed = kids.iter().any(|k| k.1.starts_with(b"sandbox-init\0"));
-            if renamed || Instant::now() > until {
-                return kids;
+            let renamed = kids.iter().find(|k| k.1.starts_with(b"sandbox-init\0"));
+            if let Some(init) = renamed {
+                return (kids.clone(), nspid(init.0));
+            }
+            if Instant::now() > until {
+                return (kids, String::new());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    let (r, kids) = tokio::join!(run, watch);
+    let (r, (kids, ns)) = tokio::join!(run, watch);
     let r = r.expect("run");
     assert_eq!(stdout(&r), "done\n");
-    assert_eq!(kids.len(), 1, "one helper: {kids:?}");
+    assert_eq!(kids.len(), 1, "one jail init: {kids:?}");
+    assert!(
+        ns.ends_with("\t1"),
+        "the launcher's child is PID 1 of the jail: {ns:?}"
+    );
     assert!(
         kids[0].1.starts_with(b"sandbox-init\0"),
         "{:?}",

@@ -286,8 +286,9 @@ async fn cancel_kills_the_jail_and_reports_what_it_had_used() {
         panic!("cancelled, with usage: {r:?}");
     };
     assert!(started.elapsed() < Duration::from_secs(5));
-    // measured as for any run: wall time up to the kill, the cgroup's peak
-    assert!(used.wall_time >= Duration::from_millis(300), "{used:?}");
+    // measured as for any run: wall time up to the kill (from when the
+    // jail's init was started, a few ms after the request), the cgroup's peak
+    assert!(used.wall_time >= Duration::from_millis(200), "{used:?}");
     assert!(used.memory_peak.is_some_and(|m| m > 0), "{used:?}");
     assert_no_leftovers(&slot);
 }

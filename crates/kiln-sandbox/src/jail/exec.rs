@@ -46,7 +46,7 @@ pub(super) fn exec_main(
     sys::exit_now(127)
 }
 
-/// Reads the go message: one line. The helper writes nothing after it
+/// Reads the go message: one line. The jail's init writes nothing after it
 /// (and closes the go pipe) unless the program is a kernel, which then
 /// asks for more with its first output; so reading up to the newline never
 /// takes a byte meant for the program. (The line holds no other newline:
@@ -150,7 +150,7 @@ fn exec(
     limit(Resource::RLIMIT_SIGPENDING, SIGPENDING, SIGPENDING)?;
     limit(Resource::RLIMIT_MSGQUEUE, MSGQUEUE_BYTES, MSGQUEUE_BYTES)?;
 
-    // The helper dropped host root's groups and the jail may not call
+    // The starter dropped host root's groups and the jail may not call
     // setgroups (denied in its user namespace): check instead of setting.
     let groups = getgroups().map_err(|e| JailError::setup("getgroups", e))?;
     if !groups.is_empty() {

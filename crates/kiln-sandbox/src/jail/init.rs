@@ -1,65 +1,131 @@
-//! The jail's init (PID 1 of its pid namespace): waits to be released by the
-//! helper, becomes uid 0 of its user namespace, builds and enters the root,
-//! forks the user program and reaps every process until the user program
-//! exits, then reports its status. When init exits the kernel kills all
-//! processes left in the namespace (double-forked, setsid'd, daemonised).
+//! The jail's init (PID 1 of its pid namespace): cloned by its starter (the
+//! jail launcher, or a spawned helper), waits to be released, becomes uid 0
+//! of its user namespace, builds and enters the root, has the user program
+//! forked (by itself, or by the fork-server for an embedded jail) and
+//! watches it to its end (`watch.rs`: the go, a kernel's input, the
+//! wall-time backstop, reaping), then reports its status. When init exits
+//! the kernel kills all processes left in the namespace (double-forked,
+//! setsid'd, daemonised).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::Instant;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::Signal;
-use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid, write};
 
 use super::plan::{HOSTNAME, Op};
-use super::{Confinement, EXIT_REPORTED, JailError, exec, open_devnull, report, rootfs};
-use crate::spec::{JailSpec, ParkMode, StatusMsg};
+use super::start::StartFds;
+use super::{
+    Confinement, EXIT_REPORTED, INIT_NAME, JailError, exec, remote, report, rootfs, watch,
+};
+use crate::spec::{JailSpec, STATUS_FD, StatusMsg};
 use crate::sys::{self, Forked};
 
-/// Runs C to completion and exits.
-/// The pipes C gets from the helper.
-pub(super) struct InitPipes {
+/// What C gets from its starter (see `start.rs`).
+pub(super) struct Start<'a> {
+    /// The starter's descriptors, in the starter's numbering.
+    pub fds: &'a StartFds<'a>,
+    /// Released (one byte) once the uid/gid maps are written.
     pub release_r: OwnedFd,
-    pub release_w: OwnedFd,
-    /// Read end of the go pipe (parked jails only), for the program process.
-    pub go_r: Option<OwnedFd>,
     /// Embedded jails: the fork-server forks the program, not init.
-    pub remote: Option<RemotePipes>,
+    pub zygote: Option<&'a OwnedFd>,
+    /// The spec's line as the server sent it, for the fork-server.
+    pub spec_line: &'a [u8],
+    /// The program's Landlock rules (JSON), for the fork-server.
+    pub landlock_json: &'a [u8],
 }
 
-/// What init of an embedded jail talks through: the fork-server forks the
-/// program process into the jail once init says the root is ready.
-pub(crate) struct RemotePipes {
-    /// Init writes one byte here once the root is built and entered.
-    pub ready_w: OwnedFd,
-    /// The program's exec pipe (its setup failures, `parked`).
-    pub exec_r: OwnedFd,
-    /// The fork-server writes the program's `finished` status here.
-    pub exit_r: OwnedFd,
+/// C's descriptors once it took them over (see [`take_fds`]).
+struct Own {
+    status: OwnedFd,
+    control: OwnedFd,
+    release_r: OwnedFd,
+    starter: OwnedFd,
+    zygote: Option<OwnedFd>,
 }
 
+/// Runs C to completion and exits.
 pub(super) fn init_main(
     spec: &JailSpec,
     plan: &[Op],
     confinement: &Confinement,
-    pipes: InitPipes,
-    status: &File,
+    start: Start<'_>,
 ) -> ! {
-    let msg = init(spec, plan, confinement, pipes, status).unwrap_or_else(JailError::into_status);
+    let own = match take_fds(&start) {
+        Ok(own) => own,
+        Err(e) => {
+            let _ = write(start.fds.jail.status, &e.into_status().to_line());
+            sys::exit_now(EXIT_REPORTED)
+        }
+    };
+    let status = File::from(own.status);
+    let rest = Rest {
+        control: own.control,
+        release_r: own.release_r,
+        starter: own.starter,
+        zygote: own.zygote,
+    };
+    let msg =
+        init(spec, plan, confinement, &start, rest, &status).unwrap_or_else(JailError::into_status);
     let code = match msg {
         StatusMsg::Finished { .. } => 0,
         _ => EXIT_REPORTED,
     };
-    report(status, &msg);
+    report(&status, &msg);
     sys::exit_now(code)
 }
 
-/// Blocks until the helper wrote the id maps. EOF means the helper died.
+/// Makes C's descriptors 0 `/dev/null`, 1 stdout, 2 stderr, 3 the status
+/// pipe, then the control pipe, the release pipe, the starter's pidfd and
+/// the fork-server socket (close-on-exec), and closes every other one: C is
+/// a copy of its starter, and the jail launcher holds its socket to the
+/// server and the other jails' requests.
+fn take_fds(start: &Start<'_>) -> Result<Own, JailError> {
+    let f = &start.fds.jail;
+    let mut keep = vec![
+        start.fds.devnull,
+        f.stdout,
+        f.stderr,
+        f.status,
+        f.control,
+        &start.release_r,
+        start.fds.starter,
+    ];
+    keep.extend(start.zygote);
+    sys::install_fds(&keep).map_err(|e| JailError::setup("install fds", e))?;
+    let count = keep.len() as i32;
+    // The originals stay unowned here (C never returns to the starter's
+    // frames that own them); close_from closes them.
+    sys::close_from(count).map_err(|e| JailError::setup("close inherited fds", e))?;
+    let take = |n: i32| -> Result<OwnedFd, JailError> {
+        sys::set_cloexec(n, true).map_err(|e| JailError::setup("mark fd", e))?;
+        sys::adopt_inherited_fd(n).ok_or_else(|| JailError::Setup(format!("fd {n} missing")))
+    };
+    Ok(Own {
+        status: take(STATUS_FD)?,
+        control: take(4)?,
+        release_r: take(5)?,
+        starter: take(6)?,
+        zygote: match start.zygote {
+            Some(_) => Some(take(7)?),
+            None => None,
+        },
+    })
+}
+
+/// C's descriptors but the status pipe.
+struct Rest {
+    control: OwnedFd,
+    release_r: OwnedFd,
+    starter: OwnedFd,
+    zygote: Option<OwnedFd>,
+}
+
+/// Blocks until the starter wrote the id maps. EOF means the starter died.
 fn wait_for_release(release_r: &OwnedFd) -> Result<(), JailError> {
     let mut byte = [0u8; 1];
     loop {
@@ -67,7 +133,7 @@ fn wait_for_release(release_r: &OwnedFd) -> Result<(), JailError> {
             Ok(1) => return Ok(()),
             Ok(_) => {
                 return Err(JailError::Setup(
-                    "wait for release: helper exited".to_owned(),
+                    "wait for release: the jail's starter exited".to_owned(),
                 ));
             }
             Err(Errno::EINTR) => continue,
@@ -80,22 +146,31 @@ fn init(
     spec: &JailSpec,
     plan: &[Op],
     confinement: &Confinement,
-    pipes: InitPipes,
+    start: &Start<'_>,
+    own: Rest,
     status: &File,
 ) -> Result<StatusMsg, JailError> {
-    let InitPipes {
+    let Rest {
+        control,
         release_r,
-        release_w,
-        go_r,
-        remote,
-    } = pipes;
-    // If the helper dies (the server killed it), so do we — and with us the
-    // whole pid namespace. Set before waiting, so a helper that died earlier
-    // shows up as EOF on the release pipe instead.
+        starter,
+        zygote,
+    } = own;
+    let started = Instant::now();
+    // The launcher ignores SIGCHLD (the kernel reaps its children); C
+    // reaps its own.
+    sys::set_sigchld_ignored(false).map_err(|e| JailError::setup("restore SIGCHLD", e))?;
+    // What the jail sees of its init (PID 1): a neutral name, not the
+    // launcher's or helper's command line.
+    sys::set_process_name(INIT_NAME).map_err(|e| JailError::setup("name the jail's init", e))?;
+    // If the starter dies (the jail launcher or a spawned helper: the
+    // server's death ends both), so do we — and with us the whole pid
+    // namespace. Set before waiting, so a starter that died earlier shows
+    // up as EOF on the release pipe instead.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| JailError::setup("set parent-death signal", e))?;
-    drop(release_w);
     wait_for_release(&release_r)?;
+    drop(release_r);
 
     // Uid 0 of the new user namespace: without this the unmapped host root
     // credentials cannot even create files on the new tmpfs.
@@ -104,22 +179,26 @@ fn init(
     setresgid(root_g, root_g, root_g).map_err(|e| JailError::setup("setresgid 0", e))?;
     setresuid(root_u, root_u, root_u).map_err(|e| JailError::setup("setresuid 0", e))?;
     // Changing credentials cleared the parent-death signal: set it again,
-    // then make sure the helper did not die in between (it keeps the
-    // release pipe's write end open for its whole life).
+    // then make sure the starter did not die in between (its pidfd turns
+    // readable when it exits).
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| JailError::setup("set parent-death signal", e))?;
-    let mut fds = [PollFd::new(release_r.as_fd(), PollFlags::POLLIN)];
+    let mut fds = [PollFd::new(starter.as_fd(), PollFlags::POLLIN)];
     match poll(&mut fds, PollTimeout::ZERO) {
         Ok(0) => {}
-        Ok(_) => return Err(JailError::Setup("helper exited during setup".to_owned())),
-        Err(e) => return Err(JailError::setup("check helper", e)),
+        Ok(_) => {
+            return Err(JailError::Setup(
+                "the jail's starter exited during setup".to_owned(),
+            ));
+        }
+        Err(e) => return Err(JailError::setup("check the jail's starter", e)),
     }
-    drop(release_r);
+    drop(starter);
     sethostname(HOSTNAME).map_err(|e| JailError::setup("sethostname", e))?;
     // A cgroup namespace rooted at the run's own groups (we are in them
     // already): /proc/self/cgroup then shows "/" where it showed the host's
     // layout (container id, server pid, run counter). Made here rather
-    // than by the helper's clone, which would root it in the helper's
+    // than by the starter's clone, which would root it in the starter's
     // cgroup on v2 (CLONE_INTO_CGROUP moves the child after its namespaces
     // exist). A program the fork-server forks joins it with the others.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
@@ -127,91 +206,87 @@ fn init(
 
     rootfs::build_and_enter(&spec.root_dir, plan)?;
 
-    if let Some(remote) = remote {
-        drop(go_r);
-        return remote_program(remote, status);
+    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("pipe", e));
+    let (go_r, go_w) = match spec.park {
+        Some(_) => {
+            let (r, w) = pipe()?;
+            (Some(r), Some(w))
+        }
+        None => (None, None),
+    };
+    let (exec_r, exec_w) = pipe()?;
+    let watch = watch::Watch {
+        spec,
+        control,
+        go_w,
+        started,
+        status,
+    };
+
+    if let Some(zygote) = zygote {
+        // The fork-server forks the program into our pid namespace; its
+        // `finished` status comes on the exit pipe. Orphans are
+        // re-parented to init and die with it.
+        let (exit_r, exit_w) = pipe()?;
+        let Some(go_r) = go_r else {
+            return Err(JailError::Setup(
+                "an embedded jail is always parked".to_owned(),
+            ));
+        };
+        let me = sys::pidfd_open(Pid::from_raw(1))
+            .map_err(|e| JailError::setup("pidfd of the jail's init", e))?;
+        let fds = remote::ProgramFds {
+            stdout: &1,
+            stderr: &2,
+            exec_w: &exec_w,
+            go_r: &go_r,
+            exit_w: &exit_w,
+            init_pidfd: &me,
+        };
+        remote::request_program(&zygote, start.spec_line, start.landlock_json, &fds)
+            .map_err(|e| JailError::setup("fork the program", e))?;
+        // Nothing of the fork-server's stays in the jail.
+        drop(zygote);
+        drop((exec_w, exit_w, go_r, me));
+        return watch.run(exec_r, watch::Program::Remote { exit_r });
     }
 
-    let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("exec pipe", e))?;
+    // SIGCHLD is taken through a signalfd (the program process unblocks
+    // every signal first thing).
+    let sigchld = watch::child_signals()?;
     let child = match sys::fork_single_threaded().map_err(|e| JailError::setup("fork", e))? {
         Forked::Child => {
-            drop(err_r);
+            drop(exec_r);
+            drop(sigchld);
+            drop(watch);
             // The embedded runner only runs in the fork-server's forks.
-            exec::exec_main(spec, confinement, err_w, go_r, None)
+            exec::exec_main(spec, confinement, exec_w, go_r, None)
         }
         Forked::Parent { pid, .. } => pid,
     };
-    drop(err_w);
+    drop(exec_w);
     drop(go_r);
-
-    // The exec pipe closes without data once execve succeeded (or, parked,
-    // once the program process starts the user's program). A parked
-    // process first says so on it; that is passed on to the server.
-    let (failure, read_result) = read_exec_pipe(err_r, status);
-    if read_result.is_ok() && failure.is_empty() && spec.park == Some(ParkMode::Prestart) {
-        // The pre-started runtime is running and reads the go on its stdin.
-        report(status, &StatusMsg::Parked);
-    }
-
-    detach_stdio()?;
-    read_result.map_err(|e| JailError::setup("read exec pipe", e))?;
-    if !failure.is_empty() {
-        let _ = reap_until(child);
-        return Err(exec_failure(&failure));
-    }
-
-    let (code, signal) = reap_until(child)?;
-    let usage =
-        getrusage(UsageWho::RUSAGE_CHILDREN).map_err(|e| JailError::setup("getrusage", e))?;
-    Ok(StatusMsg::Finished {
-        code,
-        signal,
-        cpu_us: sys::timeval_micros(usage.user_time().as_ref())
-            + sys::timeval_micros(usage.system_time().as_ref()),
-    })
-}
-
-/// Init's side of an embedded jail: the root is ready; the fork-server's
-/// program reports on the exec pipe, its exit status comes on the exit pipe.
-/// Orphans are reparented to init and die with it.
-fn remote_program(remote: RemotePipes, status: &File) -> Result<StatusMsg, JailError> {
-    let RemotePipes {
-        ready_w,
+    watch.run(
         exec_r,
-        exit_r,
-    } = remote;
-    write(&ready_w, b"1").map_err(|e| JailError::setup("say ready", e))?;
-    drop(ready_w);
-    let (failure, read_result) = read_exec_pipe(exec_r, status);
-    detach_stdio()?;
-    read_result.map_err(|e| JailError::setup("read exec pipe", e))?;
-    if !failure.is_empty() {
-        return Err(exec_failure(&failure));
-    }
-    let mut line = Vec::new();
-    BufReader::new(File::from(exit_r))
-        .read_until(b'\n', &mut line)
-        .map_err(|e| JailError::setup("read program status", e))?;
-    match StatusMsg::parse_last(&line) {
-        Some(msg @ StatusMsg::Finished { .. }) => Ok(msg),
-        _ => Err(JailError::Setup(
-            "the program ended without a status (is the fork-server gone?)".to_owned(),
-        )),
-    }
+        watch::Program::Child {
+            pid: child,
+            sigchld,
+        },
+    )
 }
 
 /// Init holds neither the output pipes nor stdin from now on: only the
 /// program's processes do, so their EOF marks the run's end.
-fn detach_stdio() -> Result<(), JailError> {
-    let devnull = open_devnull()?;
-    for fd in [0, 1, 2] {
-        sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach stdio", e))?;
+pub(super) fn detach_stdio() -> Result<(), JailError> {
+    // fd 0 is /dev/null (see `take_fds`)
+    for fd in [1, 2] {
+        sys::dup2_raw(&0, fd).map_err(|e| JailError::setup("detach stdio", e))?;
     }
     Ok(())
 }
 
 /// The error a program process reported on its exec pipe.
-fn exec_failure(failure: &[u8]) -> JailError {
+pub(super) fn exec_failure(failure: &[u8]) -> JailError {
     match StatusMsg::parse_last(failure) {
         Some(StatusMsg::ExecFailed(m)) => JailError::Exec(m),
         Some(StatusMsg::Error(m)) => JailError::Setup(m),
@@ -219,38 +294,5 @@ fn exec_failure(failure: &[u8]) -> JailError {
             "user program setup: {}",
             String::from_utf8_lossy(failure).trim()
         )),
-    }
-}
-
-/// Reads the exec pipe to EOF. A `parked` line is reported on the status
-/// pipe at once; everything else is the program process's failure.
-fn read_exec_pipe(err_r: OwnedFd, status: &File) -> (Vec<u8>, std::io::Result<()>) {
-    let parked = StatusMsg::Parked.to_line();
-    let mut reader = BufReader::new(File::from(err_r));
-    let mut failure = Vec::new();
-    loop {
-        let mut line = Vec::new();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => return (failure, Ok(())),
-            Ok(_) if line == parked => report(status, &StatusMsg::Parked),
-            Ok(_) => failure.extend_from_slice(&line),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return (failure, Err(e)),
-        }
-    }
-}
-
-/// Reaps every child (orphans are re-parented to us) until `child` itself
-/// has exited; returns its exit code or signal.
-fn reap_until(child: Pid) -> Result<(Option<i32>, Option<i32>), JailError> {
-    loop {
-        match waitpid(Pid::from_raw(-1), None) {
-            Ok(WaitStatus::Exited(pid, code)) if pid == child => return Ok((Some(code), None)),
-            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
-                return Ok((None, Some(sig as i32)));
-            }
-            Ok(_) | Err(Errno::EINTR) => continue,
-            Err(e) => return Err(JailError::setup("reap user program", e)),
-        }
     }
 }

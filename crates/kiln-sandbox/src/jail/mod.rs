@@ -1,24 +1,26 @@
-//! The jail helper process (`kiln __jail`), started by the server once per
-//! run with a cleared environment, the [`JailSpec`] on stdin, the output
-//! pipes on fds 1 and 2 and the status pipe on fd 3.
+//! The jail: its starter, its init and its program process.
 //!
-//! Process tree: the helper **H** (host root) attaches itself to the run's
-//! cgroups and `clone3`s the jail's init **C** into new user, mount, pid,
-//! ipc and uts namespaces (`init.rs`) and a network namespace — a new one,
-//! or the slot's or services channel's that H joined first (`slotnet.rs`,
-//! `netns.rs`) —, writes C's uid/gid maps, releases it and waits. C builds the root (`plan.rs`, `rootfs.rs`), forks the user
-//! program **G** (`exec.rs`) and reaps until G exits; then C reports on the
-//! status pipe and exits, which makes the kernel kill whatever else is left
-//! in the pid namespace.
+//! Process tree: the jail's **starter** (host root, single-threaded: the
+//! jail launcher, `launcher.rs`, or without one a spawned `kiln __jail`
+//! helper **H**, which stays to wait) `clone3`s the jail's init **C** into
+//! new user, mount, pid, ipc and uts namespaces and a network namespace — a
+//! new one, or the slot's or services channel's that the starter joined
+//! first (`slotnet.rs`, `netns.rs`) —, attaches it to the run's cgroups,
+//! writes its uid/gid maps and releases it (`start.rs`). C (`init.rs`)
+//! builds the root (`plan.rs`, `rootfs.rs`), has the user program **G**
+//! forked (`exec.rs`: by C, or by the fork-server for an embedded jail) and
+//! watches it to its end (`watch.rs`); then C reports on the status pipe
+//! and exits, which makes the kernel kill whatever else is left in the pid
+//! namespace.
 //!
 //! A **parked** (warm) jail is built the same way, but its program process
-//! stops, fully confined, before it learns what to run; the helper waits for
-//! a second line on the control pipe (the [`GoMsg`]) and passes it on
-//! through the go pipe. Only then does the run's wall time start.
+//! stops, fully confined, before it learns what to run; C waits for a
+//! second line on the control pipe (the [`GoMsg`]) and passes it on through
+//! the go pipe. Only then does the run's wall time start.
 //!
-//! This module runs in a fresh single-threaded process (spawned, or forked
-//! by the fork-server), so it may allocate freely after forking. It must
-//! never be entered from the server itself.
+//! This module runs in fresh single-threaded processes (the launcher, a
+//! spawned helper, forks of the fork-server), so it may allocate freely
+//! after forking. It must never be entered from the server itself.
 
 mod confine;
 mod exec;
@@ -26,43 +28,36 @@ mod init;
 pub mod plan;
 pub(crate) mod remote;
 mod rootfs;
+pub(crate) mod start;
+mod watch;
 
 use std::fs::File;
-use std::io::{BufRead, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::io::{BufRead, Write};
+use std::os::fd::{AsFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::Mode;
 use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::{Pid, getpid, pipe2};
+use nix::unistd::{Pid, getpid};
 
 use crate::probe::JAIL_NAMESPACES;
 use crate::seccomp;
-use crate::spec::{
-    CgroupAttach, GO_MAX_BYTES, GoMsg, ID_RANGE, JailSpec, ParkMode, STATUS_FD, StatusMsg,
-    ZYGOTE_FD,
-};
+use crate::spec::{CgroupAttach, GoMsg, ID_RANGE, JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
 use crate::sys::{self, Forked};
 
 /// Runs a parked, confined program process's user program in process
 /// (the fork-server's embedded interpreter). Never returns.
 pub type EmbeddedRunner = fn(&GoMsg) -> !;
 
-/// The command line and name the jail's init (and its helper) shows.
+/// The command line and name the jail's init shows.
 const INIT_NAME: &str = "sandbox-init";
 
 /// Exit code of C (and H) after it reported an error on the status pipe.
 const EXIT_REPORTED: i32 = 3;
-/// The helper kills the jail itself this long after the wall time, in case
-/// the server is gone.
-const BACKSTOP_GRACE: Duration = Duration::from_secs(2);
 
 /// What the user program's process applies to itself just before `execve`,
-/// prepared by the helper before it clones.
+/// prepared by the jail's starter before it clones.
 pub(crate) struct Confinement {
     /// Seccomp programs in installation order (empty: no seccomp).
     pub filters: Vec<seccompiler::BpfProgram>,
@@ -84,6 +79,13 @@ pub(crate) enum JailError {
 impl JailError {
     fn setup(what: impl std::fmt::Display, e: impl std::fmt::Display) -> JailError {
         JailError::Setup(format!("{what}: {e}"))
+    }
+
+    /// The text of the failure.
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            JailError::Setup(m) | JailError::Exec(m) => m,
+        }
     }
 
     fn into_status(self) -> StatusMsg {
@@ -169,155 +171,7 @@ fn clone_owned_by(
     forked.map_err(|e| JailError::setup("clone3", e))
 }
 
-/// Waits for C. Kills it (and still reaps it, so the whole pid namespace is
-/// gone when this returns) once `deadline` passes or when the server closes
-/// the control pipe — the server's way of stopping a run, and what happens
-/// if the server dies. With `relay` (a kernel's stdin), what the server
-/// writes on the control pipe is passed on to it; without, any byte there
-/// stops the run too.
-fn wait_init(
-    pid: Pid,
-    pidfd: Option<&OwnedFd>,
-    control: &OwnedFd,
-    deadline: Instant,
-    mut relay: Option<File>,
-) -> Result<WaitStatus, JailError> {
-    let mut buf = vec![0u8; 64 * 1024];
-    if let Some(pidfd) = pidfd {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-            let mut fds = [
-                PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
-                PollFd::new(control.as_fd(), PollFlags::POLLIN),
-            ];
-            match poll(&mut fds, timeout) {
-                Ok(0) => {
-                    // Wall time plus grace: the server should have stopped us.
-                    let _ = kill(pid, Signal::SIGKILL);
-                    break;
-                }
-                Ok(_) => {
-                    let init_done = fds[0].revents().is_some_and(|r| !r.is_empty());
-                    if !init_done && let Some(to) = relay.as_mut() {
-                        // EOF (or an error) on the control pipe stops the
-                        // kernel; so does a kernel that no longer reads
-                        // (EPIPE: it is gone)
-                        let passed = match nix::unistd::read(control, &mut buf) {
-                            Ok(0) => false,
-                            Ok(n) => to.write_all(&buf[..n]).is_ok(),
-                            Err(Errno::EINTR | Errno::EAGAIN) => true,
-                            Err(_) => false,
-                        };
-                        if passed {
-                            continue;
-                        }
-                    }
-                    if !init_done {
-                        let _ = kill(pid, Signal::SIGKILL);
-                    }
-                    break;
-                }
-                Err(Errno::EINTR) => continue,
-                Err(e) => {
-                    let _ = kill(pid, Signal::SIGKILL);
-                    let _ = waitpid(pid, None);
-                    return Err(JailError::setup("wait for jail init", e));
-                }
-            }
-        }
-    }
-    loop {
-        match waitpid(pid, None) {
-            Ok(ws) => return Ok(ws),
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(JailError::setup("reap jail init", e)),
-        }
-    }
-}
-
-/// What happened while a parked jail waited.
-enum Parked {
-    /// The go message arrived (raw line, checked to parse).
-    Go(Vec<u8>, GoMsg),
-    /// The control pipe closed (the server dropped the warm jail) or the
-    /// jail died: it has been killed and reaped.
-    Ended(WaitStatus),
-}
-
-/// Waits until the server sends the go or closes the control pipe, or the
-/// jail's init exits on its own (a setup failure it has reported).
-fn wait_go(pid: Pid, pidfd: Option<&OwnedFd>, control: &OwnedFd) -> Result<Parked, JailError> {
-    let kill_and_reap = || -> Result<Parked, JailError> {
-        let _ = kill(pid, Signal::SIGKILL);
-        loop {
-            match waitpid(pid, None) {
-                Ok(ws) => return Ok(Parked::Ended(ws)),
-                Err(Errno::EINTR) => continue,
-                Err(e) => return Err(JailError::setup("reap jail init", e)),
-            }
-        }
-    };
-    loop {
-        let mut fds = vec![PollFd::new(control.as_fd(), PollFlags::POLLIN)];
-        if let Some(pidfd) = pidfd {
-            fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
-        }
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(Errno::EINTR) => continue,
-            Err(e) => {
-                let _ = kill_and_reap();
-                return Err(JailError::setup("wait for go", e));
-            }
-        }
-        if fds
-            .get(1)
-            .and_then(PollFd::revents)
-            .is_some_and(|r| !r.is_empty())
-        {
-            return kill_and_reap();
-        }
-        if fds[0].revents().is_some_and(|r| !r.is_empty()) {
-            break;
-        }
-    }
-    // The go is the only thing the server sends after the spec (and it
-    // waits for `parked` first), so reading ahead past its newline loses
-    // nothing.
-    let mut line = Vec::new();
-    let read = control
-        .try_clone()
-        .map(|fd| {
-            std::io::BufReader::new(File::from(fd))
-                .take(GO_MAX_BYTES as u64 + 1)
-                .read_until(b'\n', &mut line)
-        })
-        .and_then(|r| r);
-    match read {
-        Ok(0) => kill_and_reap(),
-        Ok(_) if line.len() > GO_MAX_BYTES || !line.ends_with(b"\n") => {
-            let _ = kill_and_reap();
-            Err(JailError::Setup(
-                "go message too large or cut short".to_owned(),
-            ))
-        }
-        Ok(_) => match serde_json::from_slice::<GoMsg>(&line) {
-            Ok(go) => Ok(Parked::Go(line, go)),
-            Err(e) => {
-                let _ = kill_and_reap();
-                Err(JailError::setup("parse go message", e))
-            }
-        },
-        Err(e) => {
-            let _ = kill_and_reap();
-            Err(JailError::setup("read go message", e))
-        }
-    }
-}
-
-/// The Landlock rules of a program process, as its helper made them.
+/// The Landlock rules of a program process, as its starter made them.
 type LandlockRules = Option<Vec<(std::path::PathBuf, plan::PathAccess)>>;
 
 /// The program process's confinement: the spec's seccomp programs and
@@ -335,7 +189,7 @@ fn confinement(spec: &JailSpec, landlock: LandlockRules) -> Confinement {
 }
 
 /// The spec's mount plan and the program process's confinement (seccomp
-/// programs, Landlock rules), computed on the host by the helper.
+/// programs, Landlock rules), computed on the host by the jail's starter.
 fn prepare(spec: &JailSpec) -> (Vec<plan::Op>, Confinement) {
     let plan = plan::build(spec, &plan::RealHost);
     let landlock = spec.landlock.then(|| plan::landlock_rules(&plan));
@@ -382,8 +236,8 @@ pub(crate) fn forked_program_main(
         let _ = nix::unistd::write(&exec_w, &e.into_status().to_line());
         sys::exit_now(127)
     };
-    // The spec's line, then the helper's Landlock rules (see
-    // `remote::request_program`): the mount plan is the helper's to build;
+    // The spec's line, then the starter's Landlock rules (see
+    // `remote::request_program`): the mount plan is the starter's to build;
     // made again here it cost a `statx` of every host path it depends on
     // and the allocations, in a process whose every touched page is a copy.
     let (spec_part, rules_part) = match spec_line.iter().position(|&b| b == b'\n') {
@@ -398,7 +252,7 @@ pub(crate) fn forked_program_main(
         Err(e) => fail(JailError::setup("parse spec", e)),
     };
     let landlock = match rules {
-        // The helper made them from this same spec.
+        // The starter made them from this same spec.
         Ok(rules) if rules.is_some() == spec.landlock => rules,
         Ok(_) => fail(JailError::Setup(
             "the helper's Landlock rules do not match the spec".to_owned(),
@@ -439,6 +293,10 @@ pub(crate) fn forked_program_main(
     exec::exec_main(&spec, &confinement, exec_w, Some(go_r), Some(runner))
 }
 
+/// A spawned helper (no jail launcher): starts the jail as the launcher
+/// would (`start.rs`), then only waits for its init, whose parent it stays
+/// (the server watches and kills the helper; the init's parent-death signal
+/// follows). Reports if the init ended without a status.
 fn helper(status: &File) -> Result<(), JailError> {
     sys::set_cloexec(STATUS_FD, true).map_err(|e| JailError::setup("mark status fd", e))?;
     // The fork-server's socket, for embedded jails; it never reaches the
@@ -447,220 +305,69 @@ fn helper(status: &File) -> Result<(), JailError> {
     if zygote.is_some() {
         sys::set_cloexec(ZYGOTE_FD, true).map_err(|e| JailError::setup("mark zygote fd", e))?;
     }
-    // Nothing but 0-3 may travel into the jail.
     sys::close_from(ZYGOTE_FD + 1).map_err(|e| JailError::setup("close inherited fds", e))?;
 
-    // The spec is one line; stdin then stays open as the control pipe (see
-    // `wait_init`), kept on a close-on-exec fd above 3.
+    // The spec is one line; stdin then stays open as the control pipe,
+    // which the jail's init watches.
     let stdin = std::io::stdin();
     let mut line = String::new();
     stdin
         .lock()
         .read_line(&mut line)
         .map_err(|e| JailError::setup("read spec", e))?;
-    let spec: JailSpec =
-        serde_json::from_str(&line).map_err(|e| JailError::setup("parse spec", e))?;
-    let zygote = match (spec.park, zygote) {
-        (Some(ParkMode::Embedded), Some(z)) => Some(z),
-        (Some(ParkMode::Embedded), None) => {
-            return Err(JailError::Setup(
-                "embedded park mode without a fork-server socket".to_owned(),
-            ));
-        }
-        (_, _) => None,
-    };
     let control = stdin
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| JailError::setup("keep control pipe", e))?;
     let devnull = open_devnull()?;
-    sys::dup2_raw(&devnull, 0).map_err(|e| JailError::setup("stdin from /dev/null", e))?;
-
-    // Host root's supplementary groups (gid 0 among them) must not follow
-    // the jail; inside, setgroups is denied, so drop them here.
-    nix::unistd::setgroups(&[]).map_err(|e| JailError::setup("setgroups", e))?;
-    let (plan, confinement) = prepare(&spec);
-    // What the fork-server's program process applies (see `request_program`).
-    let landlock_json = match &zygote {
-        Some(_) => serde_json::to_vec(&confinement.landlock)
-            .map_err(|e| JailError::setup("encode the Landlock rules", e))?,
-        None => Vec::new(),
+    let me = sys::pidfd_open(getpid()).map_err(|e| JailError::setup("pidfd_open", e))?;
+    let home_netns = open_home_netns()?;
+    let out =
+        |fd| sys::adopt_inherited_fd(fd).ok_or_else(|| JailError::Setup(format!("no fd {fd}")));
+    let (stdout, stderr) = (out(1)?, out(2)?);
+    let status_fd = status
+        .try_clone()
+        .map_err(|e| JailError::setup("status fd", e))?;
+    let fds = start::StartFds {
+        jail: start::JailFds {
+            control: &control,
+            stdout: &stdout,
+            stderr: &stderr,
+            status: &OwnedFd::from(status_fd),
+            zygote: zygote.as_ref(),
+        },
+        devnull: &devnull,
+        starter: &me,
+        home_netns: &home_netns,
     };
-
-    let cgroup_fd = match &spec.cgroup {
-        None => None,
-        Some(CgroupAttach::V1 { procs }) => {
-            let me = getpid().to_string();
-            for p in procs {
-                std::fs::write(p, &me)
-                    .map_err(|e| JailError::setup(format_args!("attach to {}", p.display()), e))?;
-            }
-            None
-        }
-        Some(CgroupAttach::V2 { dir }) => Some(
-            open(
-                dir,
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| JailError::setup(format_args!("open cgroup {}", dir.display()), e))?,
-        ),
-    };
-
-    let (release_r, release_w) =
-        pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("release pipe", e))?;
-    let (go_r, go_w) = if spec.park.is_some() {
-        let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("go pipe", e))?;
-        (Some(r), Some(w))
-    } else {
-        (None, None)
-    };
-    // Embedded: the init says when its root is ready, the fork-server's
-    // program reports on the exec pipe and its status arrives on the exit
-    // pipe.
-    let remote = match &zygote {
-        Some(_) => {
-            let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("pipe", e));
-            Some((pipe()?, pipe()?, pipe()?))
-        }
-        None => None,
-    };
-    let (remote_init, remote_helper) = match remote {
-        Some(((ready_r, ready_w), (exec_r, exec_w), (exit_r, exit_w))) => (
-            Some(init::RemotePipes {
-                ready_w,
-                exec_r,
-                exit_r,
-            }),
-            Some((ready_r, exec_w, exit_w)),
-        ),
-        None => (None, None),
-    };
-    // the jail's init inherits the namespace joined here
-    let joined = match (&spec.network, &spec.slot_netns) {
-        (Some(net), _) => Some((&net.netns_path, net.netns_inode)),
-        (None, Some(slot)) => Some((&slot.netns_path, slot.netns_inode)),
-        (None, None) => None,
-    };
-    let namespaces = match joined {
-        None => JAIL_NAMESPACES,
-        Some((path, inode)) => {
-            join_network(path, inode)?;
-            JAIL_NAMESPACES & !libc::CLONE_NEWNET
-        }
-    };
-    // What the jail sees of its init (PID 1): a neutral name, not the
-    // launcher's or helper's command line.
-    sys::set_process_name(INIT_NAME).map_err(|e| JailError::setup("name the jail's init", e))?;
-    let mut started = Instant::now();
-    let forked = clone_owned_by(
-        nix::unistd::Uid::from_raw(spec.id_base),
-        namespaces,
-        cgroup_fd.as_ref().map(|f| f.as_raw_fd()),
-    )?;
-    let (pid, pidfd) = match forked {
-        Forked::Child => {
-            drop(cgroup_fd);
-            drop(devnull);
-            drop(control);
-            drop(go_w);
-            drop(zygote);
-            drop(remote_helper);
-            let pipes = init::InitPipes {
-                release_r,
-                release_w,
-                go_r,
-                remote: remote_init,
-            };
-            init::init_main(&spec, &plan, &confinement, pipes, status)
-        }
-        Forked::Parent { pid, pidfd } => (pid, pidfd),
-    };
-    drop(remote_init);
-    drop(release_r);
-    drop(cgroup_fd);
-
-    if let Err(e) = write_id_maps(pid, spec.id_base) {
-        let _ = kill(pid, Signal::SIGKILL);
-        let _ = waitpid(pid, None);
-        return Err(e);
-    }
-    // Kept open until we exit: init checks it to see that we are alive.
-    let mut release = File::from(release_w);
-    release
-        .write_all(b"1")
-        .map_err(|e| JailError::setup("release jail init", e))?;
-
-    if let (Some(zygote), Some((ready_r, exec_w, exit_w)), Some(go_r), Some(init_pidfd)) =
-        (zygote, remote_helper, &go_r, &pidfd)
-    {
-        // EOF instead: the init failed and reported; it is reaped below.
-        let mut byte = [0u8; 1];
-        let ready = loop {
-            match nix::unistd::read(&ready_r, &mut byte) {
-                Err(Errno::EINTR) => continue,
-                r => break matches!(r, Ok(1)),
-            }
-        };
-        if ready {
-            let fds = remote::ProgramFds {
-                stdout: &1,
-                stderr: &2,
-                exec_w: &exec_w,
-                go_r,
-                exit_w: &exit_w,
-                init_pidfd,
-            };
-            let spec_line = line.strip_suffix('\n').unwrap_or(&line);
-            if let Err(e) =
-                remote::request_program(&zygote, spec_line.as_bytes(), &landlock_json, &fds)
-            {
-                let _ = kill(pid, Signal::SIGKILL);
-                let _ = waitpid(pid, None);
-                return Err(JailError::setup("fork the program", e));
-            }
-        }
-    }
-    drop(go_r);
-
-    // Only the jail holds the output pipes from now on, so their EOF marks
-    // the jail's end.
-    for fd in [1, 2] {
+    let spec_line = line.strip_suffix('\n').unwrap_or(&line);
+    let (pid, _pidfd) = start::start(spec_line.as_bytes(), &fds)?;
+    // Only the jail holds the pipes from now on, so their EOF marks its end.
+    drop((control, zygote));
+    for fd in [0, 1, 2] {
         sys::dup2_raw(&devnull, fd).map_err(|e| JailError::setup("detach output", e))?;
     }
-    let mut wall_ms = spec.limits.wall_ms;
-    // A kernel's stdin: the control pipe's bytes after the go go there.
-    let mut relay = None;
-    if let Some(go_w) = go_w {
-        match wait_go(pid, pidfd.as_ref(), &control)? {
-            Parked::Ended(ws) => {
-                drop(release);
-                return match ws {
-                    WaitStatus::Exited(_, 0 | EXIT_REPORTED) | WaitStatus::Signaled(..) => Ok(()),
-                    other => Err(JailError::Setup(format!(
-                        "parked jail init ended without a status: {other:?}"
-                    ))),
-                };
+    std::mem::forget((stdout, stderr));
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, 0 | EXIT_REPORTED)) => return Ok(()),
+            Ok(other) => {
+                return Err(JailError::Setup(format!(
+                    "jail init ended without a status: {other:?}"
+                )));
             }
-            Parked::Go(line, go) => {
-                started = Instant::now();
-                wall_ms = go.wall_ms;
-                let mut w = File::from(go_w);
-                // A jail that died meanwhile shows up below as init's exit.
-                let _ = w.write_all(&line);
-                if go.kernel {
-                    relay = Some(w);
-                }
-            }
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::setup("reap jail init", e)),
         }
     }
-    let deadline = started + Duration::from_millis(wall_ms) + BACKSTOP_GRACE;
-    let ended = wait_init(pid, pidfd.as_ref(), &control, deadline, relay)?;
-    drop(release);
-    match ended {
-        WaitStatus::Exited(_, 0 | EXIT_REPORTED) => Ok(()),
-        other => Err(JailError::Setup(format!(
-            "jail init ended without a status: {other:?}"
-        ))),
-    }
+}
+
+/// The starter's own network namespace (see [`start::StartFds`]).
+pub(crate) fn open_home_netns() -> Result<OwnedFd, JailError> {
+    open(
+        "/proc/self/ns/net",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| JailError::setup("open own network namespace", e))
 }

@@ -1,6 +1,6 @@
 //! The jail's filesystem as data: an ordered list of [`Op`]s derived from the
 //! [`JailSpec`] and a few facts about the host's layout, and the Landlock
-//! rules ([`landlock_rules`]) that match it. The helper builds both before
+//! rules ([`landlock_rules`]) that match it. The jail's starter builds both before
 //! cloning (as host root, single-threaded); the jail's init executes the plan
 //! (see `rootfs.rs`) and the user program's process applies the rules (see
 //! `confine.rs`). Keeping them data lets the layout be tested without

@@ -1,4 +1,4 @@
-//! A helper's side of the fork-server protocol (see `zygote/mod.rs`): it
+//! A jail init's side of the fork-server protocol (see `zygote/mod.rs`): it
 //! asks the fork-server for the program process of its jail. Kept with the
 //! jail so that the jail does not depend on the fork-server's module (which
 //! depends on the jail for the program's confinement).
@@ -17,10 +17,10 @@ pub(crate) struct ProgramFds<'a> {
     pub init_pidfd: &'a OwnedFd,
 }
 
-/// In a jail helper: asks the fork-server on `sock` for the program process
+/// In a jail's init: asks the fork-server on `sock` for the program process
 /// of the jail whose init `fds.init_pidfd` is; returns its pid. The request
 /// is `g`, the spec (one line of JSON, no newline), a newline and the
-/// program's Landlock rules as the helper made them (JSON): the program
+/// program's Landlock rules as the jail's starter made them (JSON): the program
 /// process applies those rather than building the mount plan again.
 pub(crate) fn request_program(
     sock: &OwnedFd,

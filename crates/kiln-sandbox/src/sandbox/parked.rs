@@ -101,8 +101,8 @@ impl Sandbox {
                 _ => None,
             };
             let launcher = self.launcher_for(slot);
-            let mut started = start_helper(&self.inner.cfg.helper, launcher, zygote).await?;
-            started.send_line(&spec_line).await;
+            let mut started =
+                start_helper(&self.inner.cfg.helper, launcher, zygote, &spec_line).await?;
             started.wait_parked().await?;
             Ok(started)
         };

@@ -189,7 +189,7 @@ pub(super) fn plan_spec(
         id_base,
         limits: {
             let mut l = JailLimits::from_limits(&req.limits);
-            // the helper's backstop cannot see a pause clock: it gets
+            // the jail init's backstop cannot see a pause clock: it gets
             // the whole pause budget on top (the server still stops
             // the run at its paused-aware deadline)
             if let Some(p) = &req.pause {

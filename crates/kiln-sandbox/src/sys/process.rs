@@ -276,6 +276,18 @@ pub fn pidfd_kill(pidfd: &impl AsRawFd) -> Result<(), Errno> {
     if r == -1 { Err(Errno::last()) } else { Ok(()) }
 }
 
+/// `pidfd_open(pid, 0)`: a pidfd of `pid` as the caller's pid namespace
+/// numbers it (a jail's init opens its own as 1).
+pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: a plain system call taking two integers.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0 as libc::c_uint) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
 /// `SIGCHLD` → `SIG_IGN` (the kernel reaps children as they exit) or back
 /// to `SIG_DFL`.
 pub fn set_sigchld_ignored(ignored: bool) -> Result<(), Errno> {
