@@ -233,17 +233,17 @@ impl Meta {
         Ok(row.map(|(owner, key)| owner.unwrap_or(key)))
     }
 
-    /// Bytes stored in every session `owner` created.
+    /// Bytes stored in every session `owner` created: one row of the totals
+    /// the `objects` triggers keep (migrations `0005_owner_bytes` of SQLite,
+    /// `0003_owner_bytes` of Postgres), not a sum over the owner's objects.
     pub(crate) async fn owner_bytes(&self, owner: &str) -> Result<u64, StoreError> {
-        // SUM over BIGINT is NUMERIC in Postgres: cast back
-        let (sum,): (i64,) = with_pool!(&self.pool, |p| sqlx::query_as(
-            "SELECT CAST(COALESCE(SUM(o.size), 0) AS BIGINT) FROM objects o \
-             JOIN sessions s ON s.id = o.session_id WHERE s.owner = $1",
+        let row: Option<(i64,)> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT bytes FROM owner_bytes WHERE owner = $1"
         )
         .bind(owner)
-        .fetch_one(p)
+        .fetch_optional(p)
         .await?);
-        Ok(u64::try_from(sum).unwrap_or(0))
+        Ok(row.map_or(0, |(bytes,)| u64::try_from(bytes).unwrap_or(0)))
     }
 
     /// Record a completely written object. `NotFound` when its session does
