@@ -240,16 +240,24 @@ async fn puts_into_a_missing_session_are_refused_without_leftovers(kind: Kind) {
         return;
     };
     let store = fx.open().await;
-    let err = store
-        .put_stream(
-            new_object(&Nanoid::random(), "x.txt"),
-            body(&[b"data"]),
-            100,
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound), "{err:?}");
-    assert!(fx.blobs().await.is_empty());
+    // also when the caller names the owner (nothing reads the session first)
+    for owned in [false, true] {
+        let obj = new_object(&Nanoid::random(), "x.txt");
+        let put = match owned {
+            false => store.put_stream(obj, body(&[b"data"]), 100).await,
+            true => {
+                store
+                    .put_stream_owned(obj, &key(), body(&[b"data"]), 100)
+                    .await
+            }
+        };
+        let err = put.unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotFound),
+            "owned {owned}: {err:?}"
+        );
+        assert!(fx.blobs().await.is_empty(), "owned {owned}");
+    }
 }
 
 async fn duplicate_ids_conflict_and_keep_the_original_bytes(kind: Kind) {
@@ -602,13 +610,18 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(k
         .await
         .unwrap();
     store
-        .put_stream(new_object(&shared, "b"), body(&[b"123"]), 100)
+        .put_stream_owned(new_object(&shared, "b"), &alice, body(&[b"123"]), 100)
         .await
         .unwrap();
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 9);
     // one byte left: two are refused, nothing of them remains
     let e = store
         .put_stream(new_object(&own, "c"), body(&[b"12"]), 100)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    let e = store
+        .put_stream_owned(new_object(&shared, "c"), &alice, body(&[b"12"]), 100)
         .await
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
