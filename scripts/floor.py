@@ -13,11 +13,15 @@ apart and left out, so the table changes little when the machine is busy.
       each, every answer checked) while recording; the table is ms of CPU per
       request by role x part.
 
-  floor.py server --url http://127.0.0.1:PORT --server-pid PID [-n 200]
+  floor.py server --url http://127.0.0.1:PORT --server-pid PID [-n 200] [--workload W] [--history N]
       the server process alone (perf -p, DWARF stacks): its ms of CPU per request
       by the Kiln function a sample passes through (cgroups, staging, store, HTTP, ...).
+      W: hello (default), upload (LibreChat's multipart `POST /v1/upload` of one
+      small file), exec-file (an exec reading one file, uploaded before the
+      recording), pair (upload + exec: one pair of kiln-bench's scenario D).
+      --history N: N uploads by the same user first (a store with history).
 
-  floor.py wakeups --url URL --server-pid PID [--pause-ms 50]   (or --bare --image-root ROOT)
+  floor.py wakeups --url URL --server-pid PID [--pause-ms 50] [--workload W]   (or --bare --image-root ROOT)
       thread wake-ups per request that touch its processes, waker -> wakee, and
       how many cross CPUs (an IPI each; a vCPU woken from halt on an idle VM).
 
@@ -272,6 +276,75 @@ def hello(url, user):
         raise SystemExit(f"unverified answer: {resp.status} {data}")
 
 
+def post(url, path, body, headers):
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", path, body, headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    try:
+        return resp.status, json.loads(data)
+    except ValueError:
+        return resp.status, data
+
+
+def upload(url, user, seq):
+    """LibreChat's `POST /v1/upload` of one small file (as kiln-bench's scenario D:
+    ten numbers, `kind=user`, `id=<user>`); returns (file ref, the expected sum)."""
+    numbers = [(seq * 7919 + i * 104729) % 1_000_000_000 for i in range(10)]
+    content = "".join(f"{n}\n" for n in numbers).encode()
+    boundary = f"floor{seq:08d}{os.getpid()}"
+    parts = []
+    for name, value in (("kind", "user"), ("id", user)):
+        parts.append(f'--{boundary}\r\ncontent-disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    parts.append(f'--{boundary}\r\ncontent-disposition: form-data; name="file"; filename="numbers.txt"\r\n'
+                 f'content-type: text/plain\r\n\r\n'.encode() + content + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    status, data = post(url, "/v1/upload", b"".join(parts),
+                        {"content-type": f"multipart/form-data; boundary={boundary}", "User-Id": user})
+    if status != 200 or not isinstance(data, dict) or data.get("message") != "success":
+        raise SystemExit(f"unverified upload: {status} {data}")
+    ref = {"id": data["files"][0]["fileId"], "storage_session_id": data["storage_session_id"],
+           "name": "numbers.txt", "kind": "user", "resource_id": user}
+    return ref, sum(numbers)
+
+
+SUM_SCRIPT = "print(sum(int(line) for line in open('numbers.txt') if line.strip()))"
+
+
+def exec_file(url, user, ref, expected):
+    """`POST /v1/exec` of scenario D's program over one uploaded file, checked."""
+    body = json.dumps({"lang": "py", "code": SUM_SCRIPT, "files": [ref], "user_id": user})
+    status, data = post(url, "/v1/exec", body, {"content-type": "application/json", "User-Id": user})
+    if status != 200 or not isinstance(data, dict) or data.get("stdout", "").strip() != str(expected):
+        raise SystemExit(f"unverified answer: {status} {data}")
+
+
+def workload(a):
+    """The request(s) `server` and `wakeups` time: returns (prepare, one), where
+    prepare() runs before the recording (exec-file uploads its files there) and
+    one(i) sends request i."""
+    user = "floor"
+    history = getattr(a, "history", 0)
+    if history:
+        # the user's earlier uploads (a store with history: a quota check that
+        # sums every object of the owner grows with them)
+        for i in range(history):
+            upload(a.url, user, -1 - i)
+    if a.workload == "hello":
+        return (lambda: None), (lambda i: hello(a.url, user))
+    if a.workload == "upload":
+        return (lambda: None), (lambda i: upload(a.url, user, i))
+    if a.workload == "pair":
+        return (lambda: None), (lambda i: exec_file(a.url, user, *upload(a.url, user, i)))
+    refs = []
+
+    def prepare():
+        refs.extend(upload(a.url, user, i) for i in range(a.n))
+    return prepare, (lambda i: exec_file(a.url, user, *refs[i]))
+
+
 def cmd_request(a):
     for _ in range(a.warmup):
         hello(a.url, "floor")
@@ -310,6 +383,10 @@ SERVER_PARTS = [
     ("staging", "pipeline::stage"),
     ("harvest", "pipeline::harvest"),
     ("store (SQLite)", "sqlx"),
+    ("store: blob write and copy (object_store; fsync, rename)", "object_store"),
+    ("store: the rest", "kiln_store"),
+    ("upload: multipart parsing", "multer"),
+    ("upload: the handler", "codeapi::upload"),
     ("run: go, output, outcome", "Jail>::run"),
     ("pipeline: the rest", "kiln_exec::pipeline"),
     ("run registry", "kiln_exec::runs"),
@@ -323,15 +400,17 @@ def cmd_server(a):
     """The server process alone, with DWARF stacks (its Rust frames need them)."""
     for _ in range(a.warmup):
         hello(a.url, "floor")
+    prepare, one = workload(a)
+    prepare()
     fd, path = tempfile.mkstemp(prefix="floor-server-", suffix=".data")
     os.close(fd)
     perf = subprocess.Popen(
         ["perf", "record", "-p", str(a.server_pid), "--call-graph", "dwarf,16384",
          "-e", "cpu-clock", "-F", str(a.freq), "-o", path],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.5)
-    for _ in range(a.n):
-        hello(a.url, "floor")
+    time.sleep(4)  # perf has attached to every thread (a short workload would finish first)
+    for i in range(a.n):
+        one(i)
     perf.send_signal(signal.SIGINT)
     perf.wait()
     out = subprocess.run(["perf", "script", "-i", path, "-F", "comm,tid,ip,sym"],
@@ -344,7 +423,7 @@ def cmd_server(a):
         name = next((n for n, marker in SERVER_PARTS if marker in sample), "other")
         counts[name] += 1
     per = 1000.0 / a.freq / a.n
-    print(f"\n### The server process: ms of CPU per request (n = {a.n}; DWARF stacks)\n")
+    print(f"\n### The server process: ms of CPU per {a.workload} request (n = {a.n}; DWARF stacks)\n")
     print("| Part | CPU ms |")
     print("|---|---:|")
     for name, c in sorted(counts.items(), key=lambda kv: -kv[1]):
@@ -368,9 +447,12 @@ def cmd_wakeups(a):
         for _ in range(a.warmup):
             hello(a.url, "floor")
         known = server_known(a.server_pid, os.getpid())
+        prepare, request = workload(a)
+        prepare()
+        sent = iter(range(a.n))
 
         def one():
-            hello(a.url, "floor")
+            request(next(sent))
     fd, path = tempfile.mkstemp(prefix="floor-wake-", suffix=".data")
     os.close(fd)
     perf = subprocess.Popen(
@@ -609,6 +691,12 @@ def cmd_alone(a):
             json.dump({"n": a.n, "mounts": mounts, "rows": rows}, f, indent=1)
 
 
+WORKLOADS = ("hello", "upload", "exec-file", "pair")
+WORKLOAD_HELP = ("hello: `print('hello')`; upload: `POST /v1/upload` of one small file; "
+                 "exec-file: an exec reading one file uploaded before the recording; "
+                 "pair: upload + exec, one scenario-D pair (figures are per pair)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True)
@@ -622,6 +710,10 @@ def main():
         if mode == "request":
             m.add_argument("--pause-ms", type=int, default=0)
             m.add_argument("--json")
+        else:
+            m.add_argument("--workload", choices=WORKLOADS, default="hello", help=WORKLOAD_HELP)
+            m.add_argument("--history", type=int, default=0,
+                           help="uploads by the same user before the recording")
     wk = sub.add_parser("wakeups")
     wk.add_argument("--url", default="")
     wk.add_argument("--server-pid", type=int, default=0)
@@ -630,6 +722,7 @@ def main():
     wk.add_argument("-n", type=int, default=100)
     wk.add_argument("--warmup", type=int, default=10)
     wk.add_argument("--pause-ms", type=int, default=50)
+    wk.add_argument("--workload", choices=WORKLOADS, default="hello", help=WORKLOAD_HELP)
     al = sub.add_parser("alone")
     al.add_argument("--image-root", default="")
     al.add_argument("-n", type=int, default=300)

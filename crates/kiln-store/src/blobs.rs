@@ -355,6 +355,26 @@ impl Blobs {
         Ok(())
     }
 
+    /// The blob's file, when blobs are on this node's disk: a caller already
+    /// on a blocking thread copies it from there in one step
+    /// ([`LocalBlob::copy_into`]) instead of streaming it through the runtime.
+    pub(crate) fn local(
+        &self,
+        session_id: &str,
+        file_id: &str,
+        version: &str,
+        expected_size: u64,
+    ) -> Result<Option<LocalBlob>, StoreError> {
+        let Kind::Local { fs, .. } = &self.kind else {
+            return Ok(None);
+        };
+        let location = Self::location(session_id, file_id, version);
+        Ok(Some(LocalBlob {
+            path: fs.path_to_filesystem(&location)?,
+            size: expected_size,
+        }))
+    }
+
     /// Remove a blob; `false` when it was already gone (stores that answer
     /// a delete of a missing name with success report `true`).
     pub(crate) async fn delete(
@@ -416,17 +436,38 @@ fn remove_partial(dest: &Path) {
     }
 }
 
-fn copy_blocking(src: &Path, dest: &Path, expected_size: u64) -> Result<(), StoreError> {
+/// An object's bytes in the local blob directory, with the length its row
+/// records (see [`crate::Store::local_blob`]).
+#[derive(Debug, Clone)]
+pub struct LocalBlob {
+    path: PathBuf,
+    size: u64,
+}
+
+impl LocalBlob {
+    /// Copy the bytes into `to` (blocking: call it on a blocking thread).
+    /// `NotFound` when the blob is gone; an error when it does not hold the
+    /// length the row records. `dest` names `to` in errors.
+    pub fn copy_into(&self, to: &mut File, dest: &Path) -> Result<(), StoreError> {
+        copy_file(&self.path, to, self.size, dest)
+    }
+}
+
+/// Copy the blob file `src` into `to`, which must then hold `expected_size` bytes.
+fn copy_file(src: &Path, to: &mut File, expected_size: u64, dest: &Path) -> Result<(), StoreError> {
     let mut from = File::open(src).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => StoreError::NotFound,
         _ => StoreError::io("open blob", src, e),
     })?;
-    let mut to = create_exclusive(dest)?;
     // std::io::copy between two files uses copy_file_range.
-    let copied = io::copy(&mut from, &mut to)
+    io::copy(&mut from, to)
         .map_err(|e| StoreError::io("copy into", dest, e))
-        .and_then(|n| check_size(&src.display().to_string(), n, expected_size, dest));
-    if let Err(err) = copied {
+        .and_then(|n| check_size(&src.display().to_string(), n, expected_size, dest))
+}
+
+fn copy_blocking(src: &Path, dest: &Path, expected_size: u64) -> Result<(), StoreError> {
+    let mut to = create_exclusive(dest)?;
+    if let Err(err) = copy_file(src, &mut to, expected_size, dest) {
         drop(to);
         remove_partial(dest);
         return Err(err);

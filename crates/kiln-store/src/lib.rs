@@ -25,11 +25,16 @@
 //!   pub async fn put_stream<S>(&self, obj: NewObject, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>
 //!       where S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin;
+//!   pub async fn put_stream_owned<S>(&self, obj: NewObject, owner: &SessionKey, body: S, max_bytes: u64)
+//!       -> Result<ObjectMeta, StoreError>;
 //!   pub async fn object(&self, session: &Nanoid, file: &Nanoid) -> Result<Option<ObjectMeta>, StoreError>;
+//!   pub async fn session_object(&self, session: &Nanoid, file: &Nanoid)
+//!       -> Result<Option<(SessionKey, Option<ObjectMeta>)>, StoreError>;
 //!   pub async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError>;
 //!   pub async fn read(&self, meta: &ObjectMeta)
 //!       -> Result<BoxStream<'static, Result<Bytes, StoreError>>, StoreError>;
 //!   pub async fn copy_to(&self, meta: &ObjectMeta, dest: &Path) -> Result<(), StoreError>;
+//!   pub fn local_blob(&self, meta: &ObjectMeta) -> Result<Option<LocalBlob>, StoreError>;
 //!   pub async fn delete(&self, session: &Nanoid, file: &Nanoid) -> Result<bool, StoreError>;
 //!   pub async fn gc(&self) -> Result<GcReport, StoreError>;
 //!   pub async fn gc_at(&self, now_ms: i64) -> Result<GcReport, StoreError>;
@@ -68,6 +73,7 @@ use kiln_core::{Nanoid, RelPath, SessionKey};
 use rand::Rng as _;
 
 pub use backend::{Backends, BlobBackend, MetaBackend, S3Config};
+pub use blobs::LocalBlob;
 pub use error::StoreError;
 pub use nodes::{NodeRow, OwnerRecord, RateStep};
 pub use usage::StoredBytes;
@@ -340,14 +346,43 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin,
     {
-        self.put(obj, body.map_err(StoreError::BodyRead), max_bytes)
+        let Some(owner) = self.inner.meta.session_owner(&obj.session_id).await? else {
+            return Err(StoreError::NotFound);
+        };
+        self.put(obj, &owner, body.map_err(StoreError::BodyRead), max_bytes)
             .await
+    }
+
+    /// [`Store::put_stream`] into a session the caller has just created
+    /// with [`Store::create_session_owned`] (or `create_session`: its key is
+    /// its owner), whose owner it passes instead of the store reading it
+    /// back. A session that does not exist is still `NotFound` (the object
+    /// row's foreign key refuses it after the bytes were written; they are
+    /// removed again).
+    pub async fn put_stream_owned<S>(
+        &self,
+        obj: NewObject,
+        owner: &SessionKey,
+        body: S,
+        max_bytes: u64,
+    ) -> Result<ObjectMeta, StoreError>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin,
+    {
+        self.put(
+            obj,
+            owner.as_str(),
+            body.map_err(StoreError::BodyRead),
+            max_bytes,
+        )
+        .await
     }
 
     /// Blob first, row second: the row is only written for complete bytes.
     async fn put<S>(
         &self,
         obj: NewObject,
+        owner: &str,
         body: S,
         max_bytes: u64,
     ) -> Result<ObjectMeta, StoreError>
@@ -355,10 +390,7 @@ impl Store {
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
         let inner = &self.inner;
-        let Some(owner) = inner.meta.session_owner(&obj.session_id).await? else {
-            return Err(StoreError::NotFound);
-        };
-        let (limit, cut) = self.budget_limit(&owner, max_bytes).await?;
+        let (limit, cut) = self.budget_limit(owner, max_bytes).await?;
         let version = random_version();
         let (sid, fid) = (obj.session_id.as_str(), obj.file_id.as_str());
         let written = match (
@@ -403,6 +435,18 @@ impl Store {
         self.inner.meta.object(session, file).await
     }
 
+    /// Session `session`'s key and its object `file`, read together (one
+    /// statement where [`Store::session`] and [`Store::object`] are two):
+    /// `None` when the session does not exist, `(key, None)` when the object
+    /// does not.
+    pub async fn session_object(
+        &self,
+        session: &Nanoid,
+        file: &Nanoid,
+    ) -> Result<Option<(SessionKey, Option<ObjectMeta>)>, StoreError> {
+        self.inner.meta.session_object(session, file).await
+    }
+
     /// Every object of a session, ordered by name.
     pub async fn list(&self, session: &Nanoid) -> Result<Vec<ObjectMeta>, StoreError> {
         self.inner.meta.list(session).await
@@ -439,6 +483,19 @@ impl Store {
                 dest,
             )
             .await
+    }
+
+    /// The object's bytes as a file on this node's disk, when the blobs are
+    /// kept here (`None` on S3): a caller on a blocking thread copies them in
+    /// one step, where [`Store::read`] streams them through the runtime (a
+    /// hop to a blocking thread per read).
+    pub fn local_blob(&self, meta: &ObjectMeta) -> Result<Option<LocalBlob>, StoreError> {
+        self.inner.blobs.local(
+            meta.session_id.as_str(),
+            meta.file_id.as_str(),
+            &meta.version,
+            meta.size,
+        )
     }
 
     /// Delete an object (row first, then blob); `false` if it did not exist.

@@ -78,6 +78,22 @@ struct ObjectRow {
     version: String,
 }
 
+/// A session's key and, when it holds the object asked for, the object's
+/// row (a `LEFT JOIN`: every object column is `NULL` when it does not).
+#[derive(sqlx::FromRow)]
+struct SessionObjectRow {
+    session_key: String,
+    session_id: Option<String>,
+    file_id: Option<String>,
+    name: Option<String>,
+    size: Option<i64>,
+    sha256: Option<String>,
+    content_type: Option<String>,
+    read_only: Option<bool>,
+    created_at: Option<i64>,
+    version: Option<String>,
+}
+
 /// One `sessions` row as stored.
 #[derive(sqlx::FromRow)]
 struct SessionRow {
@@ -233,17 +249,17 @@ impl Meta {
         Ok(row.map(|(owner, key)| owner.unwrap_or(key)))
     }
 
-    /// Bytes stored in every session `owner` created.
+    /// Bytes stored in every session `owner` created: one row of the totals
+    /// the `objects` triggers keep (migrations `0005_owner_bytes` of SQLite,
+    /// `0003_owner_bytes` of Postgres), not a sum over the owner's objects.
     pub(crate) async fn owner_bytes(&self, owner: &str) -> Result<u64, StoreError> {
-        // SUM over BIGINT is NUMERIC in Postgres: cast back
-        let (sum,): (i64,) = with_pool!(&self.pool, |p| sqlx::query_as(
-            "SELECT CAST(COALESCE(SUM(o.size), 0) AS BIGINT) FROM objects o \
-             JOIN sessions s ON s.id = o.session_id WHERE s.owner = $1",
+        let row: Option<(i64,)> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT bytes FROM owner_bytes WHERE owner = $1"
         )
         .bind(owner)
-        .fetch_one(p)
+        .fetch_optional(p)
         .await?);
-        Ok(u64::try_from(sum).unwrap_or(0))
+        Ok(row.map_or(0, |(bytes,)| u64::try_from(bytes).unwrap_or(0)))
     }
 
     /// Record a completely written object. `NotFound` when its session does
@@ -292,6 +308,64 @@ impl Meta {
         .fetch_optional(p)
         .await?);
         row.map(ObjectMeta::try_from).transpose()
+    }
+
+    /// Session `session`'s key and its object `file` in one statement:
+    /// `None` when the session does not exist, `(key, None)` when the object
+    /// does not.
+    pub(crate) async fn session_object(
+        &self,
+        session: &Nanoid,
+        file: &Nanoid,
+    ) -> Result<Option<(SessionKey, Option<ObjectMeta>)>, StoreError> {
+        let row: Option<SessionObjectRow> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "SELECT s.session_key, o.session_id, o.file_id, o.name, o.size, o.sha256, \
+             o.content_type, o.read_only, o.created_at, o.version FROM sessions s \
+             LEFT JOIN objects o ON o.session_id = s.id AND o.file_id = $2 WHERE s.id = $1",
+        )
+        .bind(session.as_str())
+        .bind(file.as_str())
+        .fetch_optional(p)
+        .await?);
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let key = SessionKey::from_stored(row.session_key);
+        let object = match (
+            row.session_id,
+            row.file_id,
+            row.name,
+            row.size,
+            row.sha256,
+            row.content_type,
+            row.read_only,
+            row.created_at,
+            row.version,
+        ) {
+            (
+                Some(session_id),
+                Some(file_id),
+                Some(name),
+                Some(size),
+                Some(sha256),
+                Some(content_type),
+                Some(read_only),
+                Some(created_at),
+                Some(version),
+            ) => Some(ObjectMeta::try_from(ObjectRow {
+                session_id,
+                file_id,
+                name,
+                size,
+                sha256,
+                content_type,
+                read_only,
+                created_at,
+                version,
+            })?),
+            _ => None,
+        };
+        Ok(Some((key, object)))
     }
 
     /// Every object of a session, ordered by name (then id, for ties).

@@ -29,6 +29,13 @@ async fn new_session(store: &Store) -> Nanoid {
     sid
 }
 
+/// A session bound to `key` (an agent's) whose bytes count against `owner`.
+async fn session_owned_by(store: &Store, key: &SessionKey, owner: &SessionKey) -> Nanoid {
+    let sid = Nanoid::random();
+    store.create_session_owned(&sid, key, owner).await.unwrap();
+    sid
+}
+
 fn new_object(session: &Nanoid, name: &str) -> NewObject {
     NewObject {
         session_id: session.clone(),
@@ -233,16 +240,24 @@ async fn puts_into_a_missing_session_are_refused_without_leftovers(kind: Kind) {
         return;
     };
     let store = fx.open().await;
-    let err = store
-        .put_stream(
-            new_object(&Nanoid::random(), "x.txt"),
-            body(&[b"data"]),
-            100,
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound), "{err:?}");
-    assert!(fx.blobs().await.is_empty());
+    // also when the caller names the owner (nothing reads the session first)
+    for owned in [false, true] {
+        let obj = new_object(&Nanoid::random(), "x.txt");
+        let put = match owned {
+            false => store.put_stream(obj, body(&[b"data"]), 100).await,
+            true => {
+                store
+                    .put_stream_owned(obj, &key(), body(&[b"data"]), 100)
+                    .await
+            }
+        };
+        let err = put.unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotFound),
+            "owned {owned}: {err:?}"
+        );
+        assert!(fx.blobs().await.is_empty(), "owned {owned}");
+    }
 }
 
 async fn duplicate_ids_conflict_and_keep_the_original_bytes(kind: Kind) {
@@ -589,23 +604,24 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(k
     let agent = SessionKey::from_stored("local:agent:a1".to_owned());
     // alice's own session and an agent's session she uploaded to both count
     let own = new_session(&store).await;
-    let shared = Nanoid::random();
-    store
-        .create_session_owned(&shared, &agent, &alice)
-        .await
-        .unwrap();
+    let shared = session_owned_by(&store, &agent, &alice).await;
     store
         .put_stream(new_object(&own, "a"), body(&[b"123456"]), 100)
         .await
         .unwrap();
     store
-        .put_stream(new_object(&shared, "b"), body(&[b"123"]), 100)
+        .put_stream_owned(new_object(&shared, "b"), &alice, body(&[b"123"]), 100)
         .await
         .unwrap();
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 9);
     // one byte left: two are refused, nothing of them remains
     let e = store
         .put_stream(new_object(&own, "c"), body(&[b"12"]), 100)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    let e = store
+        .put_stream_owned(new_object(&shared, "c"), &alice, body(&[b"12"]), 100)
         .await
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
@@ -705,8 +721,102 @@ async fn stored_bytes_are_summed_per_owner_largest_first(kind: Kind) {
     assert_eq!(store.stored_by_owner(1).await.unwrap().len(), 1);
 }
 
+/// What the quota reads (`owner_bytes`, one row of totals the database keeps)
+/// against what the owners' objects hold (`stored_by_owner`, a sum over them),
+/// for every owner that ever stored something.
+async fn assert_totals_match_the_objects(store: &Store, owners: &[&SessionKey]) {
+    let summed = store.stored_by_owner(100).await.unwrap();
+    for owner in owners {
+        let held = summed
+            .iter()
+            .find(|r| r.owner == owner.as_str())
+            .map_or(0, |r| r.bytes);
+        assert_eq!(store.owner_bytes(owner).await.unwrap(), held, "{owner:?}");
+    }
+}
+
+async fn an_owners_total_follows_puts_deletes_and_collection(kind: Kind) {
+    let Some(fx) = Fixture::new(kind) else {
+        return;
+    };
+    let store = fx.open().await;
+    let alice = key();
+    let bob = SessionKey::from_stored("local:user:bob".to_owned());
+    let agent = SessionKey::from_stored("local:agent:a1".to_owned());
+    let owners = [&alice, &bob, &agent];
+    assert_totals_match_the_objects(&store, &owners).await;
+
+    let first = new_session(&store).await;
+    let second = new_session(&store).await;
+    let shared = session_owned_by(&store, &agent, &alice).await;
+    let bobs = Nanoid::random();
+    store.create_session(&bobs, &bob).await.unwrap();
+    let mut puts = Vec::new();
+    for (sid, content) in [
+        (&first, &b"12345"[..]),
+        (&first, &b"123"[..]),
+        (&second, &b"1234567"[..]),
+        (&shared, &b"12"[..]),
+        (&bobs, &b"1234567890"[..]),
+        (&bobs, &b""[..]),
+    ] {
+        let meta = store
+            .put_stream(new_object(sid, "f"), body(&[content]), 100)
+            .await
+            .unwrap();
+        puts.push(meta);
+    }
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 17);
+    assert_eq!(store.owner_bytes(&bob).await.unwrap(), 10);
+    assert_eq!(
+        store.owner_bytes(&agent).await.unwrap(),
+        0,
+        "not an uploader"
+    );
+    assert_totals_match_the_objects(&store, &owners).await;
+
+    // refused puts (past the caller's limit, into a missing session) count nothing
+    let e = store
+        .put_stream(new_object(&first, "big"), body(&[b"0123456789"]), 4)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::TooLarge { .. }), "{e}");
+    let e = store
+        .put_stream(new_object(&Nanoid::random(), "x"), body(&[b"1"]), 100)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::NotFound), "{e}");
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 17);
+
+    // a delete takes its bytes off, a second delete of the same object nothing
+    assert!(store.delete(&first, &puts[0].file_id).await.unwrap());
+    assert!(!store.delete(&first, &puts[0].file_id).await.unwrap());
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 12);
+    assert_totals_match_the_objects(&store, &owners).await;
+
+    // a collection past the retention takes every owner's objects off at once
+    let report = store
+        .gc_at(now_ms() + DAY.as_millis() as i64 + HOUR_MS)
+        .await
+        .unwrap();
+    assert_eq!(report.objects, 5, "{report:?}");
+    for owner in owners {
+        assert_eq!(store.owner_bytes(owner).await.unwrap(), 0, "{owner:?}");
+    }
+    assert_totals_match_the_objects(&store, &owners).await;
+
+    // and a new put after it counts from zero
+    let later = new_session(&store).await;
+    store
+        .put_stream(new_object(&later, "g"), body(&[b"1234"]), 100)
+        .await
+        .unwrap();
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 4);
+}
+
 on_every_backend!(
     a_body_larger_than_one_part_is_stored_whole,
+    an_owners_total_follows_puts_deletes_and_collection,
     put_read_list_object_and_delete_round_trip,
     zero_byte_objects_are_stored_read_and_copied,
     reads_stream_in_bounded_chunks,

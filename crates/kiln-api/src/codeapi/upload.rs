@@ -435,9 +435,11 @@ async fn receive_parts(
             read_only: scope.read_only,
         };
         let body = field.map_err(std::io::Error::other);
+        // the session was created above with this owner: the store need
+        // not read it back
         match state
             .store
-            .put_stream(obj, body, config.max_upload_bytes)
+            .put_stream_owned(obj, &scope.owner, body, config.max_upload_bytes)
             .await
         {
             Ok(_) => {

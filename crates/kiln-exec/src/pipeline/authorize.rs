@@ -3,10 +3,7 @@
 //! one access rule, and resolve it to stored metadata; check the session
 //! outputs go to. Nothing is taken before this passes.
 
-use std::collections::HashMap;
-
 use kiln_core::access::{Caller, Policy, may_read, may_write_stored};
-use kiln_core::{Nanoid, SessionKey};
 use kiln_store::{ObjectMeta, Store};
 
 use crate::plan::plan_inputs;
@@ -36,34 +33,23 @@ pub(crate) async fn inputs(
 ) -> Result<Vec<Resolved>, ExecError> {
     let planned = plan_inputs(files)?;
     let mut out = Vec::with_capacity(planned.len());
-    let mut keys: HashMap<Nanoid, Option<SessionKey>> = HashMap::new();
     for f in planned {
         match f {
             InputFile::Inline { name, content } => out.push(Resolved::Inline { name, content }),
             InputFile::Ref(r) => {
-                let stored = match keys.get(&r.storage_session_id) {
-                    Some(k) => k.clone(),
-                    None => {
-                        let k = store
-                            .session(&r.storage_session_id)
-                            .await
-                            .map_err(|e| ExecError::Storage(e.to_string()))?
-                            .map(|s| s.key);
-                        keys.insert(r.storage_session_id.clone(), k.clone());
-                        k
-                    }
-                };
-                let Some(stored) = stored else {
+                // the session's key and the object in one statement; the
+                // access rule is judged on the key before the object is used
+                let Some((stored, meta)) = store
+                    .session_object(&r.storage_session_id, &r.id)
+                    .await
+                    .map_err(|e| ExecError::Storage(e.to_string()))?
+                else {
                     return Err(ExecError::Unauthorized);
                 };
                 if may_read(policy, caller, &r.claim(), &stored).is_err() {
                     return Err(ExecError::Unauthorized);
                 }
-                let meta = store
-                    .object(&r.storage_session_id, &r.id)
-                    .await
-                    .map_err(|e| ExecError::Storage(e.to_string()))?
-                    .ok_or(ExecError::Unauthorized)?;
+                let meta = meta.ok_or(ExecError::Unauthorized)?;
                 out.push(Resolved::Ref {
                     r,
                     meta: Box::new(meta),

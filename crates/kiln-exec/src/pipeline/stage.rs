@@ -8,12 +8,13 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write as _};
+use std::path::Path;
 use std::sync::Arc;
 
 use futures::TryStreamExt as _;
 use kiln_core::Language;
 use kiln_core::lang::{BUILD_DIR, SUPPORT_DIR};
-use kiln_store::Store;
+use kiln_store::{LocalBlob, ObjectMeta, Store};
 use tokio::io::AsyncWriteExt as _;
 
 use super::authorize::Resolved;
@@ -46,6 +47,64 @@ struct Small {
     replace: bool,
 }
 
+fn storage(name: &str, e: impl std::fmt::Display) -> ExecError {
+    ExecError::Storage(format!("stage {name}: {e}"))
+}
+
+/// An input whose bytes are on this node's disk: created, copied and
+/// finished in one blocking step.
+async fn copy_local(
+    ws: &Arc<Workspace>,
+    name: String,
+    blob: LocalBlob,
+    read_only: bool,
+) -> Result<(), ExecError> {
+    let copied = {
+        let name = name.clone();
+        blocking(ws, move |ws| {
+            ws.make_parents(&name)?;
+            let mut file = ws.create_file(&name)?;
+            if let Err(e) = blob.copy_into(&mut file, Path::new(&name)) {
+                return Ok(Err(e));
+            }
+            ws.finish_file(&file, read_only)?;
+            Ok(Ok(()))
+        })
+        .await
+        .map_err(setup)?
+    };
+    copied.map_err(|e| storage(&name, e))
+}
+
+/// An input in a remote store: its bytes streamed into the workspace.
+async fn stream_remote(
+    store: &Store,
+    ws: &Arc<Workspace>,
+    name: String,
+    meta: &ObjectMeta,
+) -> Result<(), ExecError> {
+    let file = {
+        let name = name.clone();
+        blocking(ws, move |ws| {
+            ws.make_parents(&name)?;
+            ws.create_file(&name)
+        })
+        .await
+        .map_err(setup)?
+    };
+    let mut out = tokio::fs::File::from_std(file);
+    let mut body = store.read(meta).await.map_err(|e| storage(&name, e))?;
+    while let Some(chunk) = body.try_next().await.map_err(|e| storage(&name, e))? {
+        out.write_all(&chunk).await.map_err(|e| storage(&name, e))?;
+    }
+    out.flush().await.map_err(|e| storage(&name, e))?;
+    let file = out.into_std().await;
+    let read_only = meta.read_only;
+    blocking(ws, move |ws| ws.finish_file(&file, read_only))
+        .await
+        .map_err(setup)
+}
+
 /// Stages everything; returns what the walker needs to know about each
 /// staged input (not the entry file).
 pub(crate) async fn stage(
@@ -61,32 +120,11 @@ pub(crate) async fn stage(
         match input {
             Resolved::Ref { r, meta } => {
                 let name = r.name.as_str().to_owned();
-                let storage = |e: String| ExecError::Storage(format!("stage {name}: {e}"));
-                let file = {
-                    let name = name.clone();
-                    blocking(ws, move |ws| {
-                        ws.make_parents(&name)?;
-                        ws.create_file(&name)
-                    })
-                    .await
-                    .map_err(setup)?
-                };
-                let mut out = tokio::fs::File::from_std(file);
-                let mut body = store
-                    .read(&meta)
-                    .await
-                    .map_err(|e| storage(e.to_string()))?;
-                while let Some(chunk) = body.try_next().await.map_err(|e| storage(e.to_string()))? {
-                    out.write_all(&chunk)
-                        .await
-                        .map_err(|e| storage(e.to_string()))?;
-                }
-                out.flush().await.map_err(|e| storage(e.to_string()))?;
-                let file = out.into_std().await;
                 let read_only = meta.read_only;
-                blocking(ws, move |ws| ws.finish_file(&file, read_only))
-                    .await
-                    .map_err(setup)?;
+                match store.local_blob(&meta).map_err(|e| storage(&name, e))? {
+                    Some(blob) => copy_local(ws, name.clone(), blob, read_only).await?,
+                    None => stream_remote(store, ws, name.clone(), &meta).await?,
+                }
                 staged.insert(
                     name,
                     StagedInput {
