@@ -376,7 +376,9 @@ def cmd_request(a):
 # through (first match wins).
 SERVER_PARTS = [
     ("cgroups: create (mkdir, limits)", "CgroupDriver::create_run"),
+    ("cgroups: a slot's kept set lent (limits)", "SlotGroups::take"),
     ("cgroups: wait empty, read, remove", "RunCgroups::finish"),
+    ("cgroups: a slot's kept set reset (or made)", "SlotGroups::recycle"),
     ("workspace: empty and free the slot", "empty_then_free"),
     ("warm pool: refill (server side of a park)", "refill_loop"),
     ("warm pool: take a parked jail", "Jails>::acquire"),

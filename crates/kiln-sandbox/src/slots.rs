@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 
+use crate::cgroup::{CgroupDriver, SlotGroups};
 use crate::quota::SlotFs;
 use crate::slotnet::SlotNets;
 use crate::spec::{ID_RANGE, JAIL_UID, SlotNetnsSpec};
@@ -65,6 +66,9 @@ pub(crate) struct SlotPool {
     /// The fixed slots' network namespaces (`slotnet.rs`); `None`: every
     /// jail makes its own.
     nets: Option<SlotNets>,
+    /// The fixed slots' kept cgroups (`cgroup/slot.rs`); `None` without
+    /// cgroups.
+    groups: Option<Arc<SlotGroups>>,
 }
 
 impl SlotPool {
@@ -74,6 +78,7 @@ impl SlotPool {
         on_demand: u32,
         areas: Arc<SlotFs>,
         reuse_netns: bool,
+        cgroups: Option<Arc<CgroupDriver>>,
     ) -> Arc<SlotPool> {
         let n = slots as usize;
         let fixed = n - (on_demand as usize).min(n);
@@ -85,7 +90,21 @@ impl SlotPool {
             free_on_demand: Semaphore::new(n - fixed),
             areas,
             nets: reuse_netns.then(|| SlotNets::new(fixed)),
+            groups: cgroups.map(|d| SlotGroups::new(d, fixed, uid_base)),
         })
+    }
+
+    /// The fixed slots' kept cgroups, where runs get cgroups.
+    pub(crate) fn cgroups(&self) -> Option<&Arc<SlotGroups>> {
+        self.groups.as_ref()
+    }
+
+    /// Removes the slots' kept cgroups (those lent go when their run
+    /// ends). On shutdown.
+    pub(crate) fn remove_cgroups(&self) {
+        if let Some(g) = &self.groups {
+            g.remove_all();
+        }
     }
 
     fn states(&self) -> MutexGuard<'_, Vec<SlotState>> {
@@ -238,6 +257,11 @@ impl SlotPool {
                 if let Some(nets) = pool.nets.as_ref().filter(|_| !on_demand) {
                     nets.recycle(index);
                 }
+                // and its cgroups reset (the workspace's files and their page
+                // cache are gone) or made
+                if let Some(groups) = pool.groups.as_ref().filter(|_| !on_demand) {
+                    groups.recycle(index);
+                }
                 if let Some(s) = pool.states().get_mut(index as usize) {
                     s.cleaning = false;
                 }
@@ -356,7 +380,10 @@ mod tests {
     fn with_on_demand(slots: u32, on_demand: u32) -> (tempfile::TempDir, Arc<SlotPool>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let areas = SlotFs::plain(dir.path(), slots);
-        (dir, SlotPool::new(200_000, slots, on_demand, areas, false))
+        (
+            dir,
+            SlotPool::new(200_000, slots, on_demand, areas, false, None),
+        )
     }
 
     #[tokio::test]

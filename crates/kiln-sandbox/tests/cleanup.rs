@@ -122,9 +122,24 @@ async fn no_cgroup_or_process_survives_any_kind_of_run() {
     }
 
     // The slot is reusable afterwards.
+    let id_base = slot.id_base();
     drop(slot);
     let again = tokio::time::timeout(Duration::from_secs(5), sb.acquire_slot())
         .await
         .expect("slot returned");
+
+    // Shut down, the slots' kept groups go too: nothing of this process is
+    // left under the kiln parents.
+    let started = Instant::now();
+    while slot_groups(sb, id_base).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the slot never got its kept groups: {:?}",
+            own_cgroups(sb)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(again);
+    sb.shutdown();
+    assert!(own_cgroups(sb).is_empty(), "{:?}", own_cgroups(sb));
 }

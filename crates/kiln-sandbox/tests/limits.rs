@@ -126,21 +126,7 @@ async fn pids_limit_contains_a_fork_bomb_and_the_host_stays_fine() {
     let r = run_with(
         sb,
         &slot,
-        &[
-            "/usr/bin/python3",
-            "-c",
-            "import os, time\n\
-             n = 0\n\
-             while True:\n\
-             \x20   try:\n\
-             \x20       pid = os.fork()\n\
-             \x20   except OSError:\n\
-             \x20       break\n\
-             \x20   if pid == 0:\n\
-             \x20       time.sleep(30); os._exit(0)\n\
-             \x20   n += 1\n\
-             print(n)",
-        ],
+        &["/usr/bin/python3", "-c", COUNT_CHILDREN],
         limits.clone(),
     )
     .await;

@@ -186,8 +186,29 @@ fn cgroup_parents() -> Vec<PathBuf> {
     }
 }
 
-/// Run cgroups of this process (named `<pid>-<slot>-<seq>`).
+/// What runs of this process left in the cgroups: a run's own groups
+/// (`<pid>-<slot>-<seq>`), and a slot's kept groups (`<pid>-u<slot's first
+/// uid>.<n>`, kept while the server lives) with a process still in them.
 fn run_cgroups(parents: &[PathBuf]) -> Vec<PathBuf> {
+    let slot_group = format!("{}-u", std::process::id());
+    own_cgroups(parents)
+        .into_iter()
+        .filter(|d| {
+            let kept = d
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&slot_group));
+            !kept
+                || !std::fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .trim()
+                    .is_empty()
+        })
+        .collect()
+}
+
+/// Every cgroup of this process under the kiln parents, the slots' kept
+/// ones included.
+fn own_cgroups(parents: &[PathBuf]) -> Vec<PathBuf> {
     let prefix = format!("{}-", std::process::id());
     parents
         .iter()
@@ -495,6 +516,8 @@ async fn assert_nothing_left(s: kiln::testing::TestServer, parents: &[PathBuf], 
         procs.is_empty(),
         "jail processes left after stop: {procs:?}"
     );
+    let groups = settle(SETTLE, || own_cgroups(parents)).await;
+    assert!(groups.is_empty(), "cgroups left after stop: {groups:?}");
 }
 
 /// The soaks share this process's view (its children, its run cgroups):

@@ -523,3 +523,76 @@ async fn slow_readers_neither_stall_a_run_nor_make_the_server_buffer() {
     let events = sse_events(last, Duration::from_secs(60)).await;
     assert_eq!(sse_text(&events, "stdout").len(), OUT);
 }
+
+/// Runs `code` as `py` and returns the answer and the run's usage figures.
+async fn py_with_usage(s: &kiln::testing::TestServer, code: &str) -> (Value, Value) {
+    let r = client()
+        .post(format!("{}/exec", s.v1()))
+        .json(&json!({"lang": "py", "code": code}))
+        .send()
+        .await
+        .expect("send");
+    let id = r.headers()["x-kiln-run-id"].to_str().unwrap().to_owned();
+    let body: Value = r.json().await.unwrap();
+    let run = get_run(s, &id).await.1;
+    (body, run["usage"]["run"].clone())
+}
+
+#[tokio::test]
+async fn each_run_of_a_slot_reports_its_own_memory_peak_cpu_time_and_oom() {
+    let _shared = EXCLUSIVE.read().await;
+    // one slot and no warm jails: every run is a cold jail of the same slot,
+    // in the slot's kept cgroups from its second run on
+    let s = server_with(|c| {
+        c.max_concurrency = 1;
+        c.warm_jails = 0;
+        c.memory_mb = 128;
+    })
+    .await;
+    let (first, _) = py_with_usage(&s, "print('first')").await;
+    assert_eq!(first["stdout"], "first\n", "{first}");
+    let kept = format!("{}-u", std::process::id());
+    // the pids hierarchy's `kiln/` parent (v2: the one parent)
+    let parent = match kiln_sandbox::probe_host().cgroup {
+        kiln_sandbox::CgroupSupport::V1 { pids, .. } => pids.join("kiln"),
+        kiln_sandbox::CgroupSupport::V2 { group, .. } => group.join("kiln"),
+        kiln_sandbox::CgroupSupport::None => panic!("no cgroups: the server could not start"),
+    };
+    let has_kept_groups = || {
+        std::fs::read_dir(&parent)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&kept))
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while !has_kept_groups() {
+        assert!(Instant::now() < until, "the slot never got kept groups");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mib = 1024 * 1024;
+    let (filled, used) =
+        py_with_usage(&s, "b = b'x' * (100 << 20)\nimport time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass\nprint('filled')").await;
+    assert_eq!(filled["stdout"], "filled\n", "{filled}");
+    assert!(
+        used["memory_peak_bytes"].as_u64().unwrap() > 100 * mib,
+        "{used}"
+    );
+    assert!(used["cpu_time_ms"].as_u64().unwrap() >= 1000, "{used}");
+    let (hello, used) = py_with_usage(&s, "print('hello')").await;
+    assert_eq!(hello["stdout"], "hello\n", "{hello}");
+    let peak = used["memory_peak_bytes"].as_u64().unwrap();
+    assert!(peak < 48 * mib, "the previous run's peak reported: {used}");
+    let cpu = used["cpu_time_ms"].as_u64().unwrap();
+    assert!(cpu < 700, "the previous run's CPU time reported: {used}");
+
+    let (bomb, _) = py_with_usage(&s, "b = bytearray(512 << 20)\nprint('survived')").await;
+    assert_eq!(bomb["message"], "Out of memory", "{bomb}");
+    let (after, _) = py_with_usage(&s, "b = b'x' * (90 << 20)\nprint('fine')").await;
+    assert_eq!(after["stdout"], "fine\n", "{after}");
+    assert!(
+        after["status"].is_null() && after["message"].is_null(),
+        "the previous run's OOM reported: {after}"
+    );
+}

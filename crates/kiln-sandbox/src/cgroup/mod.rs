@@ -1,12 +1,16 @@
 //! Per-run cgroups: detection of the host's layout, the [`CgroupDriver`]
 //! (v1 on this host, v2 where `CLONE_INTO_CGROUP` is possible) and the
-//! [`RunCgroups`] guard that removes a run's groups — after every process in
-//! them is dead — even on error paths.
+//! [`RunCgroups`] guard that removes a run's groups (or hands a slot's kept
+//! ones back for their reset) — after every process in them is dead — even
+//! on error paths.
 //!
 //! Groups are created only below our own group (read from
-//! `/proc/self/cgroup`), under a `kiln/` parent: `<own>/kiln/<run-id>`.
+//! `/proc/self/cgroup`), under a `kiln/` parent: `<own>/kiln/<run-id>`
+//! (`<server pid>-<slot>-<seq>`), and each fixed slot's kept groups
+//! (`slot.rs`) `<own>/kiln/<server pid>-u<slot's first uid>.<n>`.
 
 pub mod detect;
+mod slot;
 mod v1;
 mod v2;
 
@@ -22,6 +26,9 @@ use nix::unistd::Pid;
 use crate::error::SandboxError;
 use crate::slots::SlotLease;
 use crate::spec::CgroupAttach;
+
+pub(crate) use self::slot::SlotGroups;
+use self::slot::{Baseline, GroupLimits, KeptSet, Lent};
 
 /// Name of the parent group of all runs, below our own group.
 pub const KILN_GROUP: &str = "kiln";
@@ -217,15 +224,28 @@ impl CgroupDriver {
         limits: &Limits,
         lease: SlotLease,
     ) -> Result<RunCgroups, SandboxError> {
-        let mut run = RunCgroups {
-            v2: matches!(self, CgroupDriver::V2(_)),
-            dirs: Vec::new(),
-            cpu: None,
-            cpu_dir: None,
-            cpu_base: None,
-            done: false,
-            lease: Some(lease),
-        };
+        let mut run = self.make(name, limits)?;
+        run.lease = Some(lease);
+        Ok(run)
+    }
+
+    /// Rewrites the memory and pids limits of groups made by this driver
+    /// (a slot's kept set, `slot.rs`) from `old` to `new`.
+    fn rewrite_limits(
+        &self,
+        dirs: &[PathBuf],
+        old: GroupLimits,
+        new: GroupLimits,
+    ) -> Result<(), SandboxError> {
+        match self {
+            CgroupDriver::V1(_) => v1::rewrite_limits(dirs, old, new),
+            CgroupDriver::V2(_) => v2::rewrite_limits(dirs, new),
+        }
+    }
+
+    /// Creates groups named `name` with `limits`, holding no slot lease.
+    fn make(&self, name: &str, limits: &Limits) -> Result<RunCgroups, SandboxError> {
+        let mut run = RunCgroups::orphan(matches!(self, CgroupDriver::V2(_)), Vec::new());
         // Every directory is pushed as soon as it exists, so an error below
         // still removes it (Drop).
         match self {
@@ -272,7 +292,7 @@ impl CgroupDriver {
 }
 
 /// Pids listed in a group's `cgroup.procs` (empty when the group is gone).
-fn procs(dir: &Path) -> Vec<i32> {
+pub(crate) fn procs(dir: &Path) -> Vec<i32> {
     fs::read_to_string(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
@@ -303,14 +323,13 @@ pub(crate) enum PeakWindow {
 }
 
 impl PeakWindow {
-    pub(crate) fn peak(&mut self) -> Option<u64> {
+    pub(crate) fn peak(&self) -> Option<u64> {
         match self {
             PeakWindow::V2(f) => {
-                use std::io::{Read, Seek};
-                f.rewind().ok()?;
-                let mut text = String::new();
-                f.read_to_string(&mut text).ok()?;
-                text.trim().parse().ok()
+                use std::os::unix::fs::FileExt;
+                let mut buf = [0u8; 32];
+                let n = f.read_at(&mut buf, 0).ok()?;
+                std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
             }
             PeakWindow::V1(dir) => v1::stats(dir).memory_peak,
         }
@@ -339,7 +358,8 @@ impl CpuMeter {
 }
 
 /// The groups of one run. [`RunCgroups::finish`] waits for them to empty,
-/// reads the stats and removes them; dropping an unfinished guard hands the
+/// reads the stats and removes them (a slot's kept set: hands it back to be
+/// reset in the slot's clean-up); dropping an unfinished guard hands the
 /// same work to a background thread.
 #[derive(Debug)]
 pub struct RunCgroups {
@@ -352,11 +372,76 @@ pub struct RunCgroups {
     cpu_dir: Option<PathBuf>,
     /// Its CPU time when the run's program started (see `mark_start`).
     cpu_base: Option<Duration>,
+    /// The OOM kills and throttled time counted before the run (a slot's
+    /// kept set; zero for the run's own groups).
+    base: Baseline,
+    /// A slot's kept set: handed back for its reset instead of removed.
+    kept: Option<Lent>,
+    /// A kept v2 set's peak since the run took it.
+    peak: Option<PeakWindow>,
     done: bool,
     lease: Option<SlotLease>,
 }
 
 impl RunCgroups {
+    /// Groups `dirs` with no limits of their own to track (being made, or
+    /// to be removed).
+    fn orphan(v2: bool, dirs: Vec<PathBuf>) -> RunCgroups {
+        RunCgroups {
+            v2,
+            dirs,
+            cpu: None,
+            cpu_dir: None,
+            cpu_base: None,
+            base: Baseline::default(),
+            kept: None,
+            peak: None,
+            done: false,
+            lease: None,
+        }
+    }
+
+    /// A slot's kept `set` lent to one run.
+    fn lent(
+        v2: bool,
+        set: KeptSet,
+        kept: Lent,
+        peak: Option<PeakWindow>,
+        lease: SlotLease,
+    ) -> RunCgroups {
+        RunCgroups {
+            v2,
+            dirs: set.dirs,
+            cpu: set.cpu,
+            cpu_dir: set.cpu_dir,
+            cpu_base: Some(set.base.cpu),
+            base: set.base,
+            kept: Some(kept),
+            peak,
+            done: false,
+            lease: Some(lease),
+        }
+    }
+
+    /// The directories, the quota group and the CPU-time group, which the
+    /// caller now owns.
+    fn into_parts(mut self) -> (Vec<PathBuf>, Option<PathBuf>, Option<PathBuf>) {
+        self.done = true;
+        (
+            std::mem::take(&mut self.dirs),
+            self.cpu.take(),
+            self.cpu_dir.take(),
+        )
+    }
+
+    /// Removes the (empty) groups now, or leaves what is still busy to the
+    /// background thread of `Drop`.
+    fn remove_or_leave(mut self) {
+        if let Ok(true) = self.try_remove() {
+            self.done = true;
+        }
+    }
+
     /// How the helper joins these groups.
     pub fn attach(&self) -> CgroupAttach {
         if self.v2 {
@@ -470,6 +555,10 @@ impl RunCgroups {
         } else {
             v1::stats(dir)
         };
+        stats.oom_kills = stats.oom_kills.saturating_sub(self.base.oom_kills);
+        if let Some(p) = &self.peak {
+            stats.memory_peak = p.peak();
+        }
         stats.cpu = self
             .cpu_usage()
             .map(|now| now.saturating_sub(self.cpu_base.unwrap_or_default()));
@@ -479,7 +568,8 @@ impl RunCgroups {
                 detect::keyed_value(&text, "throttled_usec").map(Duration::from_micros)
             } else {
                 detect::keyed_value(&text, "throttled_time").map(Duration::from_nanos)
-            };
+            }
+            .map(|t| t.saturating_sub(self.base.throttled));
         }
         stats
     }
@@ -516,6 +606,16 @@ impl RunCgroups {
         }
         if stats.is_none() {
             *stats = Some(self.read_stats());
+        }
+        if let Some(kept) = self.kept.take() {
+            // a slot's set: reset in the slot's clean-up, not removed
+            self.peak = None;
+            kept.hand_back(
+                std::mem::take(&mut self.dirs),
+                self.cpu.take(),
+                self.cpu_dir.take(),
+            );
+            return Ok(true);
         }
         self.try_remove()
     }
@@ -574,6 +674,9 @@ impl Drop for RunCgroups {
             cpu: self.cpu.take(),
             cpu_dir: self.cpu_dir.take(),
             cpu_base: self.cpu_base,
+            base: self.base,
+            kept: self.kept.take(),
+            peak: self.peak.take(),
             done: false,
             lease: self.lease.take(),
         };

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use kiln_core::Limits;
 
+use super::slot::GroupLimits;
 use super::{CPU_PERIOD_US, CgroupStats, CpuLimits, KILN_GROUP, detect, make_group, write_file};
 use crate::error::SandboxError;
 
@@ -109,21 +110,11 @@ impl V1 {
     ) -> Result<Option<PathBuf>, SandboxError> {
         let mem = self.memory.join(name);
         make_group(mem.clone(), dirs)?;
-        let bytes = limits.memory_bytes.to_string();
-        write_file(&mem.join("memory.limit_in_bytes"), &bytes)?;
-        // Same value for memory+swap: the jail gets no swap at all. The file
-        // only exists when the kernel accounts swap.
-        let memsw = mem.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
-            write_file(&memsw, &bytes)?;
-        }
+        // a new group's memory+swap limit is unlimited: the limit first
+        write_memory(&mem, limits.memory_bytes, false)?;
         let pids = self.pids.join(name);
         make_group(pids.clone(), dirs)?;
-        // +2: the helper and the jail's init live in the group too.
-        write_file(
-            &pids.join("pids.max"),
-            &(u64::from(limits.pids) + 2).to_string(),
-        )?;
+        write_pids(&pids, limits.pids)?;
         if let Some(parent) = &self.cpuacct {
             make_group(parent.join(name), dirs)?;
         }
@@ -150,6 +141,48 @@ impl V1 {
             _ => None,
         }
     }
+}
+
+/// Writes a memory limit of `bytes`, and the same for memory+swap: the jail
+/// gets no swap at all (that file only exists when the kernel accounts
+/// swap). The memory+swap limit may never be below the memory limit, so
+/// it goes first when the limit is `raised`.
+fn write_memory(mem: &Path, bytes: u64, raised: bool) -> Result<(), SandboxError> {
+    let bytes = bytes.to_string();
+    let limit = mem.join("memory.limit_in_bytes");
+    let memsw = mem.join("memory.memsw.limit_in_bytes");
+    let memsw = memsw.exists().then_some(memsw);
+    if raised && let Some(m) = &memsw {
+        write_file(m, &bytes)?;
+        return write_file(&limit, &bytes);
+    }
+    write_file(&limit, &bytes)?;
+    match &memsw {
+        Some(m) => write_file(m, &bytes),
+        None => Ok(()),
+    }
+}
+
+/// Writes a pids limit of `pids` for the program: +2, the helper and the
+/// jail's init live in the group too.
+fn write_pids(group: &Path, pids: u32) -> Result<(), SandboxError> {
+    write_file(&group.join("pids.max"), &(u64::from(pids) + 2).to_string())
+}
+
+/// Rewrites the limits of a slot's kept set (`dirs` as [`V1::create`] made
+/// them: memory, then pids) from `old` to `new`, each only if it differs.
+pub(super) fn rewrite_limits(
+    dirs: &[PathBuf],
+    old: GroupLimits,
+    new: GroupLimits,
+) -> Result<(), SandboxError> {
+    if let (Some(mem), true) = (dirs.first(), old.memory_bytes != new.memory_bytes) {
+        write_memory(mem, new.memory_bytes, new.memory_bytes > old.memory_bytes)?;
+    }
+    if let (Some(pids), true) = (dirs.get(1), old.pids != new.pids) {
+        write_pids(pids, new.pids)?;
+    }
+    Ok(())
 }
 
 /// CPU time (user + system) charged so far to a v1 `cpuacct` group.

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_core::Limits;
 
+use super::slot::GroupLimits;
 use super::{CPU_PERIOD_US, CgroupStats, CpuLimits, KILN_GROUP, detect, make_group, write_file};
 use crate::error::SandboxError;
 
@@ -140,23 +141,36 @@ impl V2 {
     ) -> Result<Option<PathBuf>, SandboxError> {
         let dir = self.base.join(name);
         make_group(dir.clone(), dirs)?;
-        write_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+        write_limits(&dir, GroupLimits::of(limits))?;
         let swap = dir.join("memory.swap.max");
         if swap.exists() {
             write_file(&swap, "0")?;
         }
         // memory.oom.group stays 0: as on v1, the OOM killer takes the user
         // program (oom_score_adj 1000) and the jail's init reports it.
-        // +1: the jail's init lives in the group (the helper does not).
-        write_file(
-            &dir.join("pids.max"),
-            &(u64::from(limits.pids) + 1).to_string(),
-        )?;
         if !self.cpu {
             return Ok(None);
         }
         write_file(&dir.join("cpu.max"), &cpu_max(self.limits.per_run_millis))?;
         Ok(Some(dir))
+    }
+}
+
+/// Writes a run group's memory and pids limits (+1: the jail's init lives
+/// in the group, the helper does not).
+fn write_limits(dir: &Path, limits: GroupLimits) -> Result<(), SandboxError> {
+    write_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+    write_file(
+        &dir.join("pids.max"),
+        &(u64::from(limits.pids) + 1).to_string(),
+    )
+}
+
+/// Rewrites the limits of a slot's kept set (its one group in `dirs`).
+pub(super) fn rewrite_limits(dirs: &[PathBuf], new: GroupLimits) -> Result<(), SandboxError> {
+    match dirs.first() {
+        Some(dir) => write_limits(dir, new),
+        None => Ok(()),
     }
 }
 

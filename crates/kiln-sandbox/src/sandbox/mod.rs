@@ -41,7 +41,7 @@ struct Inner {
     cfg: SandboxConfig,
     report: HostReport,
     /// `None` only when degraded.
-    cgroups: Option<CgroupDriver>,
+    cgroups: Option<Arc<CgroupDriver>>,
     slots: Arc<SlotPool>,
     areas: Arc<SlotFs>,
     closed: AtomicBool,
@@ -146,13 +146,13 @@ impl Sandbox {
                     "no cgroup cpu controller: a run's processes may take every core".to_owned(),
                 );
             }
-            Some(c)
+            Some(Arc::new(c))
         } else {
             None
         };
         tracing::info!(
-            cgroup = ?cgroups.as_ref().map(CgroupDriver::parents),
-            whole_jail_cpu_budget = cgroups.as_ref().is_some_and(CgroupDriver::accounts_cpu),
+            cgroup = ?cgroups.as_deref().map(CgroupDriver::parents),
+            whole_jail_cpu_budget = cgroups.as_deref().is_some_and(CgroupDriver::accounts_cpu),
             cpu_per_run = f64::from(cpu.per_run_millis) / 1000.0,
             cpu_all_runs = f64::from(cpu.all_runs_millis) / 1000.0,
             slots = cfg.slots,
@@ -171,6 +171,7 @@ impl Sandbox {
             Arc::clone(&areas),
             // only where seccomp limits sockets to AF_UNIX (`slotnet.rs`)
             !filters.is_empty(),
+            cgroups.clone(),
         );
         // the first kernels find their filesystems made
         slots.refill();
@@ -205,6 +206,7 @@ impl Sandbox {
     /// done when the last clone is dropped and at process exit.
     pub fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.slots.remove_cgroups();
         self.inner.areas.teardown();
     }
 
@@ -222,7 +224,7 @@ impl Sandbox {
     pub fn cgroup_parents(&self) -> Vec<PathBuf> {
         self.inner
             .cgroups
-            .as_ref()
+            .as_deref()
             .map(CgroupDriver::parents)
             .unwrap_or_default()
     }

@@ -89,9 +89,14 @@ impl Sandbox {
         validate_request(req)?;
         // Without cgroups the lease alone keeps the slot reserved until the
         // helper (and with it the jail) is gone.
+        // A one-shot jail takes its slot's kept groups where they are clean
+        // (`cgroup/slot.rs`); a live kernel's slot has none.
         let (cgroups, lease) = match &self.inner.cgroups {
             Some(driver) => (
-                Some(driver.create_run(&name, &req.limits, slot.lease())?),
+                Some(match self.inner.slots.cgroups() {
+                    Some(kept) => kept.take(slot.index(), &name, &req.limits, slot.lease())?,
+                    None => driver.create_run(&name, &req.limits, slot.lease())?,
+                }),
                 None,
             ),
             None => (None, Some(slot.lease())),

@@ -59,6 +59,21 @@ fn available(sb: &Result<Sandbox, String>) -> Option<&Sandbox> {
     }
 }
 
+/// A Python program that forks children that sleep until it cannot fork
+/// any more, and prints how many it made: how many processes may exist at
+/// once.
+pub const COUNT_CHILDREN: &str = "import os, time\n\
+     n = 0\n\
+     while True:\n\
+     \x20   try:\n\
+     \x20       pid = os.fork()\n\
+     \x20   except OSError:\n\
+     \x20       break\n\
+     \x20   if pid == 0:\n\
+     \x20       time.sleep(30); os._exit(0)\n\
+     \x20   n += 1\n\
+     print(n)";
+
 /// Small limits so tests are fast and abuse is cheap.
 pub fn limits() -> Limits {
     Limits {
@@ -165,15 +180,53 @@ pub fn host_pids_of_slot(slot: &Slot) -> Vec<u32> {
     v
 }
 
-/// Run-group directories of this process still present under the kiln
-/// parents.
+/// What a run of this process left under the kiln parents: its own groups
+/// (`<pid>-<slot>-<seq>`), and a slot's kept groups (`<pid>-u<slot's first
+/// uid>.<n>`) with a process still in them.
 pub fn own_run_cgroups(sb: &Sandbox) -> Vec<PathBuf> {
+    own_cgroups(sb)
+        .into_iter()
+        .filter(|d| !is_slot_group(d) || !procs_in(d).is_empty())
+        .collect()
+}
+
+/// Every group of this process under the kiln parents, the slots' kept
+/// ones included.
+pub fn own_cgroups(sb: &Sandbox) -> Vec<PathBuf> {
     let prefix = format!("{}-", std::process::id());
     sb.cgroup_parents()
         .iter()
         .flat_map(|p| std::fs::read_dir(p).into_iter().flatten().flatten())
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         .map(|e| e.path())
+        .collect()
+}
+
+/// The kept groups of the slot whose first host uid is `id_base` (one per
+/// hierarchy).
+pub fn slot_groups(sb: &Sandbox, id_base: u32) -> Vec<PathBuf> {
+    let prefix = format!("{}-u{id_base}.", std::process::id());
+    own_cgroups(sb)
+        .into_iter()
+        .filter(|d| {
+            d.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+fn is_slot_group(dir: &Path) -> bool {
+    let prefix = format!("{}-u", std::process::id());
+    dir.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+}
+
+/// Pids in a group's `cgroup.procs`.
+pub fn procs_in(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
         .collect()
 }
 

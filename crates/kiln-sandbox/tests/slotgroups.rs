@@ -1,0 +1,220 @@
+//! A slot's kept cgroups (`cgroup/slot.rs`) are reset between its runs:
+//! whatever one run did to them (filled its memory, was OOM-killed, used
+//! CPU, forked to its pids limit), the slot's next run reports only its own
+//! usage and gets its whole limits. Each test has a sandbox of one slot, so
+//! consecutive runs share the slot, and checks the set was kept (the same
+//! groups), not replaced.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use kiln_core::{ExitStatus, Limits};
+use kiln_sandbox::{RunResult, Sandbox};
+use tokio_util::sync::CancellationToken;
+
+const UID_BASE: u32 = 1_900_000_000;
+const MIB: u64 = 1024 * 1024;
+
+/// Runs `argv` under the sandbox's only slot, in a fresh workspace, and
+/// releases the slot (its clean-up resets the groups before the next run).
+async fn run_once(sb: &Sandbox, argv: &[&str], limits: Limits) -> RunResult {
+    let slot = tokio::time::timeout(Duration::from_secs(20), sb.acquire_slot())
+        .await
+        .expect("the slot comes back");
+    let ws = workspace(&slot);
+    let r = sb
+        .run(&slot, request(&ws, argv, limits), CancellationToken::new())
+        .await
+        .expect("run");
+    drop(ws);
+    drop(slot);
+    r
+}
+
+/// The slot's kept groups, once its clean-up has made or reset them.
+async fn kept_groups(sb: &Sandbox) -> Vec<PathBuf> {
+    // the clean-up runs when the slot is released: a take waits for it
+    drop(
+        tokio::time::timeout(Duration::from_secs(20), sb.acquire_slot())
+            .await
+            .expect("the slot comes back"),
+    );
+    let slot = sb.acquire_slot().await;
+    let groups = slot_groups(sb, slot.id_base());
+    drop(slot);
+    assert!(!groups.is_empty(), "the slot keeps no groups");
+    groups
+}
+
+/// A sandbox of one slot whose kept groups exist (its first run made
+/// them), or `None` where jails cannot run.
+async fn one_slot(offset: u32) -> Option<(Sandbox, Vec<PathBuf>)> {
+    let sb = sandbox_with_slots(UID_BASE + offset * 1_000_000, 1)?;
+    let r = run_once(&sb, &["/bin/true"], limits()).await;
+    assert_eq!(r.exit, ExitStatus::Code(0), "{r:?}");
+    let groups = kept_groups(&sb).await;
+    Some((sb, groups))
+}
+
+fn py(code: &str) -> Vec<&str> {
+    vec!["/usr/bin/python3", "-c", code]
+}
+
+#[tokio::test]
+async fn a_run_after_one_that_filled_its_memory_reports_its_own_peak_and_gets_its_whole_limit() {
+    let Some((sb, groups)) = one_slot(0).await else {
+        return;
+    };
+    let limits = Limits {
+        memory_bytes: 160 * MIB,
+        file_size_bytes: 128 * MIB,
+        ..limits()
+    };
+    // 100 MiB written to a file (page cache), then 120 MiB of anonymous
+    // memory touched: the group's charge near its limit
+    let fill = run_once(
+        &sb,
+        &py("open('/mnt/data/big', 'wb').write(b'y' * (100 << 20))\n\
+             b = b'x' * (120 << 20)\n\
+             print('filled')"),
+        limits.clone(),
+    )
+    .await;
+    assert_eq!(stdout(&fill), "filled\n", "{fill:?}");
+    let filled = fill.memory_peak.expect("peak");
+    assert!(filled > 120 * MIB, "the filling run's peak: {filled}");
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    let small = run_once(&sb, &["/bin/true"], limits.clone()).await;
+    let peak = small.memory_peak.expect("peak");
+    assert!(
+        peak < 16 * MIB,
+        "the next run reports the previous run's peak: {peak} (the filling run's {filled})"
+    );
+    assert!(!small.oom_killed);
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    // and it may use its whole limit: 140 of 160 MiB
+    let big = run_once(
+        &sb,
+        &py("b = b'x' * (140 << 20)\nprint('allocated', len(b) >> 20)"),
+        limits,
+    )
+    .await;
+    assert!(!big.oom_killed, "{big:?}");
+    assert_eq!(stdout(&big), "allocated 140\n", "{big:?}");
+    sb.shutdown();
+}
+
+#[tokio::test]
+async fn a_run_after_an_oom_killed_one_is_not_reported_oom() {
+    let Some((sb, groups)) = one_slot(1).await else {
+        return;
+    };
+    let limits = Limits {
+        memory_bytes: 64 * MIB,
+        ..limits()
+    };
+    let bomb = run_once(&sb, &py("b = b'x' * (128 << 20)"), limits.clone()).await;
+    assert!(bomb.oom_killed, "{bomb:?}");
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    let next = run_once(&sb, &py("print('fine')"), limits).await;
+    assert_eq!(stdout(&next), "fine\n", "{next:?}");
+    assert!(!next.oom_killed, "the previous run's OOM kill is reported");
+    assert_eq!(next.exit, ExitStatus::Code(0));
+    sb.shutdown();
+}
+
+/// Spins until the process has used `secs` of CPU.
+fn spin(secs: f64) -> String {
+    format!("import time\nwhile time.process_time() < {secs}: pass\nprint('spun')")
+}
+
+#[tokio::test]
+async fn a_cpu_budget_counts_only_the_runs_own_cpu() {
+    let Some((sb, groups)) = one_slot(2).await else {
+        return;
+    };
+    if kiln_sandbox::cpu_budget_warning(&sb.report().cgroup, sb.report().cgroup_limits).is_some() {
+        eprintln!("SKIPPED: no CPU time per group on this host");
+        return;
+    }
+    let code = spin(1.5);
+    let busy = run_once(
+        &sb,
+        &py(&code),
+        Limits {
+            cpu_time: Duration::from_secs(5),
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(stdout(&busy), "spun\n", "{busy:?}");
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    // 1.2 s of its own under a budget of 2 s: with the previous run's
+    // 1.5 s counted it would be stopped
+    let code = spin(1.2);
+    let next = run_once(
+        &sb,
+        &py(&code),
+        Limits {
+            cpu_time: Duration::from_secs(2),
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(next.exit, ExitStatus::Code(0), "{next:?}");
+    assert_eq!(stdout(&next), "spun\n");
+    let cpu = next.cpu_time.expect("cpu time");
+    assert!(
+        cpu >= Duration::from_millis(1200) && cpu < Duration::from_millis(1900),
+        "the run's own CPU time: {cpu:?}"
+    );
+    sb.shutdown();
+}
+
+#[tokio::test]
+async fn a_run_after_a_fork_bomb_gets_its_whole_pids_limit() {
+    let Some((sb, groups)) = one_slot(3).await else {
+        return;
+    };
+    let limits = Limits {
+        pids: 16,
+        wall_time: Duration::from_secs(2),
+        ..limits()
+    };
+    let bomb = run_once(&sb, &["/bin/bash", "-c", ":(){ :|:& };:"], limits.clone()).await;
+    assert!(
+        bomb.timed_out || matches!(bomb.exit, ExitStatus::Code(_)),
+        "{bomb:?}"
+    );
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    // as many children at once as a fresh group allows (the limit less the
+    // program, the init and the helper's share)
+    let count = run_once(
+        &sb,
+        &py(COUNT_CHILDREN),
+        Limits {
+            wall_time: Duration::from_secs(10),
+            ..limits
+        },
+    )
+    .await;
+    let n: u32 = stdout(&count)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no count: {count:?}"));
+    // 18 tasks allowed (+2 for the jail's helper and init): the program and
+    // 15 children, 16 where the helper does not live in the group
+    assert!(
+        (15..=16).contains(&n),
+        "children alive at once after a fork bomb: {n}"
+    );
+    sb.shutdown();
+}
