@@ -196,7 +196,7 @@ async fn a_run_after_a_fork_bomb_gets_its_whole_pids_limit() {
     assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
 
     // as many children at once as a fresh group allows (the limit less the
-    // program, the init and the helper's share)
+    // program; the init has its own share)
     let count = run_once(
         &sb,
         &py(COUNT_CHILDREN),
@@ -210,11 +210,7 @@ async fn a_run_after_a_fork_bomb_gets_its_whole_pids_limit() {
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("no count: {count:?}"));
-    // 18 tasks allowed (+2 for the jail's helper and init): the program and
-    // 15 children, 16 where the helper does not live in the group
-    assert!(
-        (15..=16).contains(&n),
-        "children alive at once after a fork bomb: {n}"
-    );
+    // 17 tasks allowed (+1 for the jail's init): the program and 15 children
+    assert!(n == 15, "children alive at once after a fork bomb: {n}");
     sb.shutdown();
 }

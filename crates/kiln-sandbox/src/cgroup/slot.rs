@@ -807,6 +807,6 @@ mod tests {
             ..more_memory
         };
         v1::rewrite_limits(&set.dirs, more_memory, fewer_pids).expect("fewer pids");
-        assert_eq!(get(pids, "pids.max"), "5", "+2: the helper and the init");
+        assert_eq!(get(pids, "pids.max"), "4", "+1: the init");
     }
 }

@@ -163,10 +163,10 @@ fn write_memory(mem: &Path, bytes: u64, raised: bool) -> Result<(), SandboxError
     }
 }
 
-/// Writes a pids limit of `pids` for the program: +2, the helper and the
-/// jail's init live in the group too.
+/// Writes a pids limit of `pids` for the program: +1, the jail's init lives
+/// in the group too (the launcher attaches it; no helper process does).
 fn write_pids(group: &Path, pids: u32) -> Result<(), SandboxError> {
-    write_file(&group.join("pids.max"), &(u64::from(pids) + 2).to_string())
+    write_file(&group.join("pids.max"), &(u64::from(pids) + 1).to_string())
 }
 
 /// Rewrites the limits of a slot's kept set (`dirs` as [`V1::create`] made
