@@ -799,10 +799,18 @@ async fn a_thousand_runs_mixing_attacks_with_other_users_leave_nothing_behind() 
         "warm pool with py"
     );
     kiln_egress::install_crypto_provider();
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client");
+    // the server drops a connection idle for its 2 s header timeout: a
+    // client keeping one idle longer races that close and can send into a
+    // closed socket ("error sending request"), as any client would; keep
+    // pooled connections for less than the server does
+    let soak_client = || {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .pool_idle_timeout(Duration::from_secs(1))
+            .build()
+            .expect("client")
+    };
+    let client = soak_client();
     // warm every path once, then take the baseline
     for i in 0..20 {
         if let Err(e) = run_mixed(&client, &base, port, i).await {
@@ -814,12 +822,7 @@ async fn a_thousand_runs_mixing_attacks_with_other_users_leave_nothing_behind() 
     let baseline = Baseline::now();
 
     let t = Instant::now();
-    let client = Arc::new(
-        reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("client"),
-    );
+    let client = Arc::new(soak_client());
     let mut errors: Vec<String> = futures::stream::iter(20..20 + runs)
         .map(|i| {
             let (client, base) = (client.clone(), base.clone());

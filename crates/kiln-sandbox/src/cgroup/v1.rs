@@ -260,7 +260,7 @@ mod tests {
         );
         assert_eq!(
             fs::read_to_string(pids.join("kiln/1-0-0/pids.max")).expect("pids"),
-            "9"
+            "8"
         );
         // CPU time comes from the cpuacct hierarchy (v1's cpu does not count it)
         let used = d.cpu_dir("1-0-0").expect("cpu dir");
