@@ -18,6 +18,16 @@ struct Entry<V> {
 }
 
 impl<V> Entry<V> {
+    /// Made and used at `now`.
+    fn new(value: V, ttl: Duration, now: Instant) -> Self {
+        Entry {
+            value,
+            created: now,
+            used: now,
+            ttl,
+        }
+    }
+
     fn expired(&self, now: Instant, max_age: Duration) -> bool {
         now.saturating_duration_since(self.used) >= self.ttl
             || now.saturating_duration_since(self.created) >= max_age
@@ -64,15 +74,7 @@ impl<K: Eq + Hash + Clone, V: Clone> Expiring<K, V> {
     /// Adds `value` under `key`, made and used at `now`.
     pub fn insert_at(&self, key: K, value: V, ttl: Option<Duration>, now: Instant) {
         let ttl = ttl.map_or(self.idle_ttl, |t| t.min(self.idle_ttl));
-        self.map().insert(
-            key,
-            Entry {
-                value,
-                created: now,
-                used: now,
-                ttl,
-            },
-        );
+        self.map().insert(key, Entry::new(value, ttl, now));
     }
 
     /// The value kept under `key`, used at `now`; `value` is added first
@@ -81,12 +83,9 @@ impl<K: Eq + Hash + Clone, V: Clone> Expiring<K, V> {
     pub fn get_or_insert_at(&self, key: K, value: V, now: Instant) -> V {
         let ttl = self.idle_ttl;
         let mut map = self.map();
-        let e = map.entry(key).or_insert(Entry {
-            value,
-            created: now,
-            used: now,
-            ttl,
-        });
+        let e = map
+            .entry(key)
+            .or_insert_with(|| Entry::new(value, ttl, now));
         e.used = now;
         e.value.clone()
     }

@@ -146,21 +146,30 @@ impl Sandboxes {
     }
 
     fn create_at(&self, caller: &Caller, now: Instant) -> Result<Arc<Sandbox>, SandboxesError> {
+        self.add(Nanoid::random(), caller, now)
+    }
+
+    /// Holds a place of `caller`'s for the sandbox `id` and keeps it, used
+    /// at `now`; if `id` is held meanwhile, that sandbox (the place taken
+    /// for it goes back when it drops).
+    fn add(
+        &self,
+        id: Nanoid,
+        caller: &Caller,
+        now: Instant,
+    ) -> Result<Arc<Sandbox>, SandboxesError> {
         let owner = Owner::of(caller);
         // an expired sandbox of the caller's must not hold a place
         self.expire(now);
         let place = self.inner.caps.acquire(&owner)?;
         let sandbox = Arc::new(Sandbox {
-            id: Nanoid::random(),
+            id: id.clone(),
             creator: caller.clone(),
             owner,
             created_at: SystemTime::now(),
             _place: place,
         });
-        self.inner
-            .map
-            .insert_at(sandbox.id.clone(), Arc::clone(&sandbox), None, now);
-        Ok(sandbox)
+        Ok(self.inner.map.get_or_insert_at(id, sandbox, now))
     }
 
     /// The sandbox `id`, marked used now, unless it is gone.
@@ -184,17 +193,7 @@ impl Sandboxes {
         if let Some(held) = self.inner.map.use_at(&id, now) {
             return Ok(held);
         }
-        let owner = Owner::of(caller);
-        self.expire(now);
-        let place = self.inner.caps.acquire(&owner)?;
-        let sandbox = Arc::new(Sandbox {
-            id: id.clone(),
-            creator: caller.clone(),
-            owner,
-            created_at: SystemTime::now(),
-            _place: place,
-        });
-        Ok(self.inner.map.get_or_insert_at(id, sandbox, now))
+        self.add(id, caller, now)
     }
 
     /// Marks `sandbox` used now (a command that ran long ends).
