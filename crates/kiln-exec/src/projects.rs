@@ -123,6 +123,11 @@ impl Project {
     fn tree(&self) -> PathBuf {
         self.dir.join(TREE)
     }
+
+    /// Whether the project exists: its tree is a directory (blocking).
+    fn exists(&self) -> bool {
+        std::fs::symlink_metadata(self.tree()).is_ok_and(|m| m.is_dir())
+    }
 }
 
 /// A project bound to one request: the pipeline checks it out into the
@@ -275,10 +280,8 @@ impl Projects {
     /// `caller`'s project `name` if it exists.
     pub async fn find(&self, caller: &Caller, name: &str) -> Result<Option<Project>, ProjectError> {
         let project = self.project(Self::id(caller, name)?);
-        let tree = project.tree();
-        let exists =
-            blocking(move || Ok(std::fs::symlink_metadata(&tree).is_ok_and(|m| m.is_dir())))
-                .await?;
+        let p = project.clone();
+        let exists = blocking(move || Ok(p.exists())).await?;
         Ok(exists.then_some(project))
     }
 
@@ -289,10 +292,15 @@ impl Projects {
         caller: &Caller,
         name: &str,
     ) -> Result<Option<std::time::SystemTime>, ProjectError> {
-        let Some(project) = self.find(caller, name).await? else {
-            return Ok(None);
-        };
-        blocking(move || Ok(Some(std::fs::symlink_metadata(&project.dir)?.modified()?))).await
+        let project = self.project(Self::id(caller, name)?);
+        blocking(move || {
+            // what `find` asks, and the clock, in one blocking step
+            if !project.exists() {
+                return Ok(None);
+            }
+            Ok(Some(std::fs::symlink_metadata(&project.dir)?.modified()?))
+        })
+        .await
     }
 
     /// Deletes `caller`'s project `name` and everything in it; `false` when
