@@ -2,8 +2,8 @@
 //! module:
 //!
 //! ```text
-//! authorize ─► (queue) ─► workspace: acquire a jail, open the output session, stage
-//!           ─► run: compile? then run ─► harvest ─► outcome
+//! authorize ─► (queue) ─► acquire a jail ─► stage ─► run: compile? then run ─► harvest ─► outcome
+//!                                    └─► open the output session (meanwhile) ─┘
 //! ```
 //!
 //! The [`Executor`] runs it for the run registry ([`crate::Runs`]),
@@ -166,48 +166,58 @@ impl Executor {
             }
         })
         .await?;
-        let session = phase("store", open_session(&inner.store, run, &req.outputs)).await?;
-        let ws = Arc::new(
-            Workspace::open(jail.workspace(), jail.owner())
-                .map_err(|e| ExecError::SandboxSetup(format!("open workspace: {e}")))?,
-        );
-        let staged = phase(
-            "stage",
-            stage::stage(&inner.store, &ws, inputs, lang, &code),
-        )
-        .await?;
-        run.inputs_staged(staged.iter().map(|(name, s)| (name.clone(), s.size)));
-        let project = match &req.project {
-            Some(binding) => Some(
-                phase(
-                    "stage",
-                    project::check_out(binding, jail.workspace(), jail.owner()),
-                )
-                .await?,
-            ),
-            None => None,
-        };
-
-        // run
-        let steps = phase(
-            "run",
-            step::run_steps(
-                jail.as_mut(),
-                run,
-                lang,
-                &req.args,
-                &limits,
-                services,
-                tools.as_ref(),
-                project.as_ref().map(|w| {
-                    (
-                        w.as_path(),
-                        req.project.as_ref().map_or(&[][..], |b| &b.env[..]),
+        // the output session is opened while the files are staged and the
+        // program runs: nothing before the harvest needs it, and its row's
+        // commit stays off the latency of the run (a failure to open it
+        // still fails the run, after its program ended)
+        let opening = phase("store", open_session(&inner.store, run, &req.outputs));
+        let working = async {
+            let ws = Arc::new(
+                Workspace::open(jail.workspace(), jail.owner())
+                    .map_err(|e| ExecError::SandboxSetup(format!("open workspace: {e}")))?,
+            );
+            let staged = phase(
+                "stage",
+                stage::stage(&inner.store, &ws, inputs, lang, &code),
+            )
+            .await?;
+            run.inputs_staged(staged.iter().map(|(name, s)| (name.clone(), s.size)));
+            let project = match &req.project {
+                Some(binding) => Some(
+                    phase(
+                        "stage",
+                        project::check_out(binding, jail.workspace(), jail.owner()),
                     )
-                }),
-            ),
-        )
-        .await?;
+                    .await?,
+                ),
+                None => None,
+            };
+
+            // run
+            let steps = phase(
+                "run",
+                step::run_steps(
+                    jail.as_mut(),
+                    run,
+                    lang,
+                    &req.args,
+                    &limits,
+                    services,
+                    tools.as_ref(),
+                    project.as_ref().map(|w| {
+                        (
+                            w.as_path(),
+                            req.project.as_ref().map_or(&[][..], |b| &b.env[..]),
+                        )
+                    }),
+                ),
+            )
+            .await?;
+            Ok::<_, ExecError>((ws, staged, project, steps))
+        };
+        let (session, worked) = tokio::join!(opening, working);
+        let (ws, staged, project, steps) = worked?;
+        let session = session?;
 
         // harvest: the jail is gone (unless compilation failed: nothing ran)
         let harvest = if steps.run.is_some() {

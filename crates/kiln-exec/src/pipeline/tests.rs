@@ -298,6 +298,27 @@ async fn a_run_stages_the_code_runs_it_and_stores_its_outputs() {
 }
 
 #[tokio::test]
+async fn a_run_whose_output_session_cannot_be_opened_fails_with_a_storage_error() {
+    // the session is opened while the program runs: its failure must still
+    // fail the run (after the program ended), never be lost
+    let ran = Arc::new(Mutex::new(0));
+    let count = Arc::clone(&ran);
+    let f = fixture(vec![Box::new(move |_: &Path, req: &RunRequest| {
+        *count.lock().unwrap() += 1;
+        Some(wrote(req, ExitStatus::Code(0), "hi\n", ""))
+    })])
+    .await;
+    f.store.close().await;
+    let run = RunContext::standalone(alice(), "py");
+    let r = f
+        .exec
+        .execute(&run, Work::Fresh(request("py", "print('hi')")))
+        .await;
+    assert!(matches!(r, Err(ExecError::Storage(_))), "{r:?}");
+    assert_eq!(*ran.lock().unwrap(), 1, "the program ran meanwhile");
+}
+
+#[tokio::test]
 async fn plotting_code_gets_the_plot_hook_and_compiled_code_a_build_dir() {
     let f = fixture(vec![
         Box::new(|ws: &Path, req: &RunRequest| {
