@@ -76,12 +76,15 @@ struct Inner {
     cfg: ExecConfig,
 }
 
-/// Records how long a phase took (`kiln_exec_phase_seconds{phase}`).
+/// Records how long a phase took (`kiln_exec_phase_seconds{phase}`, and a
+/// debug event in the run's span: what made one run slow, where the
+/// histogram only has the mean).
 async fn phase<T>(name: &'static str, f: impl Future<Output = T>) -> T {
     let t = Instant::now();
     let out = f.await;
-    metrics::histogram!("kiln_exec_phase_seconds", "phase" => name)
-        .record(t.elapsed().as_secs_f64());
+    let took = t.elapsed();
+    metrics::histogram!("kiln_exec_phase_seconds", "phase" => name).record(took.as_secs_f64());
+    tracing::debug!(phase = name, us = took.as_micros() as u64, "phase done");
     out
 }
 

@@ -27,15 +27,18 @@ pub(super) async fn conclude(
     cgroups: Option<RunCgroups>,
     lease: Option<SlotLease>,
 ) -> Result<RunResult, SandboxError> {
+    let waited = std::time::Instant::now();
     let stats = match cgroups {
         Some(c) => c.finish().await,
         None => Ok(CgroupStats::default()),
     };
+    let cgroups_us = waited.elapsed().as_micros() as u64;
     drop(lease);
     let s = supervised?;
     tracing::debug!(
         run = %name,
         wall_ms = s.wall_time.as_millis() as u64,
+        cgroups_us,
         killed = ?s.killed,
         status = ?s.status,
         "jail finished"
