@@ -57,6 +57,7 @@ async fn create_lang(s: &TestServer, user: Option<&str>, lang: &str) -> String {
     )
     .await;
     assert_eq!(status, 201, "create: {v}");
+    assert_eq!(v["lang"], lang, "{v}");
     v["session_id"].as_str().expect("session_id").to_owned()
 }
 
@@ -574,26 +575,10 @@ async fn a_figure_as_final_expression_is_a_png_result_and_plt_show_writes_files(
     assert_eq!(v["files"][0]["path"], "plot_3.png", "{v}");
 }
 
-async fn create_js(s: &TestServer) -> String {
-    let t0 = Instant::now();
-    let (status, v) = call(
-        s,
-        reqwest::Method::POST,
-        "/sessions",
-        None,
-        Some(json!({"lang": "js"})),
-    )
-    .await;
-    assert_eq!(status, 201, "create js: {v}");
-    assert_eq!(v["lang"], "js");
-    eprintln!("js session create took {} ms", t0.elapsed().as_millis());
-    v["session_id"].as_str().expect("session_id").to_owned()
-}
-
 #[tokio::test]
 async fn a_js_session_keeps_state_with_repl_semantics() {
     let s = sessions_server(|_| {}).await;
-    let id = create_js(&s).await;
+    let id = create_lang(&s, None, "js").await;
     let v = exec_ok(
         &s,
         &id,
@@ -697,7 +682,7 @@ async fn a_js_session_keeps_state_with_repl_semantics() {
 #[tokio::test]
 async fn a_js_timeout_or_interrupt_stops_busy_and_awaiting_code_and_keeps_the_state() {
     let s = sessions_server(|_| {}).await;
-    let id = create_js(&s).await;
+    let id = create_lang(&s, None, "js").await;
     exec_ok(&s, &id, "let kept = 'yes'").await;
     for code in [
         "for (;;) {}",
@@ -729,7 +714,7 @@ async fn a_js_kernel_out_of_memory_or_deaf_to_its_interrupt_ends_the_session() {
         c.session_interrupt_grace_secs = 1;
     })
     .await;
-    let id = create_js(&s).await;
+    let id = create_lang(&s, None, "js").await;
     exec_ok(&s, &id, "const state = 1").await;
     let (status, v) = exec_as(
         &s,
@@ -745,7 +730,7 @@ async fn a_js_kernel_out_of_memory_or_deaf_to_its_interrupt_ends_the_session() {
 
     // SIGINT ignored by a process the code started and waits for
     // synchronously: the interrupt cannot get through, the kernel is killed
-    let id = create_js(&s).await;
+    let id = create_lang(&s, None, "js").await;
     let code = "require('child_process').execFileSync('sh', ['-c', 'trap \"\" INT; sleep 30'])";
     let (status, v) = exec_as(&s, &id, None, json!({"code": code, "timeout": 500})).await;
     assert_eq!(status, 410, "{v}");
