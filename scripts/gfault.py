@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections import Counter
 
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from floor import hello, server_known  # noqa: E402  (the checked request, the server's children)
 
