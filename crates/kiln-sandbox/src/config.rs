@@ -114,6 +114,9 @@ pub struct SandboxConfig {
     /// protection at start and a WARN per run. Namespaces and root remain
     /// required: without them there is no jail at all.
     pub allow_degraded: bool,
+    /// Keep a one-shot `py` jail per fixed uid slot for the slot's next
+    /// run (`sandbox/kept.rs`) instead of building a new one each time.
+    pub keep_jails: bool,
 }
 
 impl Default for SandboxConfig {
@@ -135,6 +138,7 @@ impl Default for SandboxConfig {
             cpu_per_run_millis: 1000,
             cpu_all_runs_millis: None,
             allow_degraded: false,
+            keep_jails: false,
         }
     }
 }

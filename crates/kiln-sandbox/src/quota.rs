@@ -675,7 +675,16 @@ impl SlotFs {
                 }
             }
         }
-        let walked = match empty_dir(&parent, &["lost+found"]) {
+        // a kept jail's workspace (`sandbox/kept.rs`) is bound into its
+        // jail: emptied, not removed
+        let kept = crate::sandbox::KEPT_WORKSPACE;
+        let emptied = empty_dir(&parent, &["lost+found", kept]).and_then(|()| {
+            match empty_dir(&parent.join(kept), &[]) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        });
+        let walked = match emptied {
             Ok(()) => {
                 if self.quota == WorkspaceQuota::LoopExt4 {
                     // Freed blocks back to the host, in one batch.

@@ -254,6 +254,9 @@ pub(crate) struct Supervised {
     pub stderr: Capture,
     pub killed: Option<KillReason>,
     pub wall_time: Duration,
+    /// A kept jail whose run ended cleanly (`JailSpec::keep`): its init is
+    /// alone in it and waits for the slot's next program. Dropped, it ends.
+    pub kept: Option<Started>,
 }
 
 /// How long to wait for the output pipes to close once the helper exited
@@ -433,6 +436,9 @@ pub(crate) struct Started {
     status: pipe::Receiver,
     /// Status bytes read while waiting for `parked`.
     status_bytes: Vec<u8>,
+    /// A kept jail (`JailSpec::keep`): its run ends with its init's
+    /// `finished` line, not with its init.
+    keep: bool,
 }
 
 impl std::fmt::Debug for Started {
@@ -460,6 +466,7 @@ pub(crate) async fn start_helper(
     launcher: Option<&Launcher>,
     zygote: Option<OwnedFd>,
     spec_line: &[u8],
+    keep: bool,
 ) -> Result<Started, SandboxError> {
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
@@ -479,7 +486,9 @@ pub(crate) async fn start_helper(
                 let pidfd = sys::async_readable(pidfd)
                     .map_err(|e| SandboxError::io("watch jail init pidfd", helper, e))?;
                 let proc = HelperProc::launched(pidfd);
-                return Started::new(helper, proc, ends);
+                let mut started = Started::new(helper, proc, ends)?;
+                started.keep = keep;
+                return Ok(started);
             }
             Err(e @ SandboxError::Setup(_)) => return Err(e),
             Err(e) => tracing::warn!(error = %e, "spawning the jail helper instead"),
@@ -506,9 +515,39 @@ pub(crate) async fn start_helper(
     drop(child_ends.status);
     drop(zygote);
     let mut started = Started::new(helper, HelperProc::spawned(child), ends)?;
-    // A spawned helper reads the spec on its stdin, the control pipe.
-    started.send_line(spec_line).await;
+    // A spawned helper reads the spec on its stdin, the control pipe; it
+    // waits for its init's end, so its jail is never kept.
+    match keep {
+        true => started.send_line(&unkept(spec_line)?).await,
+        false => started.send_line(spec_line).await,
+    }
     Ok(started)
+}
+
+/// `spec_line` (a kept jail's) with `keep` off.
+fn unkept(spec_line: &[u8]) -> Result<Vec<u8>, SandboxError> {
+    let encode = |e: serde_json::Error| SandboxError::Request(format!("encode spec: {e}"));
+    let mut spec: crate::spec::JailSpec = serde_json::from_slice(spec_line).map_err(encode)?;
+    spec.keep = false;
+    let mut line = serde_json::to_vec(&spec).map_err(encode)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Reads what is in `rx` now into `capture` (every writer but a kept
+/// jail's init is gone, so nothing more comes); `true` on an overflow.
+fn drain_now(
+    rx: &pipe::Receiver,
+    capture: &mut Capture,
+    stream: OutputStream,
+    sink: Option<&OutputSink>,
+    buf: &mut [u8],
+) -> bool {
+    let mut overflow = false;
+    while let Ok(n @ 1..) = rx.try_read(buf) {
+        overflow |= capture.push_to(&buf[..n], stream, sink);
+    }
+    overflow
 }
 
 impl Started {
@@ -527,6 +566,7 @@ impl Started {
             status: pipe::Receiver::from_owned_fd(ends.status)
                 .map_err(|e| io("watch status", e))?,
             status_bytes: Vec::new(),
+            keep: false,
         })
     }
 
@@ -538,6 +578,16 @@ impl Started {
         {
             tracing::debug!(error = %e, "writing to the jail helper failed");
         }
+    }
+
+    /// Hands a kept jail (`JailSpec::keep`) a fresh program: its init
+    /// checks the jail as new and has the program forked; waits until it
+    /// is parked. Fails (and the jail ends) when the init found anything
+    /// left or the program could not be had.
+    pub(crate) async fn again(&mut self) -> Result<(), SandboxError> {
+        self.status_bytes.clear();
+        self.send_line(crate::jail::keep::AGAIN).await;
+        self.wait_parked().await
     }
 
     /// The process and the pipes, for a driver other than [`Started::drive`]
@@ -628,6 +678,7 @@ impl Started {
             mut stderr,
             status: mut status_rx,
             mut status_bytes,
+            keep,
         } = self;
         let deadline = || match pause {
             Some(p) => p.deadline(started, limits.wall_time),
@@ -661,7 +712,31 @@ impl Started {
             };
         }
 
+        let mut kept = false;
         loop {
+            if keep
+                && exited.is_none()
+                && killed.is_none()
+                && status_bytes.ends_with(b"\n")
+                && matches!(
+                    StatusMsg::parse_last(&status_bytes),
+                    Some(StatusMsg::Finished { .. })
+                )
+            {
+                // A kept jail's init reports only once every other process
+                // of the jail is dead: what they wrote is in the pipes.
+                wall_time = started.elapsed();
+                let o = drain_now(&stdout, &mut out, OutputStream::Stdout, sink, &mut obuf);
+                let e = drain_now(&stderr, &mut err, OutputStream::Stderr, sink, &mut ebuf);
+                if o {
+                    killed = Some(KillReason::StdoutOverflow);
+                } else if e {
+                    killed = Some(KillReason::StderrOverflow);
+                }
+                kept = true;
+                exited = Some("kept for its slot's next run".to_owned());
+                break;
+            }
             if exited.is_some() && out.eof && err.eof && status_eof {
                 break;
             }
@@ -723,17 +798,31 @@ impl Started {
                 }
             }
         }
-        drop(control);
         let Some(helper_exit) = exited else {
             return Err(SandboxError::Helper("helper did not exit".to_owned()));
         };
+        let status = StatusMsg::parse_last(&status_bytes);
+        let kept = match control {
+            Some(control) if kept => Some(Started {
+                path,
+                proc,
+                control: Some(control),
+                stdout,
+                stderr,
+                status: status_rx,
+                status_bytes: Vec::new(),
+                keep,
+            }),
+            _ => None,
+        };
         Ok(Supervised {
             helper_exit,
-            status: StatusMsg::parse_last(&status_bytes),
+            status,
             stdout: out,
             stderr: err,
             killed,
             wall_time,
+            kept,
         })
     }
 }
@@ -753,7 +842,7 @@ pub(crate) async fn supervise(
     let mut spec_line =
         serde_json::to_vec(spec).map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
     spec_line.push(b'\n');
-    let started = start_helper(helper, launcher, None, &spec_line).await?;
+    let started = start_helper(helper, launcher, None, &spec_line, false).await?;
     started
         .drive(None, limits, cancel, sink, pause, budget)
         .await

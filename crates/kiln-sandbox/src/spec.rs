@@ -76,6 +76,14 @@ pub struct JailSpec {
     /// without `network`.
     #[serde(default)]
     pub slot_netns: Option<SlotNetnsSpec>,
+    /// An embedded parked jail kept for its slot's next run
+    /// (`sandbox/kept.rs`): its init survives the program, clears the jail
+    /// and waits for the server's `again` to have a fresh program forked.
+    /// Its init is then never in the run's cgroups (the program makes its
+    /// own cgroup namespace), so that the groups' checks count the
+    /// program's processes alone.
+    #[serde(default)]
+    pub keep: bool,
 }
 
 /// A slot's network namespace, which its jails join one after another.

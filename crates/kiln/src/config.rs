@@ -164,6 +164,11 @@ pub struct Config {
     /// it, a profile that misses cannot grow, and back-to-back runs of one
     /// profile wait for a jail to be built (BENCHMARKS.md, "the warm pool").
     pub warm_jails: u32,
+    /// Keep a one-shot `py` jail per uid slot and hand it the slot's next
+    /// program once it is found as new, instead of building a jail per
+    /// run (`kiln-sandbox/src/sandbox/kept.rs`). Off by default: a
+    /// prototype (BENCHMARKS.md).
+    pub keep_jails: bool,
     /// Most warm jails of one runtime (`py`, `js`, or the generic `exec`).
     pub warm_per_runtime: u32,
     /// Warm jails each runtime keeps while there is no demand.
@@ -411,6 +416,7 @@ impl Default for Config {
             log_format: "text".into(),
             jail_helper: None,
             warm_jails: 8,
+            keep_jails: false,
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,

@@ -97,6 +97,7 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     sc.workspace_inodes = config.workspace_files;
     sc.workspace_quota = config.quota_mode()?;
     sc.allow_degraded = config.insecure_allow_degraded_sandbox;
+    sc.keep_jails = config.keep_jails;
     (sc.cpu_per_run_millis, sc.cpu_all_runs_millis) = config.cpu_millis();
     // the host /etc entries some runtimes read (php.ini, ...), from the language table
     for name in kiln_core::lang::etc_binds() {

@@ -20,7 +20,7 @@ use nix::unistd::{Gid, Pid, Uid, pipe2, read, sethostname, setresgid, setresuid,
 use super::plan::{HOSTNAME, Op};
 use super::start::StartFds;
 use super::{
-    Confinement, EXIT_REPORTED, INIT_NAME, JailError, exec, remote, report, rootfs, watch,
+    Confinement, EXIT_REPORTED, INIT_NAME, JailError, exec, keep, remote, report, rootfs, watch,
 };
 use crate::spec::{JailSpec, STATUS_FD, StatusMsg};
 use crate::sys::{self, Forked};
@@ -217,7 +217,7 @@ fn init(
     let (exec_r, exec_w) = pipe()?;
     let watch = watch::Watch {
         spec,
-        control,
+        control: &control,
         go_w,
         started,
         status,
@@ -227,12 +227,16 @@ fn init(
         // The fork-server forks the program into our pid namespace; its
         // `finished` status comes on the exit pipe. Orphans are
         // re-parented to init and die with it.
-        let (exit_r, exit_w) = pipe()?;
         let Some(go_r) = go_r else {
             return Err(JailError::Setup(
                 "an embedded jail is always parked".to_owned(),
             ));
         };
+        if spec.keep {
+            drop((watch, exec_r, exec_w, go_r));
+            return kept(spec, plan, start, &zygote, &control, status);
+        }
+        let (exit_r, exit_w) = pipe()?;
         let me = sys::pidfd_open(Pid::from_raw(1))
             .map_err(|e| JailError::setup("pidfd of the jail's init", e))?;
         let fds = remote::ProgramFds {
@@ -273,6 +277,66 @@ fn init(
             sigchld,
         },
     )
+}
+
+/// A kept jail's init (`JailSpec::keep`, `keep.rs`): has a fresh program
+/// forked and watches it, clears the jail and reports the run, then waits
+/// for the server's `again` and checks the jail as new before the next
+/// one; returns (and so ends the jail) on the first failure. Keeps the
+/// fork-server's socket and its own copies of the output pipes between
+/// runs: no program reaches them (init is not dumpable, and a program is
+/// never init's child).
+fn kept(
+    spec: &JailSpec,
+    plan: &[Op],
+    start: &Start<'_>,
+    zygote: &OwnedFd,
+    control: &OwnedFd,
+    status: &File,
+) -> Result<StatusMsg, JailError> {
+    nix::sys::prctl::set_dumpable(false).map_err(|e| JailError::setup("not dumpable", e))?;
+    let kept_copy =
+        |r: std::io::Result<OwnedFd>| r.map_err(|e| JailError::setup("keep the output pipes", e));
+    let out = kept_copy(std::io::stdout().as_fd().try_clone_to_owned())?;
+    let err = kept_copy(std::io::stderr().as_fd().try_clone_to_owned())?;
+    let domain = nix::sys::utsname::uname()
+        .map_err(|e| JailError::setup("uname", e))?
+        .domainname()
+        .to_owned();
+    let me = sys::pidfd_open(Pid::from_raw(1))
+        .map_err(|e| JailError::setup("pidfd of the jail's init", e))?;
+    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::setup("pipe", e));
+    loop {
+        let (go_r, go_w) = pipe()?;
+        let (exec_r, exec_w) = pipe()?;
+        let (exit_r, exit_w) = pipe()?;
+        let fds = remote::ProgramFds {
+            stdout: &out,
+            stderr: &err,
+            exec_w: &exec_w,
+            go_r: &go_r,
+            exit_w: &exit_w,
+            init_pidfd: &me,
+        };
+        remote::request_program(zygote, start.spec_line, start.landlock_json, &fds)
+            .map_err(|e| JailError::setup("fork the program", e))?;
+        drop((exec_w, exit_w, go_r));
+        let watch = watch::Watch {
+            spec,
+            control,
+            go_w: Some(go_w),
+            started: Instant::now(),
+            status,
+        };
+        let msg = watch.run(exec_r, watch::Program::Remote { exit_r })?;
+        if keep::clear_processes().is_err() {
+            // reported as a jail that ends: its pid namespace goes with it
+            return Ok(msg);
+        }
+        report(status, &msg);
+        keep::wait_again(control)?;
+        keep::reset(plan, &domain)?;
+    }
 }
 
 /// Init holds neither the output pipes nor stdin from now on: only the

@@ -25,6 +25,7 @@
 mod confine;
 mod exec;
 mod init;
+pub(crate) mod keep;
 pub mod plan;
 pub(crate) mod remote;
 mod rootfs;
@@ -278,6 +279,14 @@ pub(crate) fn forked_program_main(
     );
     if let Err(e) = nix::sched::setns(&init_pidfd, others) {
         fail(JailError::setup("join the jail's namespaces", e));
+    }
+    // A kept jail's init is not in the run's groups: the program's own
+    // cgroup namespace, rooted at the run's groups it is in now, shows it
+    // "/" as a program its init forked sees.
+    if spec.keep
+        && let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+    {
+        fail(JailError::setup("cgroup namespace", e));
     }
     drop(init_pidfd);
     // Uid 0 of the jail, as a program its init forked starts: our host uid

@@ -56,6 +56,9 @@ pub enum Op {
     },
     Proc {
         dst: PathBuf,
+        /// A kept jail (`JailSpec::keep`): each of its programs makes a
+        /// cgroup namespace of its own.
+        kept: bool,
     },
     /// Set attributes on an existing mount (not recursive).
     SetAttr {
@@ -332,7 +335,10 @@ pub fn build(spec: &JailSpec, host: &impl HostView) -> Vec<Op> {
 
     // A fresh procfs for the jail's pid namespace, with sensitive entries
     // masked and kernel tunables read-only.
-    ops.push(Op::Proc { dst: p("/proc") });
+    ops.push(Op::Proc {
+        dst: p("/proc"),
+        kept: spec.keep,
+    });
     for m in PROC_MASKED {
         ops.push(Op::Bind {
             src: Source::Host(p("/dev/null")),
@@ -387,7 +393,7 @@ pub fn landlock_rules(ops: &[Op]) -> Vec<(PathBuf, PathAccess)> {
                 Some((dst.clone(), PathAccess::Devices))
             }
             Op::Tmpfs { dst, .. } => Some((dst.clone(), PathAccess::ReadWrite)),
-            Op::Proc { dst } => Some((dst.clone(), PathAccess::Proc)),
+            Op::Proc { dst, .. } => Some((dst.clone(), PathAccess::Proc)),
             _ => None,
         };
         if let Some(rule) = rule
@@ -467,6 +473,7 @@ mod tests {
             etc_files: vec![],
             network: None,
             slot_netns: None,
+            keep: false,
         }
     }
 
@@ -672,7 +679,7 @@ mod tests {
         let ops = build(&spec(), &merged_usr_host());
         let proc_at = ops
             .iter()
-            .position(|o| *o == Op::Proc { dst: p("/proc") })
+            .position(|o| matches!(o, Op::Proc { dst, .. } if dst == Path::new("/proc")))
             .expect("proc mounted");
         let kcore_at = ops
             .iter()

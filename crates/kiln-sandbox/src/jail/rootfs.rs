@@ -87,8 +87,15 @@ pub const USER_NS_LIMITS: &[(&str, &str)] = &[
 ];
 
 /// Writes [`USER_NS_LIMITS`] through the jail's fresh procfs at `proc`.
-fn limit_user_namespace(proc: &Path) -> Result<(), JailError> {
-    for (name, value) in USER_NS_LIMITS {
+/// A kept jail's program makes its own cgroup namespace (its init is not
+/// in the run's groups): two may exist, the init's and the running
+/// program's, so the program still can make none.
+fn limit_user_namespace(proc: &Path, kept: bool) -> Result<(), JailError> {
+    for &(name, value) in USER_NS_LIMITS {
+        let value = match name {
+            "max_cgroup_namespaces" if kept => "2",
+            _ => value,
+        };
         let path = proc.join("sys/user").join(name);
         match fs::write(&path, value) {
             Ok(()) => {}
@@ -232,16 +239,10 @@ fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
         } => {
             let target = under(root, dst);
             make_dir(&target, 0o755)?;
-            mount(
-                Some("tmpfs"),
-                &target,
-                Some("tmpfs"),
-                ms_flags(*attrs),
-                Some(options.as_str()),
-            )
-            .map_err(|e| err(format_args!("mount tmpfs on {}", dst.display()), e))
+            mount_tmpfs(&target, options, *attrs)
+                .map_err(|e| err(format_args!("mount tmpfs on {}", dst.display()), e))
         }
-        Op::Proc { dst } => {
+        Op::Proc { dst, kept } => {
             let target = under(root, dst);
             make_dir(&target, 0o555)?;
             mount(
@@ -252,11 +253,43 @@ fn run_op(root: &Path, op: &Op) -> Result<(), JailError> {
                 None::<&str>,
             )
             .map_err(|e| err(format_args!("mount proc on {}", dst.display()), e))?;
-            limit_user_namespace(&target)
+            limit_user_namespace(&target, *kept)
         }
         Op::SetAttr { dst, attrs } => set_attrs(&under(root, dst), false, *attrs)
             .map_err(|e| err(format_args!("set mount attributes of {}", dst.display()), e)),
     }
+}
+
+fn mount_tmpfs(target: &Path, options: &str, attrs: u64) -> Result<(), Errno> {
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        ms_flags(attrs),
+        Some(options),
+    )
+}
+
+/// In the entered root of a kept jail: every writable tmpfs of the plan
+/// (`/tmp`, `/dev/shm`; not `/dev`, which is read-only) detached and a new
+/// empty one mounted in its place, as the plan made it. Nothing is deleted
+/// file by file: what a program left there goes with the old mount.
+pub(super) fn renew_tmpfs(ops: &[Op]) -> Result<(), JailError> {
+    for op in ops {
+        if let Op::Tmpfs {
+            dst,
+            options,
+            attrs,
+        } = op
+            && dst != Path::new("/dev")
+        {
+            umount2(dst.as_path(), MntFlags::MNT_DETACH)
+                .map_err(|e| err(format_args!("detach tmpfs {}", dst.display()), e))?;
+            mount_tmpfs(dst, options, *attrs)
+                .map_err(|e| err(format_args!("mount tmpfs on {}", dst.display()), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Builds the new root on `root_dir` and switches to it. Must run in a

@@ -73,8 +73,10 @@ pub(crate) fn start(spec_line: &[u8], fds: &StartFds<'_>) -> Result<(Pid, OwnedF
             .map_err(|e| JailError::setup("encode the Landlock rules", e))?,
         None => Vec::new(),
     };
+    // A kept jail's init outlives its runs: only its programs join the
+    // run's groups (see `JailSpec::keep`).
     let cgroup_fd = match &spec.cgroup {
-        Some(CgroupAttach::V2 { dir }) => Some(
+        Some(CgroupAttach::V2 { dir }) if !spec.keep => Some(
             open(
                 dir,
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -158,7 +160,9 @@ fn back_home(joined: bool, fds: &StartFds<'_>) -> Result<(), JailError> {
 /// group), before it is released, so that it and everything it forks is
 /// counted and limited from its first step on.
 fn attach_v1(spec: &JailSpec, pid: Pid) -> Result<(), JailError> {
-    if let Some(CgroupAttach::V1 { procs }) = &spec.cgroup {
+    if let Some(CgroupAttach::V1 { procs }) = &spec.cgroup
+        && !spec.keep
+    {
         let pid = pid.to_string();
         for p in procs {
             std::fs::write(p, &pid)

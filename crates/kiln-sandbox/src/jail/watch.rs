@@ -61,7 +61,7 @@ pub(super) fn child_signals() -> Result<SignalFd, JailError> {
 /// What init watches (see the module's text).
 pub(super) struct Watch<'a> {
     pub spec: &'a JailSpec,
-    pub control: OwnedFd,
+    pub control: &'a OwnedFd,
     /// The go pipe's write end (parked jails) until the go passed.
     pub go_w: Option<OwnedFd>,
     /// When init started: a run that is not parked counts from here.
@@ -152,7 +152,7 @@ impl Watch<'_> {
             drop(fds);
 
             if control_ready {
-                let n = match nix::unistd::read(&control, &mut buf) {
+                let n = match nix::unistd::read(control, &mut buf) {
                     Ok(0) => stop(),
                     Ok(n) => n,
                     Err(Errno::EINTR | Errno::EAGAIN) => continue,

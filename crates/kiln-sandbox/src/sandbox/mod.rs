@@ -8,6 +8,7 @@
 //! park, run parked, discard), `outcome.rs` (how a run ends).
 
 mod host;
+mod kept;
 mod outcome;
 mod parked;
 mod setup;
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use self::host::{check_searchable, prepare_root_dir, settle_report};
+pub(crate) use self::kept::KEPT_WORKSPACE;
 use self::outcome::{conclude, cpu_budget};
 pub use self::parked::{ParkSpec, ParkedJail};
 pub(crate) use self::setup::Going;
@@ -60,6 +62,8 @@ struct Inner {
     /// start) means a spawned helper, both in the server's mount namespace,
     /// never `launcher`'s, which lacks their workspaces.
     kernel_launcher: Option<Launcher>,
+    /// One-shot jails kept per fixed slot (`kept.rs`); `None`: off.
+    kept: Option<kept::KeptJails>,
 }
 
 /// Native Linux jails. Cheap to clone; all clones share one slot pool.
@@ -184,6 +188,7 @@ impl Sandbox {
         let kernel_launcher = separate_kernels
             .then(|| start_launcher(&cfg.helper, None, "kernel jail launcher"))
             .flatten();
+        let kept = cfg.keep_jails.then(kept::KeptJails::default);
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 cfg,
@@ -196,6 +201,7 @@ impl Sandbox {
                 zygotes: std::sync::RwLock::new(HashMap::new()),
                 launcher,
                 kernel_launcher,
+                kept,
             }),
         })
     }
@@ -206,6 +212,9 @@ impl Sandbox {
     /// done when the last clone is dropped and at process exit.
     pub fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        if let Some(kept) = &self.inner.kept {
+            kept.clear();
+        }
         self.inner.slots.remove_cgroups();
         self.inner.areas.teardown();
     }

@@ -19,6 +19,8 @@ use crate::seccomp;
 use crate::slots::{Slot, SlotLease};
 use crate::spec::ParkMode;
 
+use super::kept::KeepKey;
+
 impl Sandbox {
     /// Builds a jail under `slot` and parks it before its program runs: a
     /// warm jail. Everything a run needs is done here (namespaces, mounts,
@@ -41,8 +43,28 @@ impl Sandbox {
         self.admit(slot)?;
         let t0 = std::time::Instant::now();
         let name = run_name(slot);
+        // a one-shot `py` jail of a fixed slot is kept for the slot's next
+        // park (`kept.rs`)
+        let keep = self.inner.kept.is_some()
+            && park.mode == ParkMode::Embedded
+            && workspace.is_none()
+            && !self.inner.slots.is_on_demand(slot.index());
+        let mut kept_workspace = None;
         let workspace = match workspace {
             Some(w) => w,
+            None if keep => {
+                let (parent, uid, gid) =
+                    (slot.workspace_parent(), slot.host_uid(), slot.host_gid());
+                let (ws, id) =
+                    tokio::task::spawn_blocking(move || super::kept::workspace(&parent, uid, gid))
+                        .await
+                        .map_err(|e| SandboxError::Helper(format!("create workspace: {e}")))?
+                        .map_err(|e| {
+                            SandboxError::io("create workspace", slot.workspace_parent(), e)
+                        })?;
+                kept_workspace = Some(id);
+                ws
+            }
             None => {
                 let ws = slot.workspace_parent().join(format!("w{name}"));
                 let (uid, gid) = (slot.host_uid(), slot.host_gid());
@@ -78,16 +100,49 @@ impl Sandbox {
             mode: park.mode,
             etc_files: park.etc_files.clone(),
         };
+        // the slot's kept jail, taken before `prepare` ends it
+        let mut kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
         let Prepared {
             name,
-            spec,
+            mut spec,
             cgroups,
             lease,
         } = self.prepare(slot, name, &req, Some(parking))?;
+        spec.keep = keep;
         let mut spec_line = serde_json::to_vec(&spec)
             .map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
         spec_line.push(b'\n');
+        let key = kept_workspace.map(|workspace| super::kept::KeepKey {
+            spec_line: spec_line.clone(),
+            template: park.template.clone(),
+            workspace,
+        });
         let parked = async {
+            // reused only when built from what this park would build;
+            // else it ends here (dropped)
+            if let (Some((built, _)), Some(key)) = (kept.as_ref(), key.as_ref())
+                && built != key
+            {
+                tracing::debug!(
+                    slot = slot.index(),
+                    same_spec = built.spec_line == key.spec_line,
+                    same_template = built.template == key.template,
+                    same_workspace = built.workspace == key.workspace,
+                    "the slot's kept jail was built from something else; it ends"
+                );
+            }
+            if let (Some((built, mut started)), Some(key)) = (kept.take(), key.as_ref())
+                && built == *key
+            {
+                match started.again().await {
+                    Ok(()) => return Ok(started),
+                    Err(e) => tracing::info!(
+                        slot = slot.index(),
+                        error = %e,
+                        "the slot's kept jail was not found as new; building a new one"
+                    ),
+                }
+            }
             let zygote = match park.mode {
                 ParkMode::Embedded => match self.zygotes().get(&park.template) {
                     Some(z) => Some(z.client()?),
@@ -102,7 +157,7 @@ impl Sandbox {
             };
             let launcher = self.launcher_for(slot);
             let mut started =
-                start_helper(&self.inner.cfg.helper, launcher, zygote, &spec_line).await?;
+                start_helper(&self.inner.cfg.helper, launcher, zygote, &spec_line, keep).await?;
             started.wait_parked().await?;
             Ok(started)
         };
@@ -125,6 +180,7 @@ impl Sandbox {
             lease,
             mode: park.mode,
             build_time: t0.elapsed(),
+            keep: key,
         })
     }
 
@@ -150,6 +206,8 @@ impl Sandbox {
             self.discard(jail).await;
             return Err(e);
         }
+        let mut jail = jail;
+        let keep = jail.keep.take();
         let Going {
             name,
             started,
@@ -159,7 +217,7 @@ impl Sandbox {
             ..
         } = self.go(jail, &req, false).await?;
         let budget = cpu_budget(cgroups.as_ref(), &req.limits);
-        let supervised = started
+        let mut supervised = started
             .drive(
                 Some(&line),
                 &req.limits,
@@ -169,6 +227,14 @@ impl Sandbox {
                 budget.as_ref(),
             )
             .await;
+        // a clean end: the jail waits for its slot's next park
+        if let (Ok(s), Some(key), Some(kept)) =
+            (supervised.as_mut(), keep, self.inner.kept.as_ref())
+            && let Some(started) = s.kept.take()
+            && s.killed.is_none()
+        {
+            kept.put(slot.index(), key, started);
+        }
         conclude(&name, supervised, cgroups, lease).await
     }
 
@@ -244,6 +310,8 @@ pub struct ParkedJail {
     pub(crate) lease: Option<SlotLease>,
     mode: ParkMode,
     build_time: Duration,
+    /// A jail kept for its slot's next park after a clean run (`kept.rs`).
+    pub(crate) keep: Option<KeepKey>,
 }
 
 impl ParkedJail {

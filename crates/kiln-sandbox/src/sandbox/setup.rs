@@ -87,6 +87,10 @@ impl Sandbox {
     ) -> Result<Prepared, SandboxError> {
         check_workspace_location(req, slot)?;
         validate_request(req)?;
+        // the slot's kept jail (`kept.rs`) ends with any other use of it
+        if let Some(kept) = &self.inner.kept {
+            drop(kept.take(slot.index()));
+        }
         // Without cgroups the lease alone keeps the slot reserved until the
         // helper (and with it the jail) is gone.
         // A one-shot jail takes its slot's kept groups where they are clean
@@ -216,6 +220,7 @@ pub(super) fn plan_spec(
         etc_files,
         network: req.network.as_ref().map(crate::netns::JailNetwork::spec),
         slot_netns: None,
+        keep: false,
     }
 }
 

@@ -21,6 +21,7 @@ mod hardening;
 mod http;
 mod info;
 mod isolation;
+mod keptjail;
 mod mcp;
 mod network;
 mod privilege;
