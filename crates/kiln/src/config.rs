@@ -166,8 +166,9 @@ pub struct Config {
     pub warm_jails: u32,
     /// Keep a one-shot `py` jail per uid slot and hand it the slot's next
     /// program once it is found as new, instead of building a jail per
-    /// run (`kiln-sandbox/src/sandbox/kept.rs`). Off by default: a
-    /// prototype (BENCHMARKS.md).
+    /// run (`kiln-sandbox/src/sandbox/kept.rs`). Off by default: two
+    /// properties are weaker with it (SECURITY.md, "A one-shot jail kept
+    /// per slot"); BENCHMARKS.md has what it saves.
     pub keep_jails: bool,
     /// Most warm jails of one runtime (`py`, `js`, or the generic `exec`).
     pub warm_per_runtime: u32,
