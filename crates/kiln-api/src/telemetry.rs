@@ -129,6 +129,12 @@ pub const SERIES: &[Series] = &[
         "Warm jails asked for, by runtime profile and result (hit or miss).",
     ),
     series(
+        "kiln_kept_jails_total",
+        Counter,
+        &["result"],
+        "Parks of a slot that held a kept one-shot jail (keep_jails): reused (found as new, handed a fresh program), replaced (its init found something left, or could not have a program forked) or rebuilt (built from another spec, template or workspace).",
+    ),
+    series(
         "kiln_warm_misses_served_early_total",
         Counter,
         &["profile"],

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Sse, client, server_with, sse_events};
+use common::{Sse, client, metric, server_with, sse_events};
 use kiln::testing::TestServer;
 use serde_json::{Value, json};
 
@@ -1064,28 +1064,17 @@ async fn py_pool(s: &TestServer) -> (u64, u64, u64) {
 
 /// `(ready, hits, misses)` of `lang`'s kernels started ahead.
 async fn kernel_pool(s: &TestServer, lang: &str) -> (u64, u64, u64) {
-    let text = client()
-        .get(format!("{}/metrics", s.base_url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    let value = |series: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{series} ")))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0) as u64
-    };
+    let value = async |series: String| metric(s, &series).await as u64;
     (
-        value(&format!(r#"kiln_kernel_pool_ready{{lang="{lang}"}}"#)),
-        value(&format!(
+        value(format!(r#"kiln_kernel_pool_ready{{lang="{lang}"}}"#)).await,
+        value(format!(
             r#"kiln_kernel_pool_takes_total{{lang="{lang}",result="hit"}}"#
-        )),
-        value(&format!(
+        ))
+        .await,
+        value(format!(
             r#"kiln_kernel_pool_takes_total{{lang="{lang}",result="miss"}}"#
-        )),
+        ))
+        .await,
     )
 }
 

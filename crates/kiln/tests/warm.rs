@@ -312,6 +312,26 @@ async fn every_template_runs_every_case_like_a_cold_run() {
     }
 }
 
+/// With `keep_jails`, a slot's jail takes the slot's next programs (each a
+/// fresh fork): every case still gives what a cold run gives, in jails
+/// that were in fact reused (two slots, one run at a time, the lean
+/// template: the cases alternate between the two slots' kept jails).
+#[tokio::test]
+async fn kept_jails_run_every_case_like_a_cold_run() {
+    let cold = server_with(|c| c.warm_jails = 0).await;
+    let kept = server_with(keeping).await;
+    // (each case's cold run gives the slot's clean-up and the pool's
+    // refill the time to hand the kept jail its next program)
+    let differences = differences(&kept, &cold).await;
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+    let reused = metric(&kept, r#"kiln_kept_jails_total{result="reused"}"#).await;
+    assert!(
+        reused >= (py_cases() / 2) as f64,
+        "the py cases ran in kept jails: {reused} reused of {}",
+        py_cases()
+    );
+}
+
 /// Code the import scan cannot see through (an import by a computed name)
 /// runs in the lean template, which then imports pandas and pyplot itself:
 /// slower, but with the same result as a cold run, plt.show() hook included.

@@ -32,6 +32,10 @@ mod rootfs;
 pub(crate) mod start;
 mod watch;
 
+/// The pid of a jail's program in the jail: the first process its init
+/// (pid 1) forks, or the fork-server's fork into it.
+pub(crate) const PROGRAM_PID: libc::pid_t = 2;
+
 use std::fs::File;
 use std::io::{BufRead, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -274,6 +278,11 @@ pub(crate) fn forked_program_main(
         sys::scrub_path(p);
     }
     spec.scrub_host_paths();
+    if spec.keep
+        && let Err(e) = kept_program_pids()
+    {
+        fail(e);
+    }
     let others = nix::sched::CloneFlags::from_bits_truncate(
         (JAIL_NAMESPACES & !libc::CLONE_NEWPID) | libc::CLONE_NEWCGROUP,
     );
@@ -300,6 +309,23 @@ pub(crate) fn forked_program_main(
         fail(JailError::setup("become the jail's uid 0", e));
     }
     exec::exec_main(&spec, &confinement, exec_w, Some(go_r), Some(runner))
+}
+
+/// A kept jail's program (`keep.rs`) numbers its processes as a cold
+/// jail's first program does: it is [`PROGRAM_PID`] (the fork-server gave
+/// it that pid), and the jail's next pid is the one after it, whatever
+/// earlier programs in the jail had. Else a program could count how many
+/// processes ran in the slot before it. Written while this process is
+/// still root of the host, through the host's `/proc` (the jail's is
+/// read-only there), to its own, the jail's, pid namespace.
+fn kept_program_pids() -> Result<(), JailError> {
+    if nix::unistd::getpid().as_raw() != PROGRAM_PID {
+        return Err(JailError::Setup(format!(
+            "a kept jail's program must be pid {PROGRAM_PID}"
+        )));
+    }
+    std::fs::write("/proc/sys/kernel/ns_last_pid", PROGRAM_PID.to_string())
+        .map_err(|e| JailError::setup("reset the kept jail's next pid", e))
 }
 
 /// A spawned helper (no jail launcher): starts the jail as the launcher

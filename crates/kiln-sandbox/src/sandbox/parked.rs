@@ -123,6 +123,7 @@ impl Sandbox {
             if let (Some((built, _)), Some(key)) = (kept.as_ref(), key.as_ref())
                 && built != key
             {
+                metrics::counter!("kiln_kept_jails_total", "result" => "rebuilt").increment(1);
                 tracing::debug!(
                     slot = slot.index(),
                     same_spec = built.spec_line == key.spec_line,
@@ -135,12 +136,20 @@ impl Sandbox {
                 && built == *key
             {
                 match started.again().await {
-                    Ok(()) => return Ok(started),
-                    Err(e) => tracing::info!(
-                        slot = slot.index(),
-                        error = %e,
-                        "the slot's kept jail was not found as new; building a new one"
-                    ),
+                    Ok(()) => {
+                        metrics::counter!("kiln_kept_jails_total", "result" => "reused")
+                            .increment(1);
+                        return Ok(started);
+                    }
+                    Err(e) => {
+                        metrics::counter!("kiln_kept_jails_total", "result" => "replaced")
+                            .increment(1);
+                        tracing::info!(
+                            slot = slot.index(),
+                            error = %e,
+                            "the slot's kept jail was not found as new; building a new one"
+                        );
+                    }
                 }
             }
             let zygote = match park.mode {

@@ -74,8 +74,20 @@ pub fn ensure_single_threaded() -> io::Result<()> {
 /// Refuses (without cloning) unless the calling process is single-threaded:
 /// the child continues with a copy of the caller's memory and may allocate.
 pub fn clone3_fork(flags: u64, cgroup: Option<RawFd>) -> io::Result<Forked> {
+    clone3_fork_as(flags, cgroup, None)
+}
+
+/// [`clone3_fork`], the child taking pid `tid` in the pid namespace it is
+/// born in (`set_tid`; the caller needs `CAP_SYS_ADMIN` over that
+/// namespace). `EEXIST` when `tid` is taken there.
+pub fn clone3_fork_as(
+    flags: u64,
+    cgroup: Option<RawFd>,
+    tid: Option<libc::pid_t>,
+) -> io::Result<Forked> {
     ensure_single_threaded()?;
     let mut pidfd: libc::c_int = -1;
+    let tids: [libc::pid_t; 1] = [tid.unwrap_or(0)];
     let mut args = CloneArgs {
         flags: flags | CLONE_PIDFD,
         pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
@@ -86,8 +98,13 @@ pub fn clone3_fork(flags: u64, cgroup: Option<RawFd>) -> io::Result<Forked> {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = fd as u64;
     }
+    if tid.is_some() {
+        args.set_tid = tids.as_ptr() as u64;
+        args.set_tid_size = 1;
+    }
     // SAFETY: `args` is a fully initialised clone_args of the size we pass and
-    // outlives the call; `pidfd` points to a live c_int. Without CLONE_VM and
+    // outlives the call, as does `tids`, which `set_tid` points to when set;
+    // `pidfd` points to a live c_int. Without CLONE_VM and
     // with a zero stack the kernel duplicates the address space like fork(2),
     // so the child runs on its own copy of this stack. We checked above that
     // the process is single-threaded, so no lock (malloc's included) can be

@@ -207,9 +207,17 @@ fn handle_request(
     // the interpreter's fork protocol: its locks are taken before the fork,
     // released here after it, and re-made in the child when it runs
     embed::before_fork();
+    // The program is pid 2 of the jail, as the first process a cold jail's
+    // init forks is; a kept jail's earlier programs (`jail/keep.rs`) then
+    // show in no pid of the next (the cursor follows: `jail/mod.rs`).
     let forked = nix::sched::setns(&init_pidfd, CloneFlags::CLONE_NEWPID)
         .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
-        .and_then(|()| sys::clone3_fork(0, None));
+        .and_then(
+            |()| match sys::clone3_fork_as(0, None, Some(crate::jail::PROGRAM_PID)) {
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::clone3_fork(0, None),
+                other => other,
+            },
+        );
     if !matches!(forked, Ok(Forked::Child)) {
         embed::after_fork_parent();
     }

@@ -80,6 +80,37 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// The value of one Prometheus series on `s`'s `/metrics` (`series` with
+/// its labels, as exposed), 0 when absent.
+#[allow(dead_code)]
+pub async fn metric(s: &kiln::testing::TestServer, series: &str) -> f64 {
+    let text = client()
+        .get(format!("{}/metrics", s.base_url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{series} ")))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// `keep_jails` on two slots (one run at a time, one parked jail), no
+/// kernels, the lean template only: runs alternate between the two slots,
+/// each slot's jail kept in turn.
+#[allow(dead_code)]
+pub fn keeping(c: &mut kiln::config::Config) {
+    c.keep_jails = true;
+    c.max_concurrency = 1;
+    c.warm_jails = 1;
+    c.warm_per_runtime = 1;
+    c.max_sessions = 0;
+    c.python_template = "lean".into();
+}
+
 /// Sends `req` and returns the answer's JSON body.
 pub async fn json_of(req: reqwest::RequestBuilder) -> Value {
     req.send().await.expect("send").json().await.expect("json")

@@ -13,18 +13,6 @@ use serde_json::json;
 
 use crate::{common, out};
 
-/// Two slots (one run, one parked jail), no kernels, the lean template
-/// only: runs alternate between the two slots, each slot's jail kept in
-/// turn.
-fn keeping(c: &mut kiln::config::Config) {
-    c.keep_jails = true;
-    c.max_concurrency = 1;
-    c.warm_jails = 1;
-    c.warm_per_runtime = 1;
-    c.max_sessions = 0;
-    c.python_template = "lean".into();
-}
-
 /// Prints the jail's identity as its last line: its IPC and mount
 /// namespaces and when its init started (a namespace's inode number alone
 /// is reused once it is freed).
@@ -62,7 +50,7 @@ enum Expect {
 /// [`Expect::Replaced`] none may have, while other jails were reused (so
 /// keeping was on).
 async fn the_next_program_sees_nothing(leave: &str, look: &str, expect: Expect) {
-    let s = common::server_with(keeping).await;
+    let s = common::server_with(common::keeping).await;
     // a slot's first jail has groups and a network namespace of its own
     // (the slot's are made by its first clean-up): it is not kept
     for _ in 0..4 {
@@ -161,4 +149,30 @@ if libc.shmget(KEY, 0, 0) >= 0 or libc.msgget(KEY, 0) >= 0 or libc.semget(KEY, 0
 "#
     );
     the_next_program_sees_nothing(&leave, &look, Expect::Replaced).await;
+}
+
+/// Pids would count what ran before: a kept jail's program is pid 2 and
+/// its first child pid 3, as in a new jail, after a program that forked
+/// fifty processes in the same jail.
+#[tokio::test]
+async fn a_kept_jails_next_program_cannot_count_the_processes_before_it() {
+    let leave = r#"
+import os
+for _ in range(50):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("LEFT", pid)
+"#;
+    let look = r#"
+import os
+child = os.fork()
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+if (os.getpid(), child) != (2, 3):
+    print("SEEN", os.getpid(), child)
+"#;
+    the_next_program_sees_nothing(leave, look, Expect::Reused).await;
 }
