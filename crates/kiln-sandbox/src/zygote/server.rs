@@ -214,8 +214,10 @@ fn handle_request(
         .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
         .and_then(
             |()| match sys::clone3_fork_as(0, None, Some(crate::jail::PROGRAM_PID)) {
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::clone3_fork(0, None),
-                other => other,
+                // taken, or not ours to choose: any pid (a kept jail's
+                // program then refuses to run: `jail::kept_program_pids`)
+                Err(_) => sys::clone3_fork(0, None),
+                forked => forked,
             },
         );
     if !matches!(forked, Ok(Forked::Child)) {
