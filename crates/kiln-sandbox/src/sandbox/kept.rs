@@ -10,7 +10,7 @@
 //! ends the kept jail first.
 //!
 //! Off unless `keep_jails` is set (`SandboxConfig`; `KILN_KEEP_JAILS`):
-//! a prototype, see BENCHMARKS.md.
+//! SECURITY.md says what is weaker with it, BENCHMARKS.md what it saves.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

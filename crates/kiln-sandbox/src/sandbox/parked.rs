@@ -101,7 +101,7 @@ impl Sandbox {
             etc_files: park.etc_files.clone(),
         };
         // the slot's kept jail, taken before `prepare` ends it
-        let mut kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
+        let kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
         let Prepared {
             name,
             mut spec,
@@ -119,37 +119,27 @@ impl Sandbox {
         });
         let parked = async {
             // reused only when built from what this park would build;
-            // else it ends here (dropped)
-            if let (Some((built, _)), Some(key)) = (kept.as_ref(), key.as_ref())
-                && built != key
-            {
-                metrics::counter!("kiln_kept_jails_total", "result" => "rebuilt").increment(1);
-                tracing::debug!(
-                    slot = slot.index(),
-                    same_spec = built.spec_line == key.spec_line,
-                    same_template = built.template == key.template,
-                    same_workspace = built.workspace == key.workspace,
-                    "the slot's kept jail was built from something else; it ends"
-                );
-            }
-            if let (Some((built, mut started)), Some(key)) = (kept.take(), key.as_ref())
-                && built == *key
-            {
-                match started.again().await {
-                    Ok(()) => {
-                        metrics::counter!("kiln_kept_jails_total", "result" => "reused")
-                            .increment(1);
-                        return Ok(started);
-                    }
-                    Err(e) => {
-                        metrics::counter!("kiln_kept_jails_total", "result" => "replaced")
-                            .increment(1);
-                        tracing::info!(
-                            slot = slot.index(),
-                            error = %e,
-                            "the slot's kept jail was not found as new; building a new one"
-                        );
-                    }
+            // else it ends here (dropped) before its successor is built
+            if let (Some((built, mut started)), Some(key)) = (kept, key.as_ref()) {
+                if built != *key {
+                    metrics::counter!("kiln_kept_jails_total", "result" => "rebuilt").increment(1);
+                    tracing::debug!(
+                        slot = slot.index(),
+                        same_spec = built.spec_line == key.spec_line,
+                        same_template = built.template == key.template,
+                        same_workspace = built.workspace == key.workspace,
+                        "the slot's kept jail was built from something else; it ends"
+                    );
+                } else if let Err(e) = started.again().await {
+                    metrics::counter!("kiln_kept_jails_total", "result" => "replaced").increment(1);
+                    tracing::info!(
+                        slot = slot.index(),
+                        error = %e,
+                        "the slot's kept jail was not found as new; building a new one"
+                    );
+                } else {
+                    metrics::counter!("kiln_kept_jails_total", "result" => "reused").increment(1);
+                    return Ok(started);
                 }
             }
             let zygote = match park.mode {
