@@ -8,10 +8,10 @@ namespace, a cgroup, a fork, an exit, page faults, ...). CPU of processes that
 belong to neither Kiln nor this tool (other load on the machine) is counted
 apart and left out, so the table changes little when the machine is busy.
 
-  floor.py request --url http://127.0.0.1:PORT --server-pid PID [-n 200] [--pause-ms 0]
-      sends N `print('hello')` runs to a running `kiln serve` (a new connection
-      each, every answer checked) while recording; the table is ms of CPU per
-      request by role x part.
+  floor.py request --url http://127.0.0.1:PORT --server-pid PID [-n 200] [--pause-ms 0] [--workload W]
+      sends N `print('hello')` runs (or --workload W, as `server` has) to a running
+      `kiln serve` (a new connection each, every answer checked) while recording;
+      the table is ms of CPU per request (per pair for `pair`) by role x part.
 
   floor.py server --url http://127.0.0.1:PORT --server-pid PID [-n 200] [--workload W] [--history N]
       the server process alone (perf -p, DWARF stacks): its ms of CPU per request
@@ -181,7 +181,7 @@ class Roles:
 # a fork of a role's process takes this role (threads keep their pid's role)
 CHILD_ROLE = {
     "server": "server (forks)",
-    "launcher": "jail helper H",
+    "launcher": "jail init C",  # the launcher clones each jail's init itself
     "jail helper H": "jail init C",
     "jail init C": "jail init C",
     "fork-server": "program G (fork of the template)",
@@ -225,7 +225,7 @@ def tabulate(path, known, freq):
     return ms
 
 
-def print_table(ms, count, title, skip=("other load",)):
+def print_table(ms, count, title, skip=("other load", "client (this tool)")):
     roles = [r for r in sorted(ms, key=lambda r: -sum(ms[r].values())) if r not in skip]
     print(f"\n### {title}: ms of CPU per {count['what']} (n = {count['n']})\n")
     total_all = 0.0
@@ -242,26 +242,51 @@ def print_table(ms, count, title, skip=("other load",)):
 
 
 def server_known(server_pid, client_pid):
+    """The roles of the processes that already run when the recording starts: the
+    server's children by their argv, and every deeper descendant (a kept jail's init C
+    the launcher cloned before the recording, a parked program G) by its parent's role."""
     known = {server_pid: "server", client_pid: "client (this tool)"}
+    parent, argv_of = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+                argv_of[int(entry)] = f.read().split(b"\0")
         except OSError:
             continue
+    for pid, ppid in parent.items():
         if ppid != server_pid:
             continue
-        if b"__launcher" in argv:
-            known[int(entry)] = "launcher"
-        elif b"__zygote" in argv:
-            known[int(entry)] = "fork-server"
+        if b"__launcher" in argv_of[pid]:
+            known[pid] = "launcher"
+        elif b"__zygote" in argv_of[pid]:
+            known[pid] = "fork-server"
         else:
-            known[int(entry)] = "server (forks)"
+            known[pid] = "server (forks)"
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if pid not in known and ppid in known and ppid != client_pid:
+                known[pid] = CHILD_ROLE.get(known[ppid], known[ppid])
+                grew = True
     return known
+
+
+def threads_of(known):
+    """tid -> pid of the threads the known processes already have (a wake-up's
+    trace names its wakee by tid; threads made later arrive as fork events)."""
+    tids = {}
+    for pid in known:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                tids[int(tid)] = pid
+        except OSError:
+            continue
+    return tids
 
 
 def hello(url, user):
@@ -351,13 +376,15 @@ def cmd_request(a):
     known = server_known(a.server_pid, os.getpid())
     if not any(r == "launcher" for r in known.values()):
         raise SystemExit("no jail launcher among the server's children")
+    prepare, one = workload(a)
+    prepare()
 
     def loop():
         t0 = time.monotonic()
         walls = []
-        for _ in range(a.n):
+        for i in range(a.n):
             s = time.monotonic()
-            hello(a.url, "floor")
+            one(i)
             walls.append((time.monotonic() - s) * 1000)
             if a.pause_ms:
                 time.sleep(a.pause_ms / 1000)
@@ -366,10 +393,12 @@ def cmd_request(a):
     path, (elapsed, walls) = record(loop, a.freq)
     ms = tabulate(path, known, a.freq)
     print(f"{a.n} requests in {elapsed:.1f} s, pause {a.pause_ms} ms, wall p50 {walls[len(walls) // 2]:.1f} ms")
-    print_table(ms, {"what": "request", "n": a.n}, "A py hello request")
+    what = "pair" if a.workload == "pair" else "request"
+    print_table(ms, {"what": what, "n": a.n}, f"A {a.workload} {what}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"n": a.n, "pause_ms": a.pause_ms, "ms": ms, "walls": walls}, f, indent=1)
+            json.dump({"n": a.n, "workload": a.workload, "pause_ms": a.pause_ms, "ms": ms, "walls": walls},
+                      f, indent=1)
 
 
 # What the server's own CPU does, by the Kiln function a DWARF-unwound stack passes
@@ -470,7 +499,7 @@ def cmd_wakeups(a):
     out = subprocess.run(["perf", "script", "-i", path, "--show-task-events", "-F", "comm,pid,tid,cpu,event,trace"],
                          capture_output=True, text=True, errors="replace").stdout
     os.unlink(path)
-    roles, tid_pid = Roles(known), {}
+    roles, tid_pid = Roles(known), threads_of(known)
     pairs, total, cross = defaultdict(int), 0, 0
     outside = ("other load", "idle", "kernel workers")
     for line in out.splitlines():
@@ -712,10 +741,9 @@ def main():
         if mode == "request":
             m.add_argument("--pause-ms", type=int, default=0)
             m.add_argument("--json")
-        else:
-            m.add_argument("--workload", choices=WORKLOADS, default="hello", help=WORKLOAD_HELP)
-            m.add_argument("--history", type=int, default=0,
-                           help="uploads by the same user before the recording")
+        m.add_argument("--workload", choices=WORKLOADS, default="hello", help=WORKLOAD_HELP)
+        m.add_argument("--history", type=int, default=0,
+                       help="uploads by the same user before the recording")
     wk = sub.add_parser("wakeups")
     wk.add_argument("--url", default="")
     wk.add_argument("--server-pid", type=int, default=0)
