@@ -25,7 +25,7 @@
 //!   pub async fn put_stream<S>(&self, obj: NewObject, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>
 //!       where S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin;
-//!   pub async fn put_stream_owned<S>(&self, obj: NewObject, owner: &SessionKey, body: S, max_bytes: u64)
+//!   pub async fn put_stream_owned<S>(&self, obj: NewObject, owner: &SessionKey, stored: Option<u64>, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>;
 //!   pub async fn object(&self, session: &Nanoid, file: &Nanoid) -> Result<Option<ObjectMeta>, StoreError>;
 //!   pub async fn session_object(&self, session: &Nanoid, file: &Nanoid)
@@ -261,18 +261,24 @@ impl Store {
     /// Record a new storage session bound to `key`, owned by `key` (a
     /// user's own session). `Conflict` if `id` exists.
     pub async fn create_session(&self, id: &Nanoid, key: &SessionKey) -> Result<(), StoreError> {
-        self.inner.meta.insert_session(id, key, key, now_ms()).await
+        self.inner
+            .meta
+            .insert_session(id, key, key, now_ms())
+            .await
+            .map(|_| ())
     }
 
     /// Record a new storage session bound to `key` whose bytes count
     /// against `owner`'s quota (an agent's or skill's files uploaded by a
-    /// user). `Conflict` if `id` exists.
+    /// user). `Conflict` if `id` exists. Returns the bytes `owner` has
+    /// stored, read in the same statement: an upload hands them to its
+    /// first [`Store::put_stream_owned`] instead of a second read.
     pub async fn create_session_owned(
         &self,
         id: &Nanoid,
         key: &SessionKey,
         owner: &SessionKey,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         self.inner
             .meta
             .insert_session(id, key, owner, now_ms())
@@ -300,16 +306,23 @@ impl Store {
     /// The most bytes a put into `owner`'s session may write under the
     /// budget, and the error to report when the budget, not the caller's
     /// `max_bytes`, is what cut it.
+    /// `stored`: the owner's total when the caller has just read it (none:
+    /// read it here).
     async fn budget_limit(
         &self,
         owner: &str,
+        stored: Option<u64>,
         max_bytes: u64,
     ) -> Result<(u64, Option<StoreError>), StoreError> {
         let budget = self.inner.budget;
         let mut limit = max_bytes;
         let mut cut = None;
         if let Some(quota) = budget.owner_quota_bytes {
-            let left = quota.saturating_sub(self.inner.meta.owner_bytes(owner).await?);
+            let stored = match stored {
+                Some(bytes) => bytes,
+                None => self.inner.meta.owner_bytes(owner).await?,
+            };
+            let left = quota.saturating_sub(stored);
             if left < limit {
                 limit = left;
                 cut = Some(StoreError::QuotaExceeded { quota });
@@ -349,8 +362,14 @@ impl Store {
         let Some(owner) = self.inner.meta.session_owner(&obj.session_id).await? else {
             return Err(StoreError::NotFound);
         };
-        self.put(obj, &owner, body.map_err(StoreError::BodyRead), max_bytes)
-            .await
+        self.put(
+            obj,
+            &owner,
+            None,
+            body.map_err(StoreError::BodyRead),
+            max_bytes,
+        )
+        .await
     }
 
     /// [`Store::put_stream`] into a session the caller has just created
@@ -358,11 +377,14 @@ impl Store {
     /// its owner), whose owner it passes instead of the store reading it
     /// back. A session that does not exist is still `NotFound` (the object
     /// row's foreign key refuses it after the bytes were written; they are
-    /// removed again).
+    /// removed again). `stored`: the owner's total that creating the
+    /// session returned, when nothing of this caller's was stored since
+    /// (the first file of an upload); `None` reads it, as `put_stream` does.
     pub async fn put_stream_owned<S>(
         &self,
         obj: NewObject,
         owner: &SessionKey,
+        stored: Option<u64>,
         body: S,
         max_bytes: u64,
     ) -> Result<ObjectMeta, StoreError>
@@ -372,6 +394,7 @@ impl Store {
         self.put(
             obj,
             owner.as_str(),
+            stored,
             body.map_err(StoreError::BodyRead),
             max_bytes,
         )
@@ -383,6 +406,7 @@ impl Store {
         &self,
         obj: NewObject,
         owner: &str,
+        stored: Option<u64>,
         body: S,
         max_bytes: u64,
     ) -> Result<ObjectMeta, StoreError>
@@ -390,7 +414,7 @@ impl Store {
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
         let inner = &self.inner;
-        let (limit, cut) = self.budget_limit(owner, max_bytes).await?;
+        let (limit, cut) = self.budget_limit(owner, stored, max_bytes).await?;
         let version = random_version();
         let (sid, fid) = (obj.session_id.as_str(), obj.file_id.as_str());
         let written = match (

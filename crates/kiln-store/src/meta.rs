@@ -149,6 +149,11 @@ impl TryFrom<SessionRow> for SessionInfo {
     }
 }
 
+/// An owner's total as the `owner_bytes` row holds it (none: nothing stored).
+fn stored_bytes(row: Option<i64>) -> u64 {
+    row.map_or(0, |bytes| u64::try_from(bytes).unwrap_or(0))
+}
+
 fn is_kind(err: &sqlx::Error, kind: ErrorKind) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.kind() == kind)
 }
@@ -202,25 +207,28 @@ impl Meta {
         with_pool!(&self.pool, |p| p.close().await)
     }
 
+    /// Record a new session; returns the bytes `owner` has stored, read in
+    /// the same statement (what [`Meta::owner_bytes`] would answer), so the
+    /// quota check of an upload's first file needs no statement of its own.
     pub(crate) async fn insert_session(
         &self,
         id: &Nanoid,
         key: &SessionKey,
         owner: &SessionKey,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let res = with_pool!(&self.pool, |p| sqlx::query(
-            "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4)",
+    ) -> Result<u64, StoreError> {
+        let res: Result<(Option<i64>,), sqlx::Error> = with_pool!(&self.pool, |p| sqlx::query_as(
+            "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4) \
+             RETURNING (SELECT bytes FROM owner_bytes WHERE owner = $3)",
         )
         .bind(id.as_str())
         .bind(key.as_str())
         .bind(owner.as_str())
         .bind(now_ms)
-        .execute(p)
-        .await
-        .map(|_| ()));
+        .fetch_one(p)
+        .await);
         match res {
-            Ok(()) => Ok(()),
+            Ok((bytes,)) => Ok(stored_bytes(bytes)),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => {
                 Err(StoreError::Conflict(format!("session {id} already exists")))
             }
@@ -259,7 +267,7 @@ impl Meta {
         .bind(owner)
         .fetch_optional(p)
         .await?);
-        Ok(row.map_or(0, |(bytes,)| u64::try_from(bytes).unwrap_or(0)))
+        Ok(stored_bytes(row.map(|(bytes,)| bytes)))
     }
 
     /// Record a completely written object. `NotFound` when its session does

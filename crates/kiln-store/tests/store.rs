@@ -247,7 +247,7 @@ async fn puts_into_a_missing_session_are_refused_without_leftovers(kind: Kind) {
             false => store.put_stream(obj, body(&[b"data"]), 100).await,
             true => {
                 store
-                    .put_stream_owned(obj, &key(), body(&[b"data"]), 100)
+                    .put_stream_owned(obj, &key(), None, body(&[b"data"]), 100)
                     .await
             }
         };
@@ -589,16 +589,23 @@ async fn fifty_parallel_puts_and_reads_all_succeed(kind: Kind) {
     assert_eq!(names, expected);
 }
 
-async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(kind: Kind) {
-    let Some(fx) = Fixture::new(kind) else {
-        return;
-    };
+/// A store of `kind` whose owners may keep 10 bytes each, with the fixture
+/// that holds it (`None`: the backend is not available here).
+async fn ten_byte_quota(kind: Kind) -> Option<(Fixture, Store)> {
+    let fx = Fixture::new(kind)?;
     let store = fx
         .open_with(kiln_store::StorageBudget {
             owner_quota_bytes: Some(10),
             min_free_bytes: 0,
         })
         .await;
+    Some((fx, store))
+}
+
+async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(kind: Kind) {
+    let Some((fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
     let alice = key();
     let bob = SessionKey::from_stored("local:user:bob".to_owned());
     let agent = SessionKey::from_stored("local:agent:a1".to_owned());
@@ -610,7 +617,7 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(k
         .await
         .unwrap();
     store
-        .put_stream_owned(new_object(&shared, "b"), &alice, body(&[b"123"]), 100)
+        .put_stream_owned(new_object(&shared, "b"), &alice, None, body(&[b"123"]), 100)
         .await
         .unwrap();
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 9);
@@ -621,7 +628,7 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(k
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
     let e = store
-        .put_stream_owned(new_object(&shared, "c"), &alice, body(&[b"12"]), 100)
+        .put_stream_owned(new_object(&shared, "c"), &alice, None, body(&[b"12"]), 100)
         .await
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
@@ -814,7 +821,79 @@ async fn an_owners_total_follows_puts_deletes_and_collection(kind: Kind) {
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 4);
 }
 
+/// An upload's first put checks the quota against the total that creating
+/// its session read (no statement of its own): the same answers as a put
+/// that reads it.
+async fn creating_a_session_reads_the_owners_total_and_a_put_given_it_keeps_the_quota(kind: Kind) {
+    let Some((_fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
+    let alice = key();
+    let agent = SessionKey::from_stored("local:agent:a1".to_owned());
+    let first = Nanoid::random();
+    assert_eq!(
+        store
+            .create_session_owned(&first, &agent, &alice)
+            .await
+            .unwrap(),
+        0,
+        "nothing stored yet"
+    );
+    store
+        .put_stream_owned(
+            new_object(&first, "a"),
+            &alice,
+            Some(0),
+            body(&[b"123456"]),
+            100,
+        )
+        .await
+        .unwrap();
+    // the next upload's session reads the six bytes, and its put is cut by them
+    let second = Nanoid::random();
+    let stored = store
+        .create_session_owned(&second, &agent, &alice)
+        .await
+        .unwrap();
+    assert_eq!(stored, 6);
+    let e = store
+        .put_stream_owned(
+            new_object(&second, "b"),
+            &alice,
+            Some(stored),
+            body(&[b"12345"]),
+            100,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    store
+        .put_stream_owned(
+            new_object(&second, "c"),
+            &alice,
+            Some(stored),
+            body(&[b"1234"]),
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 10);
+    assert_eq!(
+        store.list(&second).await.unwrap().len(),
+        1,
+        "the refused put left nothing"
+    );
+    let bobs = Nanoid::random();
+    let bob = SessionKey::from_stored("local:user:bob".to_owned());
+    assert_eq!(
+        store.create_session_owned(&bobs, &bob, &bob).await.unwrap(),
+        0,
+        "bob is not affected"
+    );
+}
+
 on_every_backend!(
+    creating_a_session_reads_the_owners_total_and_a_put_given_it_keeps_the_quota,
     a_body_larger_than_one_part_is_stored_whole,
     an_owners_total_follows_puts_deletes_and_collection,
     put_read_list_object_and_delete_round_trip,

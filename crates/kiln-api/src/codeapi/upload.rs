@@ -283,6 +283,9 @@ struct Scope {
     owner: SessionKey,
     read_only: bool,
     created: bool,
+    /// The owner's stored bytes that creating the session read, for the
+    /// first file's quota check (taken by it; later files read their own).
+    stored: Option<u64>,
 }
 
 async fn receive(
@@ -393,6 +396,7 @@ async fn receive_parts(
                     owner: kiln_core::Owner::of(&caller).key(),
                     read_only: form.read_only()?,
                     created: false,
+                    stored: None,
                 })
             }
         };
@@ -414,7 +418,7 @@ async fn receive_parts(
             }
         };
         if !scope.created {
-            state
+            let stored = state
                 .store
                 .create_session_owned(session, &scope.key, &scope.owner)
                 .await
@@ -423,6 +427,7 @@ async fn receive_parts(
                     source,
                 })?;
             scope.created = true;
+            scope.stored = Some(stored);
         }
 
         let file_id = Nanoid::random();
@@ -436,10 +441,16 @@ async fn receive_parts(
         };
         let body = field.map_err(std::io::Error::other);
         // the session was created above with this owner: the store need
-        // not read it back
+        // not read it back, nor (for the first file) the owner's total
         match state
             .store
-            .put_stream_owned(obj, &scope.owner, body, config.max_upload_bytes)
+            .put_stream_owned(
+                obj,
+                &scope.owner,
+                scope.stored.take(),
+                body,
+                config.max_upload_bytes,
+            )
             .await
         {
             Ok(_) => {
