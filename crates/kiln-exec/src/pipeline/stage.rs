@@ -52,28 +52,25 @@ fn storage(name: &str, e: impl std::fmt::Display) -> ExecError {
 }
 
 /// An input whose bytes are on this node's disk: created, copied and
-/// finished in one blocking step.
-async fn copy_local(
-    ws: &Arc<Workspace>,
+/// finished in the final blocking step, with the small files.
+struct Local {
     name: String,
     blob: LocalBlob,
     read_only: bool,
-) -> Result<(), ExecError> {
-    let copied = {
-        let name = name.clone();
-        blocking(ws, move |ws| {
-            ws.make_parents(&name)?;
-            let mut file = ws.create_file(&name)?;
-            if let Err(e) = blob.copy_into(&mut file, Path::new(&name)) {
-                return Ok(Err(e));
-            }
-            ws.finish_file(&file, read_only)?;
-            Ok(Ok(()))
-        })
-        .await
-        .map_err(setup)?
-    };
-    copied.map_err(|e| storage(&name, e))
+}
+
+impl Local {
+    /// Copies the blob in; a failure of the blob itself is the store's
+    /// (`Ok(Err)`), one of the workspace the set-up's.
+    fn copy(self, ws: &Workspace) -> io::Result<Result<(), ExecError>> {
+        ws.make_parents(&self.name)?;
+        let mut file = ws.create_file(&self.name)?;
+        if let Err(e) = self.blob.copy_into(&mut file, Path::new(&self.name)) {
+            return Ok(Err(storage(&self.name, e)));
+        }
+        ws.finish_file(&file, self.read_only)?;
+        Ok(Ok(()))
+    }
 }
 
 /// An input in a remote store: its bytes streamed into the workspace.
@@ -115,6 +112,7 @@ pub(crate) async fn stage(
     code: &str,
 ) -> Result<HashMap<String, StagedInput>, ExecError> {
     let mut staged = HashMap::new();
+    let mut local = Vec::new();
     let mut small = Vec::new();
     for input in inputs {
         match input {
@@ -122,7 +120,11 @@ pub(crate) async fn stage(
                 let name = r.name.as_str().to_owned();
                 let read_only = meta.read_only;
                 match store.local_blob(&meta).map_err(|e| storage(&name, e))? {
-                    Some(blob) => copy_local(ws, name.clone(), blob, read_only).await?,
+                    Some(blob) => local.push(Local {
+                        name: name.clone(),
+                        blob,
+                        read_only,
+                    }),
                     None => stream_remote(store, ws, name.clone(), &meta).await?,
                 }
                 staged.insert(
@@ -174,7 +176,15 @@ pub(crate) async fn stage(
         });
     }
     let build_dir = lang.needs_build_dir();
+    // one blocking step for every file on this node's disk: the local
+    // inputs (their names are distinct: planned when authorizing), then the
+    // entry and support files, then the build directory
     blocking(ws, move |ws| {
+        for l in local {
+            if let Err(e) = l.copy(ws)? {
+                return Ok(Err(e));
+            }
+        }
         for f in small {
             ws.make_parents(&f.name)?;
             if f.replace {
@@ -187,9 +197,9 @@ pub(crate) async fn stage(
         if build_dir {
             ws.replace_with_dir(BUILD_DIR, 0o755)?;
         }
-        Ok(())
+        Ok(Ok(()))
     })
     .await
-    .map_err(setup)?;
+    .map_err(setup)??;
     Ok(staged)
 }
