@@ -217,18 +217,24 @@ impl Meta {
         owner: &SessionKey,
         now_ms: i64,
     ) -> Result<u64, StoreError> {
-        let res: Result<(Option<i64>,), sqlx::Error> = with_pool!(&self.pool, |p| sqlx::query_as(
-            "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4) \
-             RETURNING (SELECT bytes FROM owner_bytes WHERE owner = $3)",
-        )
-        .bind(id.as_str())
-        .bind(key.as_str())
-        .bind(owner.as_str())
-        .bind(now_ms)
-        .fetch_one(p)
-        .await);
+        // all rows (the one): the statement runs to its end, so a failure to
+        // commit is this call's error (SQLite commits an auto-commit
+        // statement that is stopped after its first row only when it is
+        // reset, and sqlx ignores what that reset returns)
+        let res: Result<Vec<(Option<i64>,)>, sqlx::Error> = with_pool!(&self.pool, |p| {
+            sqlx::query_as(
+                "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4) \
+                 RETURNING (SELECT bytes FROM owner_bytes WHERE owner = $3)",
+            )
+            .bind(id.as_str())
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(now_ms)
+            .fetch_all(p)
+            .await
+        });
         match res {
-            Ok((bytes,)) => Ok(stored_bytes(bytes)),
+            Ok(rows) => Ok(stored_bytes(rows.first().and_then(|(bytes,)| *bytes))),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => {
                 Err(StoreError::Conflict(format!("session {id} already exists")))
             }
