@@ -170,6 +170,11 @@ pub struct Config {
     /// properties are weaker with it (SECURITY.md, "A one-shot jail kept
     /// per slot"); BENCHMARKS.md has what it saves.
     pub keep_jails: bool,
+    /// Tests only, never read from a file or the environment: a file that
+    /// stands for `/proc/sys/kernel/ns_last_pid` in the start-up check of
+    /// whether jails can be kept (`kiln_sandbox::SandboxConfig::ns_last_pid`).
+    #[serde(skip)]
+    pub test_ns_last_pid: Option<PathBuf>,
     /// Most warm jails of one runtime (`py`, `js`, or the generic `exec`).
     pub warm_per_runtime: u32,
     /// Warm jails each runtime keeps while there is no demand.
@@ -418,6 +423,7 @@ impl Default for Config {
             jail_helper: None,
             warm_jails: 8,
             keep_jails: false,
+            test_ns_last_pid: None,
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,

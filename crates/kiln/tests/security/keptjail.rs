@@ -355,3 +355,54 @@ async fn a_kept_jails_init_holds_no_fork_server_socket_while_its_program_runs() 
     assert!(distinct.len() < inits.len(), "no jail was kept: {inits:?}");
     s.stop().await.expect("stop");
 }
+
+/// A host that refuses a kept jail's program its next pid (a read-only
+/// `/proc/sys`; here a stand-in file that never opens for writing) keeps
+/// no jail: every `py` program runs in a new one, none fails, and the
+/// server's report says why.
+#[tokio::test]
+async fn a_host_that_cannot_keep_jails_runs_every_py_program_in_a_new_jail_and_says_so() {
+    const KEY: &str = "keptjail-key";
+    let refused = tempfile::tempdir().unwrap();
+    let s = common::server_with(|c| {
+        common::keeping(c);
+        c.api_key = Some(KEY.into());
+        // a directory never opens for writing
+        c.test_ns_last_pid = Some(refused.path().to_owned());
+    })
+    .await;
+    let http = common::client();
+    let status = common::json_of(
+        http.get(format!("{}/v1/admin/status", s.base_url))
+            .header("X-API-Key", KEY),
+    )
+    .await;
+    let warnings = status["sandbox"]["warnings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        warnings.iter().any(|w| w
+            .as_str()
+            .is_some_and(|w| w.starts_with("cannot keep jails: "))),
+        "{status}"
+    );
+    let mut jails = Vec::new();
+    for _ in 0..6 {
+        // time for the slot's clean-up, after which a kept jail is reused
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let r = common::json_of(
+            http.post(format!("{}/exec", s.v1()))
+                .header("X-API-Key", KEY)
+                .json(&json!({"lang": "py", "code": WHERE})),
+        )
+        .await;
+        assert_eq!(r["stderr"].as_str(), Some(""), "{r}");
+        jails.push(jail_of(out(&r)));
+    }
+    let mut distinct = jails.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), jails.len(), "a jail was kept: {jails:?}");
+    s.stop().await.expect("stop");
+}
