@@ -143,7 +143,7 @@ impl Default for SandboxConfig {
             cpu_per_run_millis: 1000,
             cpu_all_runs_millis: None,
             allow_degraded: false,
-            keep_jails: false,
+            keep_jails: true,
             ns_last_pid: PathBuf::from(crate::probe::NS_LAST_PID),
         }
     }
