@@ -237,6 +237,14 @@ impl Sandbox {
         self.inner.areas.teardown();
     }
 
+    /// Ends every kept jail (`kept.rs`): with the warm pool's shutdown no
+    /// jail waits for a next program any more.
+    pub(crate) fn end_kept_jails(&self) {
+        if let Some(kept) = &self.inner.kept {
+            kept.clear();
+        }
+    }
+
     /// What the host provides (for `kiln doctor` and startup logs).
     pub fn report(&self) -> &HostReport {
         &self.inner.report
