@@ -115,8 +115,13 @@ pub struct SandboxConfig {
     /// required: without them there is no jail at all.
     pub allow_degraded: bool,
     /// Keep a one-shot `py` jail per fixed uid slot for the slot's next
-    /// run (`sandbox/kept.rs`) instead of building a new one each time.
+    /// run (`sandbox/kept.rs`) instead of building a new one each time
+    /// (where the host can: `probe::keep_jails_blocker`).
     pub keep_jails: bool,
+    /// The file that must open for writing for jails to be kept: the one
+    /// a kept jail's program writes (`/proc/sys/kernel/ns_last_pid`). Only
+    /// tests name another, to stand for a host that refuses it.
+    pub ns_last_pid: PathBuf,
 }
 
 impl Default for SandboxConfig {
@@ -138,7 +143,8 @@ impl Default for SandboxConfig {
             cpu_per_run_millis: 1000,
             cpu_all_runs_millis: None,
             allow_degraded: false,
-            keep_jails: false,
+            keep_jails: true,
+            ns_last_pid: PathBuf::from(crate::probe::NS_LAST_PID),
         }
     }
 }

@@ -41,6 +41,9 @@ pub struct HostReport {
     /// How workspaces are limited: what the host could offer (from
     /// [`probe_host`]) or what a sandbox set up (from `Sandbox::report`).
     pub workspace_quota: WorkspaceQuota,
+    /// Why this host cannot keep jails (`keep_jails`), if it cannot
+    /// ([`keep_jails_blocker`]; also among the warnings).
+    pub keep_jails_blocker: Option<String>,
     pub problems: Vec<String>,
     pub warnings: Vec<String>,
     /// Protections a sandbox runs without (development flag).
@@ -165,6 +168,26 @@ impl fmt::Display for HostReport {
     }
 }
 
+/// Where a kept jail's program resets its pid namespace's next pid
+/// (`jail/mod.rs`), through the host's `/proc`.
+pub(crate) const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
+
+/// Why this host cannot keep jails (`keep_jails`), if it cannot: a kept
+/// jail's program, still root of the host, writes its pid namespace's
+/// next pid to `ns_last_pid` (the path of [`NS_LAST_PID`]), which a host
+/// whose `/proc/sys` is read-only (some containers) refuses. Opened for
+/// writing, nothing written.
+pub fn keep_jails_blocker(ns_last_pid: &Path) -> Option<String> {
+    let opened = std::fs::OpenOptions::new().write(true).open(ns_last_pid);
+    opened.err().map(|e| {
+        format!(
+            "cannot keep jails: {} is not writable ({e}), so a kept jail's program \
+             could not reset its next pid; every py run builds a new jail (keep_jails is off)",
+            ns_last_pid.display()
+        )
+    })
+}
+
 fn seccomp_available() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
         .map(|t| t.split_whitespace().any(|a| a == "errno"))
@@ -231,6 +254,8 @@ pub fn probe_host() -> HostReport {
     if let Some(w) = cpu_budget_warning(&cgroup, cgroup_limits) {
         warnings.push(w);
     }
+    let keep_blocker = keep_jails_blocker(Path::new(NS_LAST_PID));
+    warnings.extend(keep_blocker.clone());
     let workspace_quota = quota::probe();
     match &workspace_quota {
         WorkspaceQuota::LoopExt4 => {}
@@ -247,6 +272,7 @@ pub fn probe_host() -> HostReport {
         seccomp,
         landlock_abi,
         workspace_quota,
+        keep_jails_blocker: keep_blocker,
         problems,
         warnings,
         degraded: Vec::new(),
@@ -272,10 +298,25 @@ mod tests {
             seccomp: true,
             landlock_abi: Some(7),
             workspace_quota: WorkspaceQuota::LoopExt4,
+            keep_jails_blocker: None,
             problems: vec![],
             warnings: vec![],
             degraded: vec![],
         }
+    }
+
+    #[test]
+    fn jails_are_kept_only_where_ns_last_pid_opens_for_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ns_last_pid");
+        std::fs::write(&file, "1").unwrap();
+        assert_eq!(keep_jails_blocker(&file), None);
+        // a directory never opens for writing, as a read-only mount's file
+        let why = keep_jails_blocker(dir.path()).expect("not writable");
+        assert!(
+            why.starts_with("cannot keep jails: ") && why.contains("keep_jails is off"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -20,8 +20,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
+use crate::jail::keep::ZYGOTE_MSG;
 use crate::launcher::{HelperFds, Launcher};
 use crate::pause::PauseClock;
+use crate::seqpacket;
 use crate::spec::{JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
 use crate::sys;
 
@@ -439,6 +441,9 @@ pub(crate) struct Started {
     /// A kept jail (`JailSpec::keep`): its run ends with its init's
     /// `finished` line, not with its init.
     keep: bool,
+    /// A kept jail's: the server's end of the channel on which its init
+    /// gets a fork-server socket for each program (`jail/keep.rs`).
+    zygotes: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for Started {
@@ -471,12 +476,24 @@ pub(crate) async fn start_helper(
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
     if let Some(launcher) = launcher.filter(|l| l.alive()) {
+        // a kept jail's init holds no fork-server socket while its program
+        // runs: it gets one for each program on a channel (`jail/keep.rs`),
+        // the first one already on it
+        let channel = match (keep, &zygote) {
+            (true, Some(z)) => Some(zygote_channel(z).map_err(|e| {
+                SandboxError::Zygote(format!("hand a kept jail the fork-server: {e}"))
+            })?),
+            _ => None,
+        };
         let fds = HelperFds {
             control: &child_ends.control,
             stdout: &child_ends.stdout,
             stderr: &child_ends.stderr,
             status: &child_ends.status,
-            zygote: zygote.as_ref(),
+            zygote: match &channel {
+                Some((_, init)) => Some(init),
+                None => zygote.as_ref(),
+            },
         };
         match launcher.launch(&fds, spec_line).await {
             Ok(pidfd) => {
@@ -488,6 +505,7 @@ pub(crate) async fn start_helper(
                 let proc = HelperProc::launched(pidfd);
                 let mut started = Started::new(helper, proc, ends)?;
                 started.keep = keep;
+                started.zygotes = channel.map(|(server, _)| server);
                 return Ok(started);
             }
             Err(e @ SandboxError::Setup(_)) => return Err(e),
@@ -522,6 +540,15 @@ pub(crate) async fn start_helper(
         false => started.send_line(spec_line).await,
     }
     Ok(started)
+}
+
+/// A kept jail's fork-server channel (`jail/keep.rs`): the server's end
+/// and the init's, with a socket to the fork-server for the first program
+/// already on it.
+fn zygote_channel(zygote: &OwnedFd) -> nix::Result<(OwnedFd, OwnedFd)> {
+    let (server, init) = seqpacket::pair()?;
+    seqpacket::send(&server, ZYGOTE_MSG, &[zygote.as_raw_fd()])?;
+    Ok((server, init))
 }
 
 /// `spec_line` (a kept jail's) with `keep` off.
@@ -567,6 +594,7 @@ impl Started {
                 .map_err(|e| io("watch status", e))?,
             status_bytes: Vec::new(),
             keep: false,
+            zygotes: None,
         })
     }
 
@@ -581,10 +609,17 @@ impl Started {
     }
 
     /// Hands a kept jail (`JailSpec::keep`) a fresh program: its init
-    /// checks the jail as new and has the program forked; waits until it
-    /// is parked. Fails (and the jail ends) when the init found anything
-    /// left or the program could not be had.
-    pub(crate) async fn again(&mut self) -> Result<(), SandboxError> {
+    /// checks the jail as new and has the program forked by the fork-server
+    /// on `zygote` (a socket it drops once the program is forked); waits
+    /// until it is parked. Fails (and the jail ends) when the init found
+    /// anything left or the program could not be had.
+    pub(crate) async fn again(&mut self, zygote: OwnedFd) -> Result<(), SandboxError> {
+        let Some(channel) = &self.zygotes else {
+            return Err(SandboxError::Helper("not a kept jail".to_owned()));
+        };
+        seqpacket::send(channel, ZYGOTE_MSG, &[zygote.as_raw_fd()])
+            .map_err(|e| SandboxError::Helper(format!("hand the kept jail a fork-server: {e}")))?;
+        drop(zygote);
         self.status_bytes.clear();
         self.send_line(crate::jail::keep::AGAIN).await;
         self.wait_parked().await
@@ -679,6 +714,7 @@ impl Started {
             status: mut status_rx,
             mut status_bytes,
             keep,
+            zygotes,
         } = self;
         let deadline = || match pause {
             Some(p) => p.deadline(started, limits.wall_time),
@@ -812,6 +848,7 @@ impl Started {
                 status: status_rx,
                 status_bytes: Vec::new(),
                 keep,
+                zygotes,
             }),
             _ => None,
         };

@@ -273,7 +273,8 @@ impl WarmPool {
             .collect()
     }
 
-    /// Stops refilling and tears down every parked jail. Call before
+    /// Stops refilling and tears down every parked jail and every kept
+    /// one-shot jail. Call before
     /// [`Sandbox::shutdown`].
     pub async fn shutdown(&self) {
         self.inner.stop.cancel();
@@ -288,6 +289,8 @@ impl WarmPool {
             self.inner.sandbox.discard(jail).await;
             drop(slot);
         }
+        // kept one-shot jails are warm jails too
+        self.inner.sandbox.end_kept_jails();
     }
 
     /// Waits until every profile holds its target (or `limit` passes);

@@ -166,10 +166,16 @@ pub struct Config {
     pub warm_jails: u32,
     /// Keep a one-shot `py` jail per uid slot and hand it the slot's next
     /// program once it is found as new, instead of building a jail per
-    /// run (`kiln-sandbox/src/sandbox/kept.rs`). Off by default: two
-    /// properties are weaker with it (SECURITY.md, "A one-shot jail kept
-    /// per slot"); BENCHMARKS.md has what it saves.
+    /// run (`kiln-sandbox/src/sandbox/kept.rs`). On by default (SECURITY.md,
+    /// "A one-shot jail kept per slot"; BENCHMARKS.md has what it saves);
+    /// a host whose `/proc/sys` is read-only cannot keep jails and runs
+    /// every one once, with a warning at start.
     pub keep_jails: bool,
+    /// Tests only, never read from a file or the environment: a file that
+    /// stands for `/proc/sys/kernel/ns_last_pid` in the start-up check of
+    /// whether jails can be kept (`kiln_sandbox::SandboxConfig::ns_last_pid`).
+    #[serde(skip)]
+    pub test_ns_last_pid: Option<PathBuf>,
     /// Most warm jails of one runtime (`py`, `js`, or the generic `exec`).
     pub warm_per_runtime: u32,
     /// Warm jails each runtime keeps while there is no demand.
@@ -417,7 +423,8 @@ impl Default for Config {
             log_format: "text".into(),
             jail_helper: None,
             warm_jails: 8,
-            keep_jails: false,
+            keep_jails: true,
+            test_ns_last_pid: None,
             warm_per_runtime: 3,
             warm_min: 1,
             python_zygote: true,

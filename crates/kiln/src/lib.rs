@@ -98,6 +98,9 @@ pub async fn build(config: Config) -> anyhow::Result<Kiln> {
     sc.workspace_quota = config.quota_mode()?;
     sc.allow_degraded = config.insecure_allow_degraded_sandbox;
     sc.keep_jails = config.keep_jails;
+    if let Some(p) = &config.test_ns_last_pid {
+        sc.ns_last_pid = p.clone();
+    }
     (sc.cpu_per_run_millis, sc.cpu_all_runs_millis) = config.cpu_millis();
     // the host /etc entries some runtimes read (php.ini, ...), from the language table
     for name in kiln_core::lang::etc_binds() {

@@ -1327,3 +1327,32 @@ fn serve_and_doctor_name_each_languages_image_and_refuse_a_missing_one_in_one_li
         "{err}"
     );
 }
+
+/// Where `/proc/sys` is read-only a kept jail's program could not reset
+/// its next pid: `doctor` says that jails cannot be kept, and why.
+#[test]
+fn doctor_on_a_host_whose_proc_sys_is_read_only_says_jails_cannot_be_kept() {
+    common::require_root();
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            "mount --bind -o ro /proc/sys /proc/sys && exec \"$0\" doctor",
+            KILN,
+        ])
+        .env("KILN_LISTEN", "127.0.0.1:0")
+        .env("KILN_DATA_DIR", data.path())
+        .env("KILN_UID_BASE", common::fresh_uid_base().to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "warning: cannot keep jails: /proc/sys/kernel/ns_last_pid is not writable \
+             (Read-only file system"
+        ),
+        "{text}"
+    );
+}

@@ -262,8 +262,10 @@ fn children() -> Vec<String> {
 }
 
 /// Workspaces left in the slots' areas (`<data>/slots/<i>/`; ext4's
-/// `lost+found` is not one).
+/// `lost+found` is not one, nor a slot's kept-jail workspace `wk` while
+/// it is empty: it stays, emptied, for the slot's next kept jail).
 fn workspaces(data: &Path) -> Vec<PathBuf> {
+    let empty = |p: &Path| std::fs::read_dir(p).is_ok_and(|mut d| d.next().is_none());
     std::fs::read_dir(data.join("slots"))
         .into_iter()
         .flatten()
@@ -276,6 +278,7 @@ fn workspaces(data: &Path) -> Vec<PathBuf> {
                 .flatten()
         })
         .filter(|e| e.file_name() != "lost+found")
+        .filter(|e| !(e.file_name() == "wk" && empty(&e.path())))
         .map(|e| e.path())
         .collect()
 }

@@ -29,9 +29,11 @@ fn workspaces(s: &kiln::testing::TestServer) -> usize {
 }
 
 /// Workspaces left in the slots' areas (`<data>/slots/<i>/`; ext4's
-/// `lost+found` is not one).
+/// `lost+found` is not one, nor a slot's kept-jail workspace `wk` while
+/// it is empty: it stays, emptied, for the slot's next kept jail).
 fn workspaces_in(data: &std::path::Path) -> usize {
     let slots = std::fs::read_dir(data.join("slots")).expect("slots dir exists");
+    let empty = |p: &std::path::Path| std::fs::read_dir(p).is_ok_and(|mut d| d.next().is_none());
     slots
         .flatten()
         .filter(|e| e.path().is_dir())
@@ -40,6 +42,7 @@ fn workspaces_in(data: &std::path::Path) -> usize {
                 .map(|d| {
                     d.flatten()
                         .filter(|e| e.file_name() != "lost+found")
+                        .filter(|e| !(e.file_name() == "wk" && empty(&e.path())))
                         .count()
                 })
                 .unwrap_or(0)

@@ -233,6 +233,8 @@ fn init(
             ));
         };
         if spec.keep {
+            // `zygote` is the channel each program's fork-server socket
+            // comes on (`keep::next_zygote`)
             drop((watch, exec_r, exec_w, go_r));
             return kept(spec, plan, start, &zygote, &control, status);
         }
@@ -282,15 +284,17 @@ fn init(
 /// A kept jail's init (`JailSpec::keep`, `keep.rs`): has a fresh program
 /// forked and watches it, clears the jail and reports the run, then waits
 /// for the server's `again` and checks the jail as new before the next
-/// one; returns (and so ends the jail) on the first failure. Keeps the
-/// fork-server's socket and its own copies of the output pipes between
-/// runs: no program reaches them (init is not dumpable, and a program is
-/// never init's child).
+/// one; returns (and so ends the jail) on the first failure. Each program
+/// is forked by the fork-server on a socket that came on `channel` for it
+/// alone and is dropped once the program is forked: no socket to the
+/// fork-server is in the jail while user code runs. Keeps the channel and
+/// its own copies of the output pipes between runs: no program reaches
+/// them (init is not dumpable, and a program is never init's child).
 fn kept(
     spec: &JailSpec,
     plan: &[Op],
     start: &Start<'_>,
-    zygote: &OwnedFd,
+    channel: &OwnedFd,
     control: &OwnedFd,
     status: &File,
 ) -> Result<StatusMsg, JailError> {
@@ -318,8 +322,10 @@ fn kept(
             exit_w: &exit_w,
             init_pidfd: &me,
         };
-        remote::request_program(zygote, start.spec_line, start.landlock_json, &fds)
+        let zygote = keep::next_zygote(channel)?;
+        remote::request_program(&zygote, start.spec_line, start.landlock_json, &fds)
             .map_err(|e| JailError::setup("fork the program", e))?;
+        drop(zygote);
         drop((exec_w, exit_w, go_r));
         let watch = watch::Watch {
             spec,

@@ -21,6 +21,11 @@
 //! - the network namespace and the cgroups: the slot's, checked by its
 //!   clean-up; the server reuses a jail only with the same spec, so with
 //!   the same namespace and groups.
+//!
+//! The init holds no socket to the fork-server while a program runs: the
+//! server puts one on the jail's channel for each program (the first at
+//! the jail's start, the next with its `again`), and the init drops it
+//! once the fork-server forked the program ([`next_zygote`]).
 
 use std::fs::File;
 use std::path::Path;
@@ -39,6 +44,31 @@ use super::rootfs;
 
 /// The server's line that hands the kept jail a fresh program.
 pub(crate) const AGAIN: &[u8] = b"again\n";
+
+/// The server's message on a kept jail's fork-server channel: a socket to
+/// the fork-server attached, for the jail's next program.
+pub(crate) const ZYGOTE_MSG: &[u8] = b"z";
+
+/// The fork-server socket for the jail's next program, from the server's
+/// channel (`run.rs`, `zygote_channel` and `Started::again`): the init
+/// drops it once the program is forked, so no socket to the fork-server
+/// is in the jail while user code runs; the channel itself carries the
+/// next one only after the program's processes are all gone. Its end (the
+/// server dropped the jail) ends init quietly.
+pub(super) fn next_zygote(channel: &OwnedFd) -> Result<OwnedFd, JailError> {
+    let (bytes, mut fds) = crate::seqpacket::recv(channel, ZYGOTE_MSG.len() + 1)
+        .map_err(|e| JailError::setup("fork-server channel", e))?;
+    if bytes.is_empty() && fds.is_empty() {
+        crate::sys::exit_now(0);
+    }
+    match fds.len() {
+        1 if bytes == ZYGOTE_MSG => Ok(fds.remove(0)),
+        n => Err(JailError::Setup(format!(
+            "the fork-server channel sent {} bytes and {n} descriptors",
+            bytes.len()
+        ))),
+    }
+}
 
 /// Kills every process of the jail but init and reaps them until init has
 /// no child left, then confirms in `/proc` that init is alone.

@@ -324,7 +324,7 @@ fn kept_program_pids() -> Result<(), JailError> {
             "a kept jail's program must be pid {PROGRAM_PID}"
         )));
     }
-    std::fs::write("/proc/sys/kernel/ns_last_pid", PROGRAM_PID.to_string())
+    std::fs::write(crate::probe::NS_LAST_PID, PROGRAM_PID.to_string())
         .map_err(|e| JailError::setup("reset the kept jail's next pid", e))
 }
 

@@ -104,6 +104,7 @@ mod tests {
             seccomp: true,
             landlock_abi: None,
             workspace_quota: WorkspaceQuota::LoopExt4,
+            keep_jails_blocker: None,
             problems: vec!["cgroup: no memory controller in cgroup v1 or v2".into()],
             warnings: vec![],
             degraded: vec![],

@@ -9,8 +9,9 @@
 //! the slot (a cold run, another profile, a compile step's workspace) and
 //! ends the kept jail first.
 //!
-//! Off unless `keep_jails` is set (`SandboxConfig`; `KILN_KEEP_JAILS`):
-//! SECURITY.md says what is weaker with it, BENCHMARKS.md what it saves.
+//! On unless `keep_jails` is unset (`SandboxConfig`; `KILN_KEEP_JAILS`)
+//! or the host cannot keep jails (`probe::keep_jails_blocker`): SECURITY.md
+//! says what holds, BENCHMARKS.md what it saves.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -188,7 +188,25 @@ impl Sandbox {
         let kernel_launcher = separate_kernels
             .then(|| start_launcher(&cfg.helper, None, "kernel jail launcher"))
             .flatten();
-        let kept = cfg.keep_jails.then(kept::KeptJails::default);
+        // a host that cannot have a kept jail's program reset its next pid
+        // runs every `py` jail once instead (`probe::keep_jails_blocker`)
+        let blocker = crate::probe::keep_jails_blocker(&cfg.ns_last_pid);
+        if blocker != report.keep_jails_blocker {
+            // a test's stand-in for the host's file
+            report
+                .warnings
+                .retain(|w| Some(w) != report.keep_jails_blocker.as_ref());
+            report.warnings.extend(blocker.clone());
+            report.keep_jails_blocker = blocker;
+        }
+        let kept = match (cfg.keep_jails, &report.keep_jails_blocker) {
+            (true, None) => Some(kept::KeptJails::default()),
+            (true, Some(why)) => {
+                tracing::warn!(reason = %why, "keep_jails is set, but this host cannot keep jails: every py run builds a new jail");
+                None
+            }
+            (false, _) => None,
+        };
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 cfg,
@@ -217,6 +235,14 @@ impl Sandbox {
         }
         self.inner.slots.remove_cgroups();
         self.inner.areas.teardown();
+    }
+
+    /// Ends every kept jail (`kept.rs`): with the warm pool's shutdown no
+    /// jail waits for a next program any more.
+    pub(crate) fn end_kept_jails(&self) {
+        if let Some(kept) = &self.inner.kept {
+            kept.clear();
+        }
     }
 
     /// What the host provides (for `kiln doctor` and startup logs).

@@ -99,6 +99,7 @@ impl Sandbox {
         let parking = Parking {
             mode: park.mode,
             etc_files: park.etc_files.clone(),
+            keep,
         };
         // the slot's kept jail, taken before `prepare` ends it
         let kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
@@ -117,6 +118,18 @@ impl Sandbox {
             template: park.template.clone(),
             workspace,
         });
+        // a socket to the template's fork-server, for a new jail's init or
+        // handed to the kept one for its next program
+        let zygote = || match park.mode {
+            ParkMode::Embedded => match self.zygotes().get(&park.template) {
+                Some(z) => z.client().map(Some),
+                None => Err(SandboxError::Request(format!(
+                    "no fork-server for the embedded template {:?}",
+                    park.template
+                ))),
+            },
+            _ => Ok(None),
+        };
         let parked = async {
             // reused only when built from what this park would build;
             // else it ends here (dropped) before its successor is built
@@ -130,7 +143,10 @@ impl Sandbox {
                         same_workspace = built.workspace == key.workspace,
                         "the slot's kept jail was built from something else; it ends"
                     );
-                } else if let Err(e) = started.again().await {
+                } else if let Err(e) = match zygote()? {
+                    Some(z) => started.again(z).await,
+                    None => Err(SandboxError::Request("a kept jail is embedded".to_owned())),
+                } {
                     metrics::counter!("kiln_kept_jails_total", "result" => "replaced").increment(1);
                     tracing::info!(
                         slot = slot.index(),
@@ -142,18 +158,7 @@ impl Sandbox {
                     return Ok(started);
                 }
             }
-            let zygote = match park.mode {
-                ParkMode::Embedded => match self.zygotes().get(&park.template) {
-                    Some(z) => Some(z.client()?),
-                    None => {
-                        return Err(SandboxError::Request(format!(
-                            "no fork-server for the embedded template {:?}",
-                            park.template
-                        )));
-                    }
-                },
-                _ => None,
-            };
+            let zygote = zygote()?;
             let launcher = self.launcher_for(slot);
             let mut started =
                 start_helper(&self.inner.cfg.helper, launcher, zygote, &spec_line, keep).await?;

@@ -61,6 +61,21 @@ pub(super) struct Parking {
     pub mode: ParkMode,
     /// Files under `/etc/kiln/` in the jail.
     pub etc_files: Vec<(String, String)>,
+    /// A kept jail (`JailSpec::keep`, `kept.rs`): its init stays outside
+    /// the run's cgroups.
+    pub keep: bool,
+}
+
+/// The limits a run's cgroups are written with. Their `pids.max` is the
+/// program's `pids` plus one for the jail's init (`cgroup/v1.rs`,
+/// `cgroup/v2.rs`); a kept jail's init is outside the groups
+/// (`jail/start.rs`), so its program is given one fewer there, and starts
+/// exactly as many processes as a cold jail's.
+fn group_limits(limits: &kiln_core::Limits, keep: bool) -> kiln_core::Limits {
+    kiln_core::Limits {
+        pids: limits.pids.saturating_sub(u32::from(keep)),
+        ..limits.clone()
+    }
 }
 
 impl Sandbox {
@@ -95,11 +110,12 @@ impl Sandbox {
         // helper (and with it the jail) is gone.
         // A one-shot jail takes its slot's kept groups where they are clean
         // (`cgroup/slot.rs`); a live kernel's slot has none.
+        let limits = group_limits(&req.limits, parking.as_ref().is_some_and(|p| p.keep));
         let (cgroups, lease) = match &self.inner.cgroups {
             Some(driver) => (
                 Some(match self.inner.slots.cgroups() {
-                    Some(kept) => kept.take(slot.index(), &name, &req.limits, slot.lease())?,
-                    None => driver.create_run(&name, &req.limits, slot.lease())?,
+                    Some(kept) => kept.take(slot.index(), &name, &limits, slot.lease())?,
+                    None => driver.create_run(&name, &limits, slot.lease())?,
                 }),
                 None,
             ),
@@ -372,6 +388,7 @@ mod tests {
         let parking = Parking {
             mode: ParkMode::Prestart,
             etc_files: vec![("k.py".into(), "x = 1".into())],
+            keep: false,
         };
         let spec = planned(&r, true, true, Some(parking));
         assert_eq!(spec.argv, r.argv);
