@@ -253,7 +253,9 @@ async fn a_jail_built_ahead_waits_at_idle_cpu_priority_and_runs_at_normal_priori
     let run = {
         let sb = sb.clone();
         tokio::spawn(async move {
-            let r = sb.run_parked(&slot, jail, req, CancellationToken::new()).await;
+            let r = sb
+                .run_parked(&slot, jail, req, CancellationToken::new())
+                .await;
             drop(slot);
             r
         })
@@ -271,7 +273,11 @@ async fn a_jail_built_ahead_waits_at_idle_cpu_priority_and_runs_at_normal_priori
     sb.discard(jail).await;
     drop(slot);
     assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
-    assert_eq!(idle_of(&groups), ["0"], "after a discarded jail built ahead");
+    assert_eq!(
+        idle_of(&groups),
+        ["0"],
+        "after a discarded jail built ahead"
+    );
 
     // a jail built for a request is never idle
     let slot = sb.acquire_slot().await;
