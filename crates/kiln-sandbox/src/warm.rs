@@ -227,7 +227,7 @@ impl WarmPool {
             // Not cut short by the pool's shutdown: a miss builds its jail
             // as before (tests drain the pool and still run); one nobody
             // wants after the shutdown is torn down by `arrive`.
-            let built = build(&inner, &spec).await;
+            let built = build(&inner, &spec, false).await;
             if let Err(Ok(unwanted)) = own_tx.send(built) {
                 inner.arrive(&name, unwanted).await;
             }
@@ -474,7 +474,7 @@ async fn refill_loop(inner: Arc<Inner>) {
         match pick {
             Some((name, spec)) => {
                 let result = tokio::select! {
-                    r = build(&inner, &spec) => r,
+                    r = build(&inner, &spec, true) => r,
                     () = inner.stop.cancelled() => return,
                 };
                 inner.built(&name, result);
@@ -493,12 +493,20 @@ async fn refill_loop(inner: Arc<Inner>) {
     }
 }
 
-async fn build(inner: &Inner, spec: &ParkSpec) -> Result<(Slot, ParkedJail), SandboxError> {
+/// A parked jail of `spec`: built `ahead` of any request (the refill, at
+/// idle CPU priority) or for a request that found none (at its priority).
+async fn build(
+    inner: &Inner,
+    spec: &ParkSpec,
+    ahead: bool,
+) -> Result<(Slot, ParkedJail), SandboxError> {
     let slot = inner.sandbox.acquire_slot().await;
-    let jail = inner
-        .sandbox
-        .park(&slot, spec, &inner.cfg.limits, None)
-        .await?;
+    let limits = &inner.cfg.limits;
+    let jail = if ahead {
+        inner.sandbox.park_ahead(&slot, spec, limits).await?
+    } else {
+        inner.sandbox.park(&slot, spec, limits, None).await?
+    };
     Ok((slot, jail))
 }
 

@@ -214,3 +214,76 @@ async fn a_run_after_a_fork_bomb_gets_its_whole_pids_limit() {
     assert!(n == 15, "children alive at once after a fork bomb: {n}");
     sb.shutdown();
 }
+
+/// The `cpu.idle` of the slot's CPU groups (`None` for groups without one).
+fn idle_of(groups: &[PathBuf]) -> Vec<String> {
+    groups
+        .iter()
+        .filter_map(|g| std::fs::read_to_string(g.join("cpu.idle")).ok())
+        .map(|s| s.trim().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_jail_built_ahead_waits_at_idle_cpu_priority_and_runs_at_normal_priority() {
+    let Some((sb, groups)) = one_slot(4).await else {
+        return;
+    };
+    if idle_of(&groups).is_empty() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no cpu.idle in the slot's groups: {groups:?}"
+        );
+        return;
+    }
+    let spec = kiln_sandbox::ParkSpec::exec();
+    // built ahead: idle until its go, normal while the program runs
+    let slot = sb.acquire_slot().await;
+    let jail = sb.park_ahead(&slot, &spec, &limits()).await.expect("park");
+    assert_eq!(idle_of(&groups), ["1"], "a parked jail built ahead");
+    let req = kiln_sandbox::RunRequest {
+        workspace: jail.workspace().to_path_buf(),
+        argv: ["/bin/sh", "-c", "sleep 1; echo done"]
+            .map(str::to_owned)
+            .to_vec(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        limits: limits(),
+        ..kiln_sandbox::RunRequest::default()
+    };
+    let run = {
+        let sb = sb.clone();
+        tokio::spawn(async move {
+            let r = sb
+                .run_parked(&slot, jail, req, CancellationToken::new())
+                .await;
+            drop(slot);
+            r
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(idle_of(&groups), ["0"], "a jail built ahead, running");
+    let r = run.await.expect("task").expect("run");
+    assert_eq!(stdout(&r), "done\n", "{r:?}");
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    // built ahead and discarded without a run: the slot's next run is not idle
+    let slot = sb.acquire_slot().await;
+    let jail = sb.park_ahead(&slot, &spec, &limits()).await.expect("park");
+    assert_eq!(idle_of(&groups), ["1"], "a parked jail built ahead");
+    sb.discard(jail).await;
+    drop(slot);
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+    assert_eq!(
+        idle_of(&groups),
+        ["0"],
+        "after a discarded jail built ahead"
+    );
+
+    // a jail built for a request is never idle
+    let slot = sb.acquire_slot().await;
+    let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+    assert_eq!(idle_of(&groups), ["0"], "a parked jail built for a request");
+    sb.discard(jail).await;
+    drop(slot);
+    sb.shutdown();
+}

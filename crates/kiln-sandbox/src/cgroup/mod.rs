@@ -379,6 +379,9 @@ pub struct RunCgroups {
     kept: Option<Lent>,
     /// A kept v2 set's peak since the run took it.
     peak: Option<PeakWindow>,
+    /// The groups run at idle CPU priority (`cpu.idle`): a jail built
+    /// ahead for the warm pool, until its go (see [`RunCgroups::set_ahead`]).
+    ahead: bool,
     done: bool,
     lease: Option<SlotLease>,
 }
@@ -396,6 +399,7 @@ impl RunCgroups {
             base: Baseline::default(),
             kept: None,
             peak: None,
+            ahead: false,
             done: false,
             lease: None,
         }
@@ -418,6 +422,7 @@ impl RunCgroups {
             base: set.base,
             kept: Some(kept),
             peak,
+            ahead: false,
             done: false,
             lease: Some(lease),
         }
@@ -476,9 +481,33 @@ impl RunCgroups {
         self.cpu_meter_from(self.cpu_base.unwrap_or_default())
     }
 
+    /// A jail built ahead of any request (the warm pool's refill) runs at
+    /// idle CPU priority until its go: its start-up (a `js` jail's node
+    /// boots for ~30 ms of CPU) then takes only CPU no run wants, instead
+    /// of landing on the request that arrives while it builds. A request
+    /// that finds no parked jail has its own built at normal priority.
+    /// Nothing on a host without `cpu.idle` (kernels before 5.15) or
+    /// without a CPU group.
+    pub(crate) fn set_ahead(&mut self, on: bool) {
+        if self.ahead == on {
+            return;
+        }
+        let Some(cpu) = &self.cpu else {
+            return;
+        };
+        match fs::write(cpu.join("cpu.idle"), if on { "1" } else { "0" }) {
+            Ok(()) => self.ahead = on,
+            Err(e) => {
+                tracing::debug!(group = %cpu.display(), error = %e, "cpu.idle not written");
+            }
+        }
+    }
+
     /// The program starts now (the go of a parked jail): figures read at
-    /// the end count from here, not from when the jail was built.
+    /// the end count from here, not from when the jail was built; a jail
+    /// built ahead runs at normal priority from here.
     pub(crate) fn mark_start(&mut self) {
+        self.set_ahead(false);
         self.cpu_base = self.cpu_usage();
         if !self.v2
             && let Some(memory) = self.dirs.first()
@@ -608,7 +637,9 @@ impl RunCgroups {
             *stats = Some(self.read_stats());
         }
         if let Some(kept) = self.kept.take() {
-            // a slot's set: reset in the slot's clean-up, not removed
+            // a slot's set: reset in the slot's clean-up, not removed (and
+            // not left idle by a parked jail that never ran)
+            self.set_ahead(false);
             self.peak = None;
             kept.hand_back(
                 std::mem::take(&mut self.dirs),
@@ -677,6 +708,7 @@ impl Drop for RunCgroups {
             base: self.base,
             kept: self.kept.take(),
             peak: self.peak.take(),
+            ahead: self.ahead,
             done: false,
             lease: self.lease.take(),
         };

@@ -40,6 +40,29 @@ impl Sandbox {
         limits: &Limits,
         workspace: Option<PathBuf>,
     ) -> Result<ParkedJail, SandboxError> {
+        self.park_as(slot, park, limits, workspace, false).await
+    }
+
+    /// [`Sandbox::park`] for a jail built ahead of any request (the warm
+    /// pool's refill): it builds and waits at idle CPU priority until its
+    /// go (`RunCgroups::set_ahead`).
+    pub async fn park_ahead(
+        &self,
+        slot: &Slot,
+        park: &ParkSpec,
+        limits: &Limits,
+    ) -> Result<ParkedJail, SandboxError> {
+        self.park_as(slot, park, limits, None, true).await
+    }
+
+    async fn park_as(
+        &self,
+        slot: &Slot,
+        park: &ParkSpec,
+        limits: &Limits,
+        workspace: Option<PathBuf>,
+        ahead: bool,
+    ) -> Result<ParkedJail, SandboxError> {
         self.admit(slot)?;
         let t0 = std::time::Instant::now();
         let name = run_name(slot);
@@ -106,9 +129,12 @@ impl Sandbox {
         let Prepared {
             name,
             mut spec,
-            cgroups,
+            mut cgroups,
             lease,
         } = self.prepare(slot, name, &req, Some(parking))?;
+        if ahead && let Some(c) = cgroups.as_mut() {
+            c.set_ahead(true);
+        }
         spec.keep = keep;
         let mut spec_line = serde_json::to_vec(&spec)
             .map_err(|e| SandboxError::Request(format!("encode spec: {e}")))?;
