@@ -212,3 +212,36 @@ pub fn fstrim(dir: &impl AsRawFd) -> io::Result<u64> {
     }
     Ok(range.len)
 }
+
+/// Which mount `path` is on, as `statx` reports it (the final component is
+/// not followed): its mount id (`STATX_MNT_ID`) and the device of its
+/// filesystem. `Ok(None)` on kernels that report no mount id (before
+/// Linux 5.8). A path that is a mount point reports the mount on top.
+pub fn mount_of(path: &Path) -> io::Result<Option<(u64, (u32, u32))>> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: an all-zero `statx` is a valid value of the plain C struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statx buffer;
+    // both outlive the call, which writes only into `st`.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT,
+            libc::STATX_MNT_ID,
+            &mut st,
+        )
+    };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    if st.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Ok(None);
+    }
+    Ok(Some((st.stx_mnt_id, (st.stx_dev_major, st.stx_dev_minor))))
+}
