@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
-use crate::launcher::{HelperFds, Launcher};
+use crate::launcher::{HelperFds, Via};
 use crate::pause::PauseClock;
 use crate::spec::{JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
 use crate::sys;
@@ -463,14 +463,18 @@ pub(crate) struct StartedParts {
 /// [`ZYGOTE_FD`] (embedded warm jails: the fork-server forks their program).
 pub(crate) async fn start_helper(
     helper: &Path,
-    launcher: Option<&Launcher>,
+    launcher: Option<Via<'_>>,
     zygote: Option<OwnedFd>,
     spec_line: &[u8],
     keep: bool,
 ) -> Result<Started, SandboxError> {
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
-    if let Some(launcher) = launcher.filter(|l| l.alive()) {
+    if let Some(Via {
+        launcher,
+        slot_mount,
+    }) = launcher.filter(|v| v.launcher.alive())
+    {
         let fds = HelperFds {
             control: &child_ends.control,
             stdout: &child_ends.stdout,
@@ -478,7 +482,10 @@ pub(crate) async fn start_helper(
             status: &child_ends.status,
             zygote: zygote.as_ref(),
         };
-        match launcher.launch(&fds, spec_line).await {
+        match launcher
+            .launch(&fds, spec_line, slot_mount.as_deref())
+            .await
+        {
             Ok(pidfd) => {
                 // The jail's init has its own copies: EOF and SIGPIPE work.
                 drop(child_ends);
@@ -831,7 +838,7 @@ impl Started {
 #[allow(clippy::too_many_arguments)] // what `drive` takes, plus the helper and its spec
 pub(crate) async fn supervise(
     helper: &Path,
-    launcher: Option<&Launcher>,
+    launcher: Option<Via<'_>>,
     spec: &JailSpec,
     limits: &Limits,
     cancel: &CancellationToken,
