@@ -26,7 +26,11 @@
 //!    embedded warm jail, a socket to the fork-server. The answer, on the
 //!    reply socket, is the init's pid (4 bytes, little-endian) with its
 //!    pidfd attached, `!` and the text of a set-up failure, or another
-//!    error text.
+//!    error text. A kernel's jail is asked for with `k`, its slot's
+//!    mount point and a newline before the spec, and one more fd last: a
+//!    detached copy of the slot's mount (`open_tree`), which the launcher
+//!    attaches at that point for the clone and detaches again (see
+//!    [`Launcher::start`]).
 //!
 //! The launcher ignores `SIGCHLD`, so the kernel reaps the inits; the
 //! server follows each through its pidfd and kills it through it (the
@@ -37,6 +41,7 @@
 //! which starts the jail the same way and then waits for its init.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -62,7 +67,22 @@ pub(crate) struct Launcher {
     sock: OwnedFd,
     child: OwnedChild,
     alive: AtomicBool,
+    /// Hands each kernel jail its slot's mount (the kernel launcher).
+    slot_trees: bool,
 }
+
+/// The launcher a jail is started by and, for a kernel's jail started by
+/// the kernel launcher, its slot's mount point (the slot's filesystem,
+/// handed to the launcher as a detached copy).
+#[derive(Debug)]
+pub(crate) struct Via<'a> {
+    pub launcher: &'a Launcher,
+    pub slot_mount: Option<std::path::PathBuf>,
+}
+
+/// Request kinds: any jail, and a kernel's with its slot's mount.
+const REQUEST: u8 = b'h';
+const KERNEL_REQUEST: u8 = b'k';
 
 /// The fds a launched jail gets (sent in this order after the reply socket).
 pub(crate) type HelperFds<'a> = jail::start::JailFds<'a>;
@@ -80,9 +100,13 @@ impl Launcher {
     /// filesystems (`mountns::enter_without_private_mounts_below`): every
     /// jail's `CLONE_NEWNS` copies that table, so 1,000 idle kernels must
     /// not make each one-shot jail copy and tear down 1,000 more mounts.
+    /// With `slot_trees` too (the kernel launcher), each kernel's jail gets
+    /// its own slot's filesystem (see [`Launcher::launch`]) and copies
+    /// that one mount, not every other kernel's.
     pub(crate) fn start(
         helper: &Path,
         without_kernel_slots: Option<&Path>,
+        slot_trees: bool,
     ) -> Result<Launcher, SandboxError> {
         let err = |m: String| SandboxError::Helper(format!("jail launcher: {m}"));
         let args: Vec<&std::ffi::OsStr> = without_kernel_slots
@@ -109,6 +133,7 @@ impl Launcher {
             sock: ours,
             child,
             alive: AtomicBool::new(true),
+            slot_trees: slot_trees && without_kernel_slots.is_some(),
         })
     }
 
@@ -122,13 +147,17 @@ impl Launcher {
     }
 
     /// Starts the jail of `spec_line` (its JSON, one line) with `fds`;
-    /// returns the pidfd of its init. A jail the launcher could not start
-    /// (its set-up failed) is a [`SandboxError::Setup`]; any other error
-    /// means the launcher could not be used.
+    /// returns the pidfd of its init. The kernel launcher gets a detached
+    /// copy of the mount at `slot_mount` (a kernel's slot) with it, attached
+    /// there in its namespace only while it clones the jail. A jail the
+    /// launcher could not start (its set-up failed) is a
+    /// [`SandboxError::Setup`]; any other error means the launcher could
+    /// not be used.
     pub(crate) async fn launch(
         &self,
         fds: &HelperFds<'_>,
         spec_line: &[u8],
+        slot_mount: Option<&Path>,
     ) -> Result<OwnedFd, SandboxError> {
         let err = |m: String| SandboxError::Helper(format!("jail launcher: {m}"));
         if !self.alive() {
@@ -148,7 +177,22 @@ impl Launcher {
         raw.extend(fds.zygote.map(AsRawFd::as_raw_fd));
         let spec_line = spec_line.strip_suffix(b"\n").unwrap_or(spec_line);
         let mut msg = Vec::with_capacity(spec_line.len() + 1);
-        msg.push(b'h');
+        let tree = match slot_mount.filter(|_| self.slot_trees) {
+            Some(point) => {
+                let tree = sys::open_tree_clone(point).map_err(|e| {
+                    SandboxError::Setup(format!("copy the mount of {}: {e}", point.display()))
+                })?;
+                msg.push(KERNEL_REQUEST);
+                msg.extend_from_slice(point.as_os_str().as_encoded_bytes());
+                msg.push(b'\n');
+                Some(tree)
+            }
+            None => {
+                msg.push(REQUEST);
+                None
+            }
+        };
+        raw.extend(tree.as_ref().map(AsRawFd::as_raw_fd));
         msg.extend_from_slice(spec_line);
         if let Err(e) = send(&self.sock, &msg, &raw) {
             if e != nix::errno::Errno::EAGAIN {
@@ -156,8 +200,9 @@ impl Launcher {
             }
             return Err(err(format!("send request: {e}")));
         }
-        // The launcher holds its own copy now: EOF on ours if it dies.
+        // The launcher holds its own copies now: EOF on ours if it dies.
         drop(theirs);
+        drop(tree);
         let (bytes, mut got) = loop {
             let mut ready = reply
                 .readable()
@@ -224,26 +269,35 @@ fn serve(sock: &OwnedFd, slots_dir: Option<&Path>) -> Result<(), String> {
         if n == 0 && fds.is_empty() {
             return Ok(()); // the server closed the socket
         }
-        if buf.first() != Some(&b'h') || n >= REQUEST_MAX || !(5..=6).contains(&fds.len()) {
+        let Some(request) = (n < REQUEST_MAX)
+            .then(|| Request::parse(&buf[..n], &fds, slots_dir))
+            .flatten()
+        else {
             continue; // not a request: its fds close here, the requester sees EOF
-        }
+        };
         let start = jail::start::StartFds {
             jail: HelperFds {
                 control: &fds[1],
                 stdout: &fds[2],
                 stderr: &fds[3],
                 status: &fds[4],
-                zygote: fds.get(5),
+                zygote: request.zygote,
             },
             devnull: &devnull,
             starter: &me,
             home_netns: &home_netns,
         };
-        let answer = match jail::start::start(&buf[1..n], &start) {
+        let started = match request.slot {
+            Some((point, tree)) => with_slot_attached(point, tree, || {
+                jail::start::start(request.spec, &start).map_err(|e| e.message().to_owned())
+            }),
+            None => jail::start::start(request.spec, &start).map_err(|e| e.message().to_owned()),
+        };
+        let answer = match started {
             Ok((pid, pidfd)) => send(&fds[0], &pid.as_raw().to_le_bytes(), &[pidfd.as_raw_fd()]),
             Err(e) => {
                 let mut msg = vec![SETUP_FAILED];
-                msg.extend_from_slice(e.message().as_bytes());
+                msg.extend_from_slice(e.as_bytes());
                 send(&fds[0], &msg, &[])
             }
         };
@@ -252,4 +306,68 @@ fn serve(sock: &OwnedFd, slots_dir: Option<&Path>) -> Result<(), String> {
         let _ = answer;
         // the jail's init holds its own copies of the request's fds
     }
+}
+
+/// A request the launcher read: the jail's spec, the fork-server socket of
+/// an embedded warm jail, and a kernel's slot mount point with the detached
+/// copy of its filesystem.
+struct Request<'a> {
+    spec: &'a [u8],
+    zygote: Option<&'a OwnedFd>,
+    slot: Option<(&'a Path, &'a OwnedFd)>,
+}
+
+impl<'a> Request<'a> {
+    /// `None` for anything but a request with its fds: the reply socket,
+    /// the jail's four, the fork-server's socket if any, and for a
+    /// kernel's jail (`k`) the slot's mount last, whose mount point must be
+    /// a slot of `slots_dir`.
+    fn parse(msg: &'a [u8], fds: &'a [OwnedFd], slots_dir: Option<&Path>) -> Option<Self> {
+        let (&kind, body) = msg.split_first()?;
+        match kind {
+            REQUEST if (5..=6).contains(&fds.len()) => Some(Request {
+                spec: body,
+                zygote: fds.get(5),
+                slot: None,
+            }),
+            KERNEL_REQUEST if (6..=7).contains(&fds.len()) => {
+                let newline = body.iter().position(|&b| b == b'\n')?;
+                let point = Path::new(std::ffi::OsStr::from_bytes(&body[..newline]));
+                let dir = slots_dir?;
+                let is_slot = point.parent() == Some(dir)
+                    && point
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.parse::<u32>().is_ok());
+                is_slot.then_some(())?;
+                let (tree, rest) = fds.split_last()?;
+                Some(Request {
+                    spec: &body[newline + 1..],
+                    zygote: rest.get(5),
+                    slot: Some((point, tree)),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Runs `start` (a kernel jail's clone) with the slot's filesystem `tree`
+/// attached at `point` in the launcher's mount namespace, and detaches it
+/// again: the jail's `CLONE_NEWNS` copies it, and the launcher's table
+/// keeps no mount per live kernel.
+fn with_slot_attached<T>(
+    point: &Path,
+    tree: &OwnedFd,
+    start: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    sys::move_mount_to(tree, point)
+        .map_err(|e| format!("attach the slot's filesystem at {}: {e}", point.display()))?;
+    let started = start();
+    if let Err(e) = nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH) {
+        // the next kernel's clone would copy it: stop serving
+        eprintln!("kiln __launcher: detach {}: {e}", point.display());
+        std::process::exit(1);
+    }
+    started
 }

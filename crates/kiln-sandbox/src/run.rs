@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
 use crate::jail::keep::ZYGOTE_MSG;
-use crate::launcher::{HelperFds, Launcher};
+use crate::launcher::{HelperFds, Via};
 use crate::pause::PauseClock;
 use crate::seqpacket;
 use crate::spec::{JailSpec, STATUS_FD, StatusMsg, ZYGOTE_FD};
@@ -468,14 +468,18 @@ pub(crate) struct StartedParts {
 /// [`ZYGOTE_FD`] (embedded warm jails: the fork-server forks their program).
 pub(crate) async fn start_helper(
     helper: &Path,
-    launcher: Option<&Launcher>,
+    launcher: Option<Via<'_>>,
     zygote: Option<OwnedFd>,
     spec_line: &[u8],
     keep: bool,
 ) -> Result<Started, SandboxError> {
     let (ends, child_ends) =
         make_pipes().map_err(|e| SandboxError::io("create helper pipes", helper, e))?;
-    if let Some(launcher) = launcher.filter(|l| l.alive()) {
+    if let Some(Via {
+        launcher,
+        slot_mount,
+    }) = launcher.filter(|v| v.launcher.alive())
+    {
         // a kept jail's init holds no fork-server socket while its program
         // runs: it gets one for each program on a channel (`jail/keep.rs`),
         // the first one already on it
@@ -495,7 +499,10 @@ pub(crate) async fn start_helper(
                 None => zygote.as_ref(),
             },
         };
-        match launcher.launch(&fds, spec_line).await {
+        match launcher
+            .launch(&fds, spec_line, slot_mount.as_deref())
+            .await
+        {
             Ok(pidfd) => {
                 // The jail's init has its own copies: EOF and SIGPIPE work.
                 drop(child_ends);
@@ -868,7 +875,7 @@ impl Started {
 #[allow(clippy::too_many_arguments)] // what `drive` takes, plus the helper and its spec
 pub(crate) async fn supervise(
     helper: &Path,
-    launcher: Option<&Launcher>,
+    launcher: Option<Via<'_>>,
     spec: &JailSpec,
     limits: &Limits,
     cancel: &CancellationToken,

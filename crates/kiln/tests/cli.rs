@@ -341,8 +341,11 @@ fn slot_mounts_of(pid: u32, slots: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
+/// One-shot jails are made from a namespace without the kernel slots, and a
+/// kernel's jail from one holding only its own slot (handed over as a
+/// copy of its mount): no jail's `CLONE_NEWNS` copies a mount per kernel.
 #[test]
-fn one_shot_jails_are_made_from_a_mount_namespace_without_the_kernel_slots() {
+fn jails_are_made_from_mount_namespaces_without_other_kernels_slots() {
     common::require_root();
     let Served {
         mut child,
@@ -406,7 +409,7 @@ fn one_shot_jails_are_made_from_a_mount_namespace_without_the_kernel_slots() {
                 continue;
             }
             if slot >= first_kernel_slot {
-                kernels.push((ppid, slot));
+                kernels.push((pid, ppid, slot));
             } else {
                 one_shot.push((ppid, slot));
             }
@@ -421,14 +424,30 @@ fn one_shot_jails_are_made_from_a_mount_namespace_without_the_kernel_slots() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let server_slots = slot_mounts_of(server, &slots_dir);
-    for (helper, slot) in &kernels {
+    let server_mounts = mounts_of(&server.to_string());
+    for (kernel, helper, slot) in &kernels {
         assert!(
             server_slots.contains(slot),
             "the server holds kernel slot {slot}'s filesystem: {server_slots:?}"
         );
+        let kernel_mounts: Vec<u32> = slot_mounts_of(*helper, &slots_dir)
+            .into_iter()
+            .filter(|&s| s >= first_kernel_slot)
+            .collect();
         assert!(
-            slot_mounts_of(*helper, &slots_dir).contains(slot),
-            "the kernel's helper {helper} sees its slot {slot}"
+            kernel_mounts.is_empty(),
+            "the kernel's helper {helper} holds kernel slots {kernel_mounts:?}"
+        );
+        // the kernel's workspaces are on its slot's filesystem all the same
+        let point = slots_dir.join(slot.to_string());
+        let (_, device) = server_mounts
+            .iter()
+            .find(|(p, _)| std::path::Path::new(p) == point)
+            .expect("the slot's mount");
+        let jail_mounts = mounts_of(&kernel.to_string());
+        assert!(
+            jail_mounts.iter().any(|(_, source)| source == device),
+            "kernel {kernel} has its slot's filesystem {device}: {jail_mounts:?}"
         );
     }
     for (helper, slot) in &one_shot {

@@ -29,7 +29,7 @@ use self::setup::Prepared;
 use crate::cgroup::CgroupDriver;
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
-use crate::launcher::Launcher;
+use crate::launcher::{Launcher, Via};
 use crate::probe::{HostReport, probe_host};
 use crate::quota::SlotFs;
 use crate::run::{RunRequest, RunResult, supervise};
@@ -183,10 +183,22 @@ impl Sandbox {
         let launcher = start_launcher(
             &cfg.helper,
             separate_kernels.then_some(areas.dir()),
+            false,
             "jail launcher",
         );
+        // Kernel jails are made from a namespace without kernel slots too,
+        // each handed its own slot's mount, where the kernel can copy mounts
+        // (`open_tree`); else from the server's, holding every kernel's.
+        let slot_trees = separate_kernels && crate::sys::open_tree_clone(areas.dir()).is_ok();
         let kernel_launcher = separate_kernels
-            .then(|| start_launcher(&cfg.helper, None, "kernel jail launcher"))
+            .then(|| {
+                start_launcher(
+                    &cfg.helper,
+                    slot_trees.then_some(areas.dir()),
+                    slot_trees,
+                    "kernel jail launcher",
+                )
+            })
             .flatten();
         // a host that cannot have a kept jail's program reset its next pid
         // runs every `py` jail once instead (`probe::keep_jails_blocker`)
@@ -355,12 +367,19 @@ impl Sandbox {
     }
 
     /// The launcher that forks the helpers of `slot`'s jails (`None`:
-    /// spawn them): a kernel slot's when kernels are kept apart.
-    fn launcher_for(&self, slot: &Slot) -> Option<&Launcher> {
+    /// spawn them): a kernel slot's when kernels are kept apart, which
+    /// hands the jail its slot's filesystem.
+    fn launcher_for(&self, slot: &Slot) -> Option<Via<'_>> {
         if self.inner.areas.separates_kernels() && self.inner.slots.is_on_demand(slot.index()) {
-            self.inner.kernel_launcher.as_ref()
+            self.inner.kernel_launcher.as_ref().map(|launcher| Via {
+                launcher,
+                slot_mount: Some(slot.workspace_parent()),
+            })
         } else {
-            self.inner.launcher.as_ref()
+            self.inner.launcher.as_ref().map(|launcher| Via {
+                launcher,
+                slot_mount: None,
+            })
         }
     }
 
@@ -397,9 +416,10 @@ impl Sandbox {
 fn start_launcher(
     helper: &std::path::Path,
     without_kernel_slots: Option<&std::path::Path>,
+    slot_trees: bool,
     what: &str,
 ) -> Option<Launcher> {
-    match Launcher::start(helper, without_kernel_slots) {
+    match Launcher::start(helper, without_kernel_slots, slot_trees) {
         Ok(l) => {
             tracing::info!(
                 pid = l.pid(),

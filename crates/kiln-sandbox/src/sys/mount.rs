@@ -212,3 +212,87 @@ pub fn fstrim(dir: &impl AsRawFd) -> io::Result<u64> {
     }
     Ok(range.len)
 }
+
+/// Which mount `path` is on, as `statx` reports it (the final component is
+/// not followed): its mount id (`STATX_MNT_ID`) and the device of its
+/// filesystem. `Ok(None)` on kernels that report no mount id (before
+/// Linux 5.8). A path that is a mount point reports the mount on top.
+pub fn mount_of(path: &Path) -> io::Result<Option<(u64, (u32, u32))>> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: an all-zero `statx` is a valid value of the plain C struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statx buffer;
+    // both outlive the call, which writes only into `st`.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT,
+            libc::STATX_MNT_ID,
+            &mut st,
+        )
+    };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    if st.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Ok(None);
+    }
+    Ok(Some((st.stx_mnt_id, (st.stx_dev_major, st.stx_dev_minor))))
+}
+
+/// `open_tree(path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)`: a detached copy
+/// of the mount at `path` (a bind of it; not the mounts below it), which
+/// [`move_mount_to`] attaches elsewhere, in another mount namespace too.
+/// Linux 5.2.
+pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, which
+    // reads only it.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = libc::c_int::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned `fd`, open and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `move_mount(tree, "", AT_FDCWD, to, MOVE_MOUNT_F_EMPTY_PATH)`: attaches
+/// the detached mount `tree` (from [`open_tree_clone`]) at `to` in the
+/// caller's mount namespace.
+pub fn move_mount_to(tree: &impl AsRawFd, to: &Path) -> io::Result<()> {
+    let c = CString::new(to.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` and the empty string are NUL-terminated and outlive the
+    // call; `tree` is an open descriptor the caller holds.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
