@@ -200,6 +200,13 @@ fn writable(dir: &Path) -> bool {
 
 /// Probes the host. Forks once to try creating the jail's namespaces.
 pub fn probe_host() -> HostReport {
+    probe_host_with(Path::new(NS_LAST_PID))
+}
+
+/// [`probe_host`], with whether jails can be kept judged by `ns_last_pid`
+/// ([`keep_jails_blocker`]; `SandboxConfig::ns_last_pid`, another file only
+/// in tests).
+pub(crate) fn probe_host_with(ns_last_pid: &Path) -> HostReport {
     let mut problems = Vec::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
@@ -254,7 +261,7 @@ pub fn probe_host() -> HostReport {
     if let Some(w) = cpu_budget_warning(&cgroup, cgroup_limits) {
         warnings.push(w);
     }
-    let keep_blocker = keep_jails_blocker(Path::new(NS_LAST_PID));
+    let keep_blocker = keep_jails_blocker(ns_last_pid);
     warnings.extend(keep_blocker.clone());
     let workspace_quota = quota::probe();
     match &workspace_quota {

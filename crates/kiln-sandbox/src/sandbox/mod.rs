@@ -30,7 +30,7 @@ use crate::cgroup::CgroupDriver;
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::launcher::{Launcher, Via};
-use crate::probe::{HostReport, probe_host};
+use crate::probe::{HostReport, probe_host_with};
 use crate::quota::SlotFs;
 use crate::run::{RunRequest, RunResult, supervise};
 use crate::seccomp;
@@ -80,7 +80,7 @@ impl Sandbox {
     /// namespaces) and logs an ERROR per missing protection.
     pub fn new(cfg: SandboxConfig) -> Result<Sandbox, SandboxError> {
         cfg.validate()?;
-        let probed = probe_host();
+        let probed = probe_host_with(&cfg.ns_last_pid);
         if !probed.jail_possible() {
             return Err(SandboxError::Unsupported(probed.problems.clone()));
         }
@@ -202,15 +202,6 @@ impl Sandbox {
             .flatten();
         // a host that cannot have a kept jail's program reset its next pid
         // runs every `py` jail once instead (`probe::keep_jails_blocker`)
-        let blocker = crate::probe::keep_jails_blocker(&cfg.ns_last_pid);
-        if blocker != report.keep_jails_blocker {
-            // a test's stand-in for the host's file
-            report
-                .warnings
-                .retain(|w| Some(w) != report.keep_jails_blocker.as_ref());
-            report.warnings.extend(blocker.clone());
-            report.keep_jails_blocker = blocker;
-        }
         let kept = match (cfg.keep_jails, &report.keep_jails_blocker) {
             (true, None) => Some(kept::KeptJails::default()),
             (true, Some(why)) => {
