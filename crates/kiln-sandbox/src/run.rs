@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
-use crate::jail::keep::ZYGOTE_MSG;
+use crate::jail::keep::send_zygote;
 use crate::launcher::{HelperFds, Via};
 use crate::pause::PauseClock;
 use crate::seqpacket;
@@ -554,7 +554,7 @@ pub(crate) async fn start_helper(
 /// already on it.
 fn zygote_channel(zygote: &OwnedFd) -> nix::Result<(OwnedFd, OwnedFd)> {
     let (server, init) = seqpacket::pair()?;
-    seqpacket::send(&server, ZYGOTE_MSG, &[zygote.as_raw_fd()])?;
+    send_zygote(&server, zygote)?;
     Ok((server, init))
 }
 
@@ -624,7 +624,7 @@ impl Started {
         let Some(channel) = &self.zygotes else {
             return Err(SandboxError::Helper("not a kept jail".to_owned()));
         };
-        seqpacket::send(channel, ZYGOTE_MSG, &[zygote.as_raw_fd()])
+        send_zygote(channel, &zygote)
             .map_err(|e| SandboxError::Helper(format!("hand the kept jail a fork-server: {e}")))?;
         drop(zygote);
         self.status_bytes.clear();

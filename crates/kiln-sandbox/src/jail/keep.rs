@@ -36,7 +36,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::JailError;
 use super::plan::{HOSTNAME, Op};
@@ -47,7 +47,13 @@ pub(crate) const AGAIN: &[u8] = b"again\n";
 
 /// The server's message on a kept jail's fork-server channel: a socket to
 /// the fork-server attached, for the jail's next program.
-pub(crate) const ZYGOTE_MSG: &[u8] = b"z";
+const ZYGOTE_MSG: &[u8] = b"z";
+
+/// The server's side of [`next_zygote`]: puts `zygote` on a kept jail's
+/// fork-server `channel` for its next program.
+pub(crate) fn send_zygote(channel: &OwnedFd, zygote: &OwnedFd) -> nix::Result<()> {
+    crate::seqpacket::send(channel, ZYGOTE_MSG, &[zygote.as_raw_fd()])
+}
 
 /// The fork-server socket for the jail's next program, from the server's
 /// channel (`run.rs`, `zygote_channel` and `Started::again`): the init
