@@ -284,8 +284,9 @@ impl KernelHost for ParkedHost {
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
             if let Some(mut task) = task {
-                // a start in progress ends within the kernel's ready limit;
-                // past that the task is dropped, and its kernel with it
+                // a start in progress is dropped at the stop; what else the
+                // task may be doing (closing stale kernels) ends within the
+                // kernel's limits, past which the task is dropped
                 if tokio::time::timeout(Duration::from_secs(35), &mut task)
                     .await
                     .is_err()
@@ -371,10 +372,13 @@ async fn refill_loop(inner: Arc<Inner>) {
         // its own clocks cover the time it may stay parked
         let life = inner.cfg.max_age + PARKED_AT_MOST;
         // at idle CPU priority until taken: a create that starts its own
-        // kernel meanwhile does not compete with it
-        let started = host
-            .start_ahead(language, inner.cfg.limits.clone(), life)
-            .await;
+        // kernel meanwhile does not compete with it. On a busy node such a
+        // start may take long; a shutdown drops it rather than wait for it
+        // (its jail is killed and its slot given back as it is dropped).
+        let started = tokio::select! {
+            started = host.start_ahead(language, inner.cfg.limits.clone(), life) => started,
+            () = inner.stop.cancelled() => break,
+        };
         // the template moved while it started, or the server is stopping:
         // no create will take it
         let unwanted = inner.stop.is_cancelled()

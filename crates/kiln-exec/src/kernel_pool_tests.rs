@@ -332,6 +332,25 @@ async fn shutdown_closes_and_releases_every_parked_kernel_and_stops_refilling() 
 }
 
 #[tokio::test]
+async fn shutdown_does_not_wait_for_a_kernel_still_starting_at_idle_priority() {
+    let host = FakeHost::new();
+    // the refill's start never ends by itself (a busy node gives an idle
+    // kernel no CPU)
+    host.hold.store(true, Ordering::SeqCst);
+    let p = pool(&host, 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::timeout(Duration::from_secs(2), p.shutdown())
+        .await
+        .expect("shutdown waited for a kernel starting ahead");
+    host.hold.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        host.started().is_empty(),
+        "the start went on after shutdown"
+    );
+}
+
+#[tokio::test]
 async fn failed_starts_are_retried_after_a_wait_that_doubles_until_one_succeeds() {
     let host = FakeHost::new();
     host.failing.store(3, Ordering::SeqCst);
