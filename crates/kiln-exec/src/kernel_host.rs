@@ -19,6 +19,9 @@ use kiln_sandbox::{
 /// stack without the rich one's fork and exit cost, then the others.
 const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
 
+/// A kernel being started.
+pub type Starting<'a> = BoxFuture<'a, Result<Box<dyn HostedKernel>, KernelsError>>;
+
 /// Where kernels come from.
 pub trait KernelHost: Send + Sync + 'static {
     /// Whether a kernel of `language` could start now (`Unavailable` or
@@ -27,12 +30,15 @@ pub trait KernelHost: Send + Sync + 'static {
 
     /// Starts a kernel of `language` under `limits` (those of one
     /// evaluation; the kernel's own clocks run for `max_age` and a minute).
-    fn start(
-        &self,
-        language: Language,
-        limits: Limits,
-        max_age: Duration,
-    ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>>;
+    fn start(&self, language: Language, limits: Limits, max_age: Duration) -> Starting<'_>;
+
+    /// [`KernelHost::start`] for a kernel started ahead of any create (the
+    /// kernel pool's refill): it may start and wait at idle CPU priority
+    /// until [`HostedKernel::taken`]. A host without priorities starts it
+    /// as any other.
+    fn start_ahead(&self, language: Language, limits: Limits, max_age: Duration) -> Starting<'_> {
+        self.start(language, limits, max_age)
+    }
 
     /// Whether a `py` kernel can be started now.
     fn ready(&self) -> bool;
@@ -80,6 +86,11 @@ pub trait HostedKernel: Send + Sync + 'static {
 
     /// Memory the kernel holds now, bytes.
     fn memory_now(&self) -> Option<u64>;
+
+    /// A create took this kernel started ahead
+    /// ([`KernelHost::start_ahead`]): it runs at normal CPU priority from
+    /// now on. Nothing for a kernel that never waited at another.
+    fn taken(&self) {}
 }
 
 /// Kernels as jails of the sandbox.
@@ -151,57 +162,69 @@ impl KernelHost for SandboxHost {
             .map(|(_, _, t)| t.to_owned())
     }
 
-    fn start(
-        &self,
-        language: Language,
-        limits: Limits,
-        max_age: Duration,
-    ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
-        Box::pin(async move {
-            let (park, argv, template) = self.program(language, &limits)?;
-            // a kernel slot: its filesystem (made ahead, or now) goes with it
-            let t_slot = std::time::Instant::now();
-            let slot = self
-                .sandbox
-                .acquire_kernel_slot()
-                .await
-                .map_err(|e| KernelsError::Unavailable(e.to_string()))?;
-            let slot_time = t_slot.elapsed();
-            // the evaluation timeouts are the registry's; the jail's own wall
-            // and CPU clocks only bound the kernel's life
-            let mut life = limits.clone();
-            life.wall_time = max_age + Duration::from_secs(60);
-            life.cpu_time = life.wall_time;
-            let start = KernelStart {
-                park,
-                argv,
-                env: language.environment(&limits),
-                limits: life,
-            };
-            let kernel = self
-                .sandbox
-                .start_kernel(&slot, start)
-                .await
-                .map_err(|e| KernelsError::Kernel(e.to_string()))?;
-            let (park, ready) = kernel.start_times();
-            tracing::info!(
-                template,
-                slot_ms = slot_time.as_secs_f64() * 1000.0,
-                park_ms = park.as_secs_f64() * 1000.0,
-                ready_ms = ready.as_secs_f64() * 1000.0,
-                "kernel started"
-            );
-            Ok(Box::new(JailKernel {
-                kernel,
-                slot: Mutex::new(Some(slot)),
-            }) as Box<dyn HostedKernel>)
-        })
+    fn start(&self, language: Language, limits: Limits, max_age: Duration) -> Starting<'_> {
+        Box::pin(self.start_as(language, limits, max_age, false))
+    }
+
+    fn start_ahead(&self, language: Language, limits: Limits, max_age: Duration) -> Starting<'_> {
+        Box::pin(self.start_as(language, limits, max_age, true))
     }
 
     fn ready(&self) -> bool {
         PY_KERNEL_TEMPLATES
             .iter()
             .any(|t| self.sandbox.has_zygote(t))
+    }
+}
+
+impl SandboxHost {
+    /// Starts a kernel of `language`, `ahead` of any create (at idle CPU
+    /// priority until taken) or for one.
+    async fn start_as(
+        &self,
+        language: Language,
+        limits: Limits,
+        max_age: Duration,
+        ahead: bool,
+    ) -> Result<Box<dyn HostedKernel>, KernelsError> {
+        let (park, argv, template) = self.program(language, &limits)?;
+        // a kernel slot: its filesystem (made ahead, or now) goes with it
+        let t_slot = std::time::Instant::now();
+        let slot = self
+            .sandbox
+            .acquire_kernel_slot()
+            .await
+            .map_err(|e| KernelsError::Unavailable(e.to_string()))?;
+        let slot_time = t_slot.elapsed();
+        // the evaluation timeouts are the registry's; the jail's own wall
+        // and CPU clocks only bound the kernel's life
+        let mut life = limits.clone();
+        life.wall_time = max_age + Duration::from_secs(60);
+        life.cpu_time = life.wall_time;
+        let start = KernelStart {
+            park,
+            argv,
+            env: language.environment(&limits),
+            limits: life,
+        };
+        let started = if ahead {
+            self.sandbox.start_kernel_ahead(&slot, start).await
+        } else {
+            self.sandbox.start_kernel(&slot, start).await
+        };
+        let kernel = started.map_err(|e| KernelsError::Kernel(e.to_string()))?;
+        let (park, ready) = kernel.start_times();
+        tracing::info!(
+            template,
+            slot_ms = slot_time.as_secs_f64() * 1000.0,
+            park_ms = park.as_secs_f64() * 1000.0,
+            ready_ms = ready.as_secs_f64() * 1000.0,
+            "kernel started"
+        );
+        Ok(Box::new(JailKernel {
+            kernel,
+            slot: Mutex::new(Some(slot)),
+        }) as Box<dyn HostedKernel>)
     }
 }
 
@@ -255,6 +278,10 @@ impl HostedKernel for JailKernel {
 
     fn memory_now(&self) -> Option<u64> {
         self.kernel.memory_now()
+    }
+
+    fn taken(&self) {
+        self.kernel.run_at_normal_priority();
     }
 }
 

@@ -8,7 +8,10 @@
 //! as before — it never waits for a refill.
 //!
 //! - One background task refills, one kernel at a time (as the warm pool
-//!   builds one-shot jails), woken by every take.
+//!   builds one-shot jails), woken by every take. Each is started at idle
+//!   CPU priority ([`KernelHost::start_ahead`]) and waits at it until a
+//!   create takes it ([`HostedKernel::taken`]): back-to-back creates that
+//!   outrun the pool start their own kernels at normal priority beside it.
 //! - Nothing in a parked kernel depends on a create: the language's kernel
 //!   program, its environment, the registry's limits, an empty workspace.
 //!   A kernel parked for a template that is no longer the one a create
@@ -257,6 +260,9 @@ impl KernelHost for ParkedHost {
                         parked_ms = p.since.elapsed().as_secs_f64() * 1000.0,
                         "kernel taken from those started ahead"
                     );
+                    // at normal priority before the create answers, so
+                    // before its first evaluation
+                    p.kernel.taken();
                     Ok(p.kernel)
                 }
                 None => self.inner.host.start(language, limits, max_age).await,
@@ -278,8 +284,9 @@ impl KernelHost for ParkedHost {
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
             if let Some(mut task) = task {
-                // a start in progress ends within the kernel's ready limit;
-                // past that the task is dropped, and its kernel with it
+                // a start in progress is dropped at the stop; what else the
+                // task may be doing (closing stale kernels) ends within the
+                // kernel's limits, past which the task is dropped
                 if tokio::time::timeout(Duration::from_secs(35), &mut task)
                     .await
                     .is_err()
@@ -364,7 +371,14 @@ async fn refill_loop(inner: Arc<Inner>) {
         };
         // its own clocks cover the time it may stay parked
         let life = inner.cfg.max_age + PARKED_AT_MOST;
-        let started = host.start(language, inner.cfg.limits.clone(), life).await;
+        // at idle CPU priority until taken: a create that starts its own
+        // kernel meanwhile does not compete with it. On a busy node such a
+        // start may take long; a shutdown drops it rather than wait for it
+        // (its jail is killed and its slot given back as it is dropped).
+        let started = tokio::select! {
+            started = host.start_ahead(language, inner.cfg.limits.clone(), life) => started,
+            () = inner.stop.cancelled() => break,
+        };
         // the template moved while it started, or the server is stopping:
         // no create will take it
         let unwanted = inner.stop.is_cancelled()

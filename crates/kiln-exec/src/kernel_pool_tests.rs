@@ -22,6 +22,9 @@ struct Seen {
     closed: AtomicBool,
     released: AtomicBool,
     dead: AtomicBool,
+    /// Started at idle priority ([`KernelHost::start_ahead`]) and not yet
+    /// taken.
+    idle: AtomicBool,
 }
 
 struct FakeKernel(Arc<Seen>);
@@ -61,6 +64,10 @@ impl HostedKernel for FakeKernel {
     fn memory_now(&self) -> Option<u64> {
         Some(self.0.n as u64)
     }
+
+    fn taken(&self) {
+        self.0.idle.store(false, Ordering::SeqCst);
+    }
 }
 
 struct FakeHost {
@@ -88,6 +95,32 @@ impl FakeHost {
     fn started(&self) -> Vec<Arc<Seen>> {
         self.started.lock().unwrap().clone()
     }
+
+    async fn start_as(
+        &self,
+        max_age: Duration,
+        idle: bool,
+    ) -> Result<Box<dyn HostedKernel>, KernelsError> {
+        while self.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.tried.lock().unwrap().push(std::time::Instant::now());
+        let fail = self
+            .failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if fail.is_ok() {
+            return Err(KernelsError::Kernel("no room for a jail".to_owned()));
+        }
+        let mut started = self.started.lock().unwrap();
+        let seen = Arc::new(Seen {
+            n: started.len(),
+            max_age: Mutex::new(Some(max_age)),
+            idle: AtomicBool::new(idle),
+            ..Seen::default()
+        });
+        started.push(Arc::clone(&seen));
+        Ok(Box::new(FakeKernel(seen)) as Box<dyn HostedKernel>)
+    }
 }
 
 impl KernelHost for FakeHost {
@@ -105,26 +138,16 @@ impl KernelHost for FakeHost {
         _limits: Limits,
         max_age: Duration,
     ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
-        Box::pin(async move {
-            while self.hold.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            self.tried.lock().unwrap().push(std::time::Instant::now());
-            let fail = self
-                .failing
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-            if fail.is_ok() {
-                return Err(KernelsError::Kernel("no room for a jail".to_owned()));
-            }
-            let mut started = self.started.lock().unwrap();
-            let seen = Arc::new(Seen {
-                n: started.len(),
-                max_age: Mutex::new(Some(max_age)),
-                ..Seen::default()
-            });
-            started.push(Arc::clone(&seen));
-            Ok(Box::new(FakeKernel(seen)) as Box<dyn HostedKernel>)
-        })
+        Box::pin(self.start_as(max_age, false))
+    }
+
+    fn start_ahead(
+        &self,
+        _language: Language,
+        _limits: Limits,
+        max_age: Duration,
+    ) -> BoxFuture<'_, Result<Box<dyn HostedKernel>, KernelsError>> {
+        Box::pin(self.start_as(max_age, true))
     }
 
     fn ready(&self) -> bool {
@@ -194,6 +217,34 @@ async fn a_create_takes_the_kernel_started_ahead_and_another_is_started_behind_i
     wait_for("the second refill", || stats(&p).ready == 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(host.started().len(), 3);
+}
+
+#[tokio::test]
+async fn kernels_started_ahead_wait_at_idle_priority_and_a_create_takes_one_at_normal_priority() {
+    let host = FakeHost::new();
+    let p = pool(&host, 1);
+    assert!(p.wait_filled(Duration::from_secs(5)).await);
+    assert!(
+        host.started()[0].idle.load(Ordering::SeqCst),
+        "the refill starts its kernel at idle priority"
+    );
+    let k = p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, k.as_ref()), 0, "the one started ahead");
+    assert!(
+        !host.started()[0].idle.load(Ordering::SeqCst),
+        "a kernel handed to a create still at idle priority"
+    );
+    // the next one waits idle again; a create that finds none starts its
+    // own at normal priority
+    wait_for("a refill", || stats(&p).ready == 1).await;
+    assert!(host.started()[1].idle.load(Ordering::SeqCst));
+    let other = Limits {
+        memory_bytes: Limits::default().memory_bytes * 2,
+        ..Limits::default()
+    };
+    let own = p.start(py(), other, MAX_AGE).await.unwrap();
+    assert_eq!(index_of(&host, own.as_ref()), 2, "started for it");
+    assert!(!host.started()[2].idle.load(Ordering::SeqCst));
 }
 
 #[tokio::test]
@@ -278,6 +329,25 @@ async fn shutdown_closes_and_releases_every_parked_kernel_and_stops_refilling() 
     // a create still works, on demand
     p.start(py(), Limits::default(), MAX_AGE).await.unwrap();
     assert_eq!(stats(&p).misses, 1);
+}
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_kernel_still_starting_at_idle_priority() {
+    let host = FakeHost::new();
+    // the refill's start never ends by itself (a busy node gives an idle
+    // kernel no CPU)
+    host.hold.store(true, Ordering::SeqCst);
+    let p = pool(&host, 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::timeout(Duration::from_secs(2), p.shutdown())
+        .await
+        .expect("shutdown waited for a kernel starting ahead");
+    host.hold.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        host.started().is_empty(),
+        "the start went on after shutdown"
+    );
 }
 
 #[tokio::test]

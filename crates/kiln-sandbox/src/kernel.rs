@@ -247,7 +247,32 @@ impl Sandbox {
         slot: &Slot,
         start: KernelStart,
     ) -> Result<Kernel, SandboxError> {
-        let jail = self.park(slot, &start.park, &start.limits, None).await?;
+        self.start_kernel_as(slot, start, false).await
+    }
+
+    /// [`Sandbox::start_kernel`] for a kernel started ahead of any create
+    /// (the kernel pool's refill): its jail is built, its program starts
+    /// and it waits at idle CPU priority (`RunCgroups::set_ahead`), so a
+    /// create that starts its own kernel meanwhile is not slowed by it. It
+    /// runs at normal priority from [`Kernel::run_at_normal_priority`]
+    /// (when it is taken) or its first evaluation, whichever comes first.
+    pub async fn start_kernel_ahead(
+        &self,
+        slot: &Slot,
+        start: KernelStart,
+    ) -> Result<Kernel, SandboxError> {
+        self.start_kernel_as(slot, start, true).await
+    }
+
+    async fn start_kernel_as(
+        &self,
+        slot: &Slot,
+        start: KernelStart,
+        ahead: bool,
+    ) -> Result<Kernel, SandboxError> {
+        let jail = self
+            .park_as(slot, &start.park, &start.limits, None, ahead)
+            .await?;
         let park_time = jail.build_time();
         let t_go = Instant::now();
         let req = RunRequest {
@@ -261,10 +286,15 @@ impl Sandbox {
             name,
             workspace,
             mut started,
-            cgroups,
+            mut cgroups,
             lease,
             line,
         } = self.go(jail, &req, true).await?;
+        // the go ran it at normal priority; a kernel started ahead boots
+        // and waits idle until it is taken
+        if ahead && let Some(c) = cgroups.as_mut() {
+            c.set_ahead(true);
+        }
         started.send_line(&line).await;
         let StartedParts {
             proc,
@@ -381,6 +411,21 @@ impl Kernel {
         lock(&self.lost).clone()
     }
 
+    /// A kernel started ahead ([`Sandbox::start_kernel_ahead`]) runs at
+    /// normal CPU priority from now on: its create took it. Nothing for
+    /// any other kernel.
+    pub fn run_at_normal_priority(&self) {
+        if let Some(c) = lock(&self.cgroups).as_mut() {
+            c.set_ahead(false);
+        }
+    }
+
+    /// Whether its CPU group runs at idle priority now (its `cpu.idle`);
+    /// `None` where the host has no `cpu.idle` or the kernel is gone.
+    pub fn at_idle_priority(&self) -> Option<bool> {
+        lock(&self.cgroups).as_ref().and_then(|c| c.idle_now())
+    }
+
     /// Evaluates `code`, showing its output to `sink` as it arrives.
     pub async fn eval(
         &self,
@@ -391,6 +436,8 @@ impl Kernel {
         if let Some(lost) = self.lost() {
             return Err(KernelError::Lost(lost));
         }
+        // the user's code never runs at idle priority, taken or not
+        self.run_at_normal_priority();
         let mut frames = self.frames.lock().await;
         let (cpu0, mut window) = {
             let cgroups = lock(&self.cgroups);

@@ -215,6 +215,17 @@ async fn a_run_after_a_fork_bomb_gets_its_whole_pids_limit() {
     sb.shutdown();
 }
 
+/// Whether the slot's groups have a `cpu.idle` (Linux 5.15+); only
+/// outside CI may they lack one.
+fn has_cpu_idle(groups: &[PathBuf]) -> bool {
+    let has = !idle_of(groups).is_empty();
+    assert!(
+        has || std::env::var_os("CI").is_none(),
+        "no cpu.idle in the slot's groups: {groups:?}"
+    );
+    has
+}
+
 /// The `cpu.idle` of the slot's CPU groups (`None` for groups without one).
 fn idle_of(groups: &[PathBuf]) -> Vec<String> {
     groups
@@ -229,11 +240,7 @@ async fn a_jail_built_ahead_waits_at_idle_cpu_priority_and_runs_at_normal_priori
     let Some((sb, groups)) = one_slot(4).await else {
         return;
     };
-    if idle_of(&groups).is_empty() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "no cpu.idle in the slot's groups: {groups:?}"
-        );
+    if !has_cpu_idle(&groups) {
         return;
     }
     let spec = kiln_sandbox::ParkSpec::exec();
@@ -284,6 +291,103 @@ async fn a_jail_built_ahead_waits_at_idle_cpu_priority_and_runs_at_normal_priori
     let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
     assert_eq!(idle_of(&groups), ["0"], "a parked jail built for a request");
     sb.discard(jail).await;
+    drop(slot);
+    sb.shutdown();
+}
+
+/// A `py` kernel under `slot` running Kiln's kernel program, started ahead
+/// of any create or for one.
+async fn kernel(sb: &Sandbox, slot: &kiln_sandbox::Slot, ahead: bool) -> kiln_sandbox::Kernel {
+    let name = kiln_core::lang::warm::PYTHON_KERNEL_NAME;
+    let start = kiln_sandbox::KernelStart {
+        park: kiln_sandbox::ParkSpec {
+            etc_files: vec![(
+                name.to_owned(),
+                kiln_core::lang::warm::PYTHON_KERNEL.to_owned(),
+            )],
+            ..kiln_sandbox::ParkSpec::exec()
+        },
+        argv: vec![
+            "/usr/bin/python3".to_owned(),
+            "-u".to_owned(),
+            format!("/etc/kiln/{name}"),
+        ],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        limits: limits(),
+    };
+    let started = if ahead {
+        sb.start_kernel_ahead(slot, start).await
+    } else {
+        sb.start_kernel(slot, start).await
+    };
+    started.expect("kernel starts")
+}
+
+fn eval_limits() -> kiln_sandbox::EvalLimits {
+    kiln_sandbox::EvalLimits {
+        timeout: Duration::from_secs(10),
+        grace: Duration::from_secs(2),
+        stdout_bytes: 1 << 16,
+        stderr_bytes: 1 << 16,
+    }
+}
+
+#[tokio::test]
+async fn a_kernel_started_ahead_waits_idle_and_runs_at_normal_priority_once_taken_or_evaluating() {
+    let Some((sb, groups)) = one_slot(5).await else {
+        return;
+    };
+    if !has_cpu_idle(&groups) {
+        return;
+    }
+    // started ahead: ready and waiting at idle priority; taken: normal
+    let slot = sb.acquire_slot().await;
+    let k = kernel(&sb, &slot, true).await;
+    assert_eq!(idle_of(&groups), ["1"], "a kernel started ahead, ready");
+    assert_eq!(k.at_idle_priority(), Some(true));
+    k.run_at_normal_priority();
+    assert_eq!(idle_of(&groups), ["0"], "a kernel started ahead, taken");
+    let r = k
+        .eval("print(6 * 7)", eval_limits(), None)
+        .await
+        .expect("eval");
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "42\n", "{r:?}");
+    k.close().await;
+    drop(slot);
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+
+    // never taken: its first evaluation runs at normal priority
+    let slot = sb.acquire_slot().await;
+    let k = kernel(&sb, &slot, true).await;
+    assert_eq!(idle_of(&groups), ["1"], "a kernel started ahead, ready");
+    let r = k
+        .eval("import time; time.sleep(0.01); 'done'", eval_limits(), None)
+        .await
+        .expect("eval");
+    assert_eq!(r.value.as_deref(), Some("'done'"), "{r:?}");
+    assert_eq!(idle_of(&groups), ["0"], "an evaluation at idle priority");
+    k.close().await;
+    drop(slot);
+
+    // closed while still idle: the slot's next jail is not
+    let slot = sb.acquire_slot().await;
+    let k = kernel(&sb, &slot, true).await;
+    assert_eq!(idle_of(&groups), ["1"], "a kernel started ahead, ready");
+    k.close().await;
+    drop(slot);
+    assert_eq!(kept_groups(&sb).await, groups, "the set was replaced");
+    assert_eq!(
+        idle_of(&groups),
+        ["0"],
+        "the slot's groups after a kernel closed at idle priority"
+    );
+
+    // a kernel started for a create never waits idle
+    let slot = sb.acquire_slot().await;
+    let k = kernel(&sb, &slot, false).await;
+    assert_eq!(idle_of(&groups), ["0"], "a kernel started for a create");
+    assert_eq!(k.at_idle_priority(), Some(false));
+    k.close().await;
     drop(slot);
     sb.shutdown();
 }

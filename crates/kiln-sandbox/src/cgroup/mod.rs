@@ -503,6 +503,13 @@ impl RunCgroups {
         }
     }
 
+    /// Whether the CPU group runs at idle priority now, as its `cpu.idle`
+    /// reads; `None` without a CPU group or `cpu.idle`.
+    pub(crate) fn idle_now(&self) -> Option<bool> {
+        let text = fs::read_to_string(self.cpu.as_ref()?.join("cpu.idle")).ok()?;
+        Some(text.trim() == "1")
+    }
+
     /// The program starts now (the go of a parked jail): figures read at
     /// the end count from here, not from when the jail was built; a jail
     /// built ahead runs at normal priority from here.

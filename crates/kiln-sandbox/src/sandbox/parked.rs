@@ -55,7 +55,7 @@ impl Sandbox {
         self.park_as(slot, park, limits, None, true).await
     }
 
-    async fn park_as(
+    pub(crate) async fn park_as(
         &self,
         slot: &Slot,
         park: &ParkSpec,
