@@ -11,9 +11,10 @@
 # main.py (in the current directory) as __main__, then shuts down the way
 # CPython's Py_FinalizeEx does and ends the process with os._exit(status).
 #
-# What the preload does: imports common stdlib modules and this template's own
-# modules (_kiln_preload, set in front of this file by the language table: the
-# rich template's data stack, none for the lean one), seeds matplotlib's font cache, draws
+# What the preload does: imports common stdlib modules (unless _kiln_stdlib, set in
+# front of this file by the language table, is False: the min template) and this
+# template's own modules (_kiln_preload, set there too: the rich template's data
+# stack, none for the lean and min ones), seeds matplotlib's font cache, draws
 # one throw-away figure when pyplot is preloaded (so a run's first draw and PNG save
 # find their lazily built modules and caches ready), makes plt.show() save plot_<n>.png
 # (like sitecustomize.py), then gc.freeze()s it all so the children share the pages.
