@@ -206,7 +206,7 @@ for line in sys.stdin:
 class ForkServer:
     """The simulator process, started with the environment the Rust side gives the template."""
 
-    def __init__(self, modules=PRELOAD_MODULES):
+    def __init__(self, modules=PRELOAD_MODULES, stdlib=True):
         self.home = tempfile.mkdtemp(prefix="kiln-fid-zygote-")
         env = jail_env("py", "/mnt/data", os.path.join(self.home, "mpl"))
         del env["PYTHONPATH"]
@@ -215,7 +215,8 @@ class ForkServer:
         with open(preload, "w") as out:
             with open(os.path.join(LANG_DIR, "python", "kiln_plot.py")) as f:
                 out.write(f.read())
-            out.write("\n_kiln_preload = (%s)\n\n" % "".join("%r, " % m for m in modules))
+            out.write("\n_kiln_preload = (%s)\n" % "".join("%r, " % m for m in modules))
+            out.write("_kiln_stdlib = %s\n\n" % bool(stdlib))
             with open(os.path.join(WARM_DIR, "python_template.py")) as f:
                 out.write(f.read())
         self.proc = subprocess.Popen(
@@ -340,8 +341,9 @@ def check(args):
         cases = json.load(f)
     if args.only:
         cases = [c for c in cases if any(o in c["name"] for o in args.only)]
-    modules = () if args.template == "lean" else PRELOAD_MODULES
-    server = ForkServer(modules) if any(c["lang"] == "py" for c in cases) else None
+    modules = () if args.template in ("lean", "min") else PRELOAD_MODULES
+    py = any(c["lang"] == "py" for c in cases)
+    server = ForkServer(modules, args.template != "min") if py else None
     if server:
         print(
             "template preload %.0f ms, fork-server RSS %.1f MiB"
@@ -425,8 +427,8 @@ def main():
     parser.add_argument("--node-mode", choices=("main", "preload"), default="preload",
                         help="start node_warm.js as the main module or as a --require preload")
     parser.add_argument("--timeout", type=float, default=60.0)
-    parser.add_argument("--template", choices=("data", "lean"), default="data",
-                        help="the simulated fork-server's template (numpy, pandas, matplotlib; or none)")
+    parser.add_argument("--template", choices=("data", "lean", "min"), default="data",
+                        help="the simulated fork-server's template (numpy, pandas, matplotlib; none; or not even the common stdlib set)")
     parser.add_argument("--bench", type=int, metavar="N", help="measure latencies over N runs")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every difference")
     args = parser.parse_args()

@@ -563,8 +563,10 @@ for _ in range(n):
 # The same, but each child runs Kiln's warm template as a warm run's program does
 # (`_kiln_zygote.run`: argv, env, __main__, the script, the CPython-like
 # shutdown), without a jail: the template's own share of the program G.
+# It imports nothing beyond os and sys (which every interpreter has loaded at start), so
+# that the children hold what the template holds, no more: the min template's too.
 TEMPLATE_FORKS = r"""
-import os, sys, json, tempfile
+import os, sys
 src = sys.stdin.read()
 n = int(sys.argv[1])
 exec(compile(src, "<kiln-template>", "exec"), {"__name__": "__main__"})
@@ -578,11 +580,18 @@ def run_as_the_fork_server_does(go):
     _kiln_zygote.run(go)
 
 
-work = tempfile.mkdtemp()
+work = "/tmp/kiln-floor-%d" % os.getpid()
+os.mkdir(work)
 with open(os.path.join(work, "main.py"), "w") as f:
     f.write("print('hello')\n")
-go = json.dumps({"argv": ["/usr/bin/python3", "-u", "main.py"],
-                 "env": [[k, v] for k, v in os.environ.items()]}).encode()
+
+
+def q(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+go = ('{"argv": ["/usr/bin/python3", "-u", "main.py"], "env": [%s]}' % ", ".join(
+    "[%s, %s]" % (q(k), q(v)) for k, v in os.environ.items())).encode()
 null = os.open('/dev/null', os.O_WRONLY)
 for _ in range(n):
     pid = os.fork()
@@ -596,21 +605,24 @@ for _ in range(n):
     _, status = os.waitpid(pid, 0)
     if status != 0:
         raise SystemExit("the template's run failed: %d" % status)
+os.unlink(os.path.join(work, "main.py"))
+os.rmdir(work)
 """
 
 
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 
-def lean_template():
-    """What the lean fork-server preloads: the plot hook, no data stack, the template."""
+def lean_template(stdlib=True):
+    """What the lean fork-server preloads: the plot hook, no data stack, the template
+    (stdlib False: the min one's, without the common stdlib set either)."""
     here = os.path.dirname(os.path.abspath(__file__))
     warm = os.path.join(here, "..", "crates", "kiln-core", "src", "lang")
     with open(os.path.join(warm, "python", "kiln_plot.py")) as f:
         hook = f.read()
     with open(os.path.join(warm, "warm", "python_template.py")) as f:
         template = f.read()
-    return f"{hook}\n_kiln_preload = ()\n\n{template}"
+    return f"{hook}\n_kiln_preload = ()\n_kiln_stdlib = {bool(stdlib)}\n\n{template}"
 
 
 def forks_with(flags, n, libc):
@@ -687,6 +699,14 @@ def cmd_alone(a):
             "fork + Kiln's template run of print('hello') + exit (no jail)",
             lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, str(a.n), "run"],
                                    input=lean_template(), text=True, env=env, check=True))
+        measure(
+            "fork + the min template's run of print('hello') + exit (no jail)",
+            lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, str(a.n), "run"],
+                                   input=lean_template(False), text=True, env=env, check=True))
+        measure(
+            "  (the min template's preload, once per loop, to subtract)",
+            lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, "0", "run"],
+                                   input=lean_template(False), text=True, env=env, check=True))
         measure(
             "fork + print + _exit of the same preloaded template (no run, no jail)",
             lambda: subprocess.run([CHROOT, a.image_root, "/usr/bin/python3", "-c", TEMPLATE_FORKS, str(a.n), "bare"],

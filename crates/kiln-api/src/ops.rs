@@ -47,7 +47,7 @@ pub struct WarmProfileView {
 /// One Python fork-server (one per template), when it runs.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ForkServerView {
-    /// The template it holds (`py-lean`, `py-data`, `py`).
+    /// The template it holds (`py-min`, `py-lean`, `py-data`, `py`).
     pub template: String,
     pub alive: bool,
     pub pid: u32,

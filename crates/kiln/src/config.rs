@@ -184,11 +184,11 @@ pub struct Config {
     /// interpreter that imported numpy, pandas and matplotlib once.
     pub python_zygote: bool,
     /// Which preloaded Python templates the fork-servers hold: `auto` (a
-    /// lean one, the interpreter and common stdlib modules; a data one with
-    /// numpy, pandas and matplotlib; a rich one with seaborn, scipy,
-    /// scikit-learn and statsmodels too; each run forks the smallest its
-    /// imports need), or `lean`, `data` or `rich` (only that one, for every
-    /// run).
+    /// min one, the interpreter alone; a lean one, the interpreter and
+    /// common stdlib modules; a data one with numpy, pandas and matplotlib;
+    /// a rich one with seaborn, scipy, scikit-learn and statsmodels too;
+    /// each run forks the smallest its imports need), or `min`, `lean`,
+    /// `data` or `rich` (only that one, for every run).
     pub python_template: String,
     /// How long a finished run stays retrievable at `/v1/runs/{run_id}`, seconds.
     pub run_retention_secs: u64,

@@ -49,13 +49,14 @@ impl TestServer {
                 .filter(|v| !v.is_empty())
                 .map_or_else(|| Config::default().runtime_dir, Into::into),
             // a few kernel slots, not the machine-sized default: test
-            // servers share the uid space (16 slots' worth each); a test
+            // servers share the uid space (32 slots' worth each); a test
             // wanting the defaults sets them and a uid range of its own
             max_sessions: 3,
             max_sessions_per_user: 2,
-            // one warm jail per profile, not the default's room to grow: with
-            // max_concurrency 8 and the 3 kernel slots, 16 slots in all
-            warm_jails: 5,
+            // one warm jail per profile (py-min, py-lean, py-data, py, js,
+            // exec), not the default's room to grow: with max_concurrency 8
+            // and the 3 kernel slots, 17 slots in all
+            warm_jails: 6,
             // no kernels started ahead (each holds a slot of its own): a
             // test of them turns them on with a uid range of its own
             parked_kernels: 0,

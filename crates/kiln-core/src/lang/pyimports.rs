@@ -1,12 +1,14 @@
 //! Which warm Python template a program should be forked from, decided by a
 //! static scan of its imports.
 //!
-//! Kiln keeps three templates, one fork-server each (see
-//! `warm/python_template.py`): a lean one (the interpreter and the stdlib
-//! modules scripts use most), a data one (numpy, pandas, matplotlib on top)
-//! and a rich one (seaborn, scipy, scikit-learn, statsmodels too). Forking
-//! and tearing down a bigger template costs more CPU per run, so a program
-//! runs in the smallest one that holds what it imports. The scan is
+//! Kiln keeps four templates, one fork-server each (see
+//! `warm/python_template.py`): a min one (the interpreter with no more
+//! loaded than a cold `python3 -c pass` and what the template's own `run`
+//! needs), a lean one (the stdlib modules scripts use most), a data one
+//! (numpy, pandas, matplotlib on top) and a rich one (seaborn, scipy,
+//! scikit-learn, statsmodels too). Forking and tearing down a bigger
+//! template costs more CPU per run, so a program runs in the smallest one
+//! that holds what it imports (or, for min, imports it cheaply). The scan is
 //! deliberately simple and errs towards rich:
 //! every `import a.b` / `from a.b import c` anywhere (inside functions,
 //! `try`, after `;` or `:`) counts, strings and comments are skipped, and
@@ -20,6 +22,9 @@ use std::collections::BTreeSet;
 /// The templates, smallest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PyTemplate {
+    /// The interpreter alone: programs that import nothing, or only
+    /// [`MIN_MODULES`].
+    Min,
     /// The interpreter and common stdlib modules.
     Lean,
     /// Lean plus numpy, pandas and matplotlib ([`DATA_MODULES`]).
@@ -28,6 +33,40 @@ pub enum PyTemplate {
     /// module, and any program the scan cannot see through.
     Rich,
 }
+
+/// Modules the min template holds or that a program forked from it imports
+/// for less than the CPU the min template saves against the lean one
+/// (≈ 1 ms per run: the lean one's fork and exit cost more). Measured with
+/// the image's CPython 3.13 (BENCHMARKS.md, "A min `py` template"):
+/// `json`, `re`, `string`, `collections`, `functools`, `random` or `array`
+/// cost 2–8 ms to import in the child, more than the fork saves, so they
+/// (and every other stdlib module) take the lean template.
+pub const MIN_MODULES: &[&str] = &[
+    "__future__",
+    "_thread",
+    "abc",
+    "atexit",
+    "bisect",
+    "builtins",
+    "cmath",
+    "codecs",
+    "datetime",
+    "errno",
+    "gc",
+    "genericpath",
+    "heapq",
+    "io",
+    "itertools",
+    "marshal",
+    "math",
+    "os",
+    "posix",
+    "posixpath",
+    "stat",
+    "struct",
+    "sys",
+    "time",
+];
 
 /// Top-level modules the data template holds (or imports cheaply).
 pub const DATA_MODULES: &[&str] = &["numpy", "pandas", "matplotlib", "mpl_toolkits", "pylab"];
@@ -53,12 +92,13 @@ impl PyImports {
             .iter()
             .map(|m| match m.as_str() {
                 m if RUNS_IMPORTS_BY_NAME.contains(&m) => PyTemplate::Rich,
+                m if MIN_MODULES.contains(&m) => PyTemplate::Min,
                 m if is_stdlib(m) => PyTemplate::Lean,
                 m if DATA_MODULES.contains(&m) => PyTemplate::Data,
                 _ => PyTemplate::Rich,
             })
             .max()
-            .unwrap_or(PyTemplate::Lean)
+            .unwrap_or(PyTemplate::Min)
     }
 }
 
@@ -484,6 +524,11 @@ mod tests {
         let code = "from collections import (\n    OrderedDict,\n    defaultdict,\n)\nfrom os.path import \\\n    join, exists\nprint(OrderedDict)";
         assert_eq!(modules(code), ["collections", "os"]);
         assert_eq!(choose_template(code), PyTemplate::Lean);
+        // (os alone is in the min template)
+        assert_eq!(
+            choose_template("from os.path import \\\n    join\nprint(join('a', 'b'))"),
+            PyTemplate::Min
+        );
     }
 
     #[test]
@@ -496,19 +541,40 @@ mod tests {
     fn strings_and_comments_are_not_code() {
         let code = "# import pandas\nprint('import numpy')\ns = \"\"\"\nfrom sklearn import svm\n\"\"\"\nt = r'import scipy'\nimport math\n";
         assert_eq!(modules(code), ["math"]);
-        assert_eq!(choose_template(code), PyTemplate::Lean);
+        assert_eq!(choose_template(code), PyTemplate::Min);
     }
 
     #[test]
-    fn stdlib_only_programs_take_the_lean_template() {
-        for code in [
-            "print('hello')",
-            "",
-            "import json, math, os, sys, re\nfrom datetime import datetime\nprint(json.dumps({}))",
-            "import csv\nfrom collections import Counter\nimport statistics\nimport _thread",
-            "from __future__ import annotations\nimport typing",
+    fn stdlib_programs_take_min_unless_a_module_imports_slowly_then_lean() {
+        use PyTemplate::{Lean, Min};
+        for (code, template) in [
+            ("print('hello')", Min),
+            ("", Min),
+            ("print(sum(map(float, open('n.txt'))))", Min),
+            (
+                "import math, sys, os\nfrom time import time\nprint(math.pi, time())",
+                Min,
+            ),
+            (
+                "from __future__ import annotations\nimport itertools, datetime, heapq, bisect, struct",
+                Min,
+            ),
+            ("import os.path\nfrom _thread import get_ident", Min),
+            (
+                "import json, math, os, sys, re\nfrom datetime import datetime\nprint(json.dumps({}))",
+                Lean,
+            ),
+            (
+                "import csv\nfrom collections import Counter\nimport statistics\nimport _thread",
+                Lean,
+            ),
+            ("from __future__ import annotations\nimport typing", Lean),
+            ("import math\nimport re", Lean),
+            ("import random", Lean),
+            ("import sys\nfrom collections import Counter", Lean),
+            ("import _csv", Lean),
         ] {
-            assert_eq!(choose_template(code), PyTemplate::Lean, "{code}");
+            assert_eq!(choose_template(code), template, "{code}");
         }
     }
 

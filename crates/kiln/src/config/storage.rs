@@ -90,10 +90,11 @@ impl Config {
         use kiln_core::lang::pyimports::PyTemplate;
         match self.python_template.as_str() {
             "auto" => Ok(None),
+            "min" => Ok(Some(PyTemplate::Min)),
             "lean" => Ok(Some(PyTemplate::Lean)),
             "data" => Ok(Some(PyTemplate::Data)),
             "rich" => Ok(Some(PyTemplate::Rich)),
-            other => bail!("python_template must be auto, lean, data or rich, not {other:?}"),
+            other => bail!("python_template must be auto, min, lean, data or rich, not {other:?}"),
         }
     }
 

@@ -11,9 +11,10 @@
 # main.py (in the current directory) as __main__, then shuts down the way
 # CPython's Py_FinalizeEx does and ends the process with os._exit(status).
 #
-# What the preload does: imports common stdlib modules and this template's own
-# modules (_kiln_preload, set in front of this file by the language table: the
-# rich template's data stack, none for the lean one), seeds matplotlib's font cache, draws
+# What the preload does: imports common stdlib modules (unless _kiln_stdlib, set in
+# front of this file by the language table, is False: the min template) and this
+# template's own modules (_kiln_preload, set there too: the rich template's data
+# stack, none for the lean and min ones), seeds matplotlib's font cache, draws
 # one throw-away figure when pyplot is preloaded (so a run's first draw and PNG save
 # find their lazily built modules and caches ready), makes plt.show() save plot_<n>.png
 # (like sitecustomize.py), then gc.freeze()s it all so the children share the pages.
@@ -84,9 +85,10 @@ def _kiln_template():
     import gc
     import os
     import sys
-    import types
 
     font_cache = "/usr/local/share/kiln/matplotlib"
+    # The common stdlib set, or (_kiln_stdlib False: the min template) none: only what
+    # run() itself needs, which is what a cold `python3 -c pass` has loaded anyway
     stdlib = (
         "abc argparse array ast atexit base64 bisect calendar codecs collections "
         "collections.abc contextlib copy csv dataclasses datetime decimal enum "
@@ -95,7 +97,7 @@ def _kiln_template():
         "queue random re runpy shutil signal site statistics string struct "
         "subprocess sys tempfile textwrap threading time traceback types typing "
         "unicodedata urllib.parse uuid warnings weakref zipfile"
-    ).split()
+    ).split() if _kiln_stdlib else ()
     data_stack = _kiln_preload  # this template's own modules, set in front of this file
 
     # The jail's values, read once at import by numpy's BLAS and matplotlib. A
@@ -105,31 +107,31 @@ def _kiln_template():
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     _kiln_seed_font_cache(font_cache)
-    import importlib
-
     for name in stdlib:
         try:
-            importlib.import_module(name)
+            __import__(name)
         except ImportError:
             pass
     for name in data_stack:
         try:
-            importlib.import_module(name)
+            __import__(name)
         except Exception:  # a missing or broken optional package: preload without it
             pass
     _exercise_plotting(sys.modules.get("matplotlib.pyplot"))
 
+    # What run() uses, the C and always-loaded layers where they do the same: the min
+    # template holds no more than this and what a cold `python3 -c pass` loads.
     import atexit
     import codecs
-    import functools
     import io
-    import json
-    import locale
-    import signal
+    import _json
+    import _locale
     import _signal
     import site
-    import weakref
-    from importlib.machinery import SourceFileLoader
+    import _weakref
+    from _frozen_importlib_external import SourceFileLoader  # importlib.machinery's
+
+    ModuleType = type(sys)
 
     # plt.show() saves every open figure as plot_<n>.png in the directory the
     # execution started in (kiln_plot.py, the hook cold runs use too).
@@ -175,6 +177,29 @@ def _kiln_template():
         user_site_key = None
     preloaded = set(sys.modules)
     template_globals = globals()  # every frame of this file runs with these
+
+    class _JsonSettings:
+        strict = True
+        object_hook = object_pairs_hook = None
+        parse_float, parse_int = float, int
+        parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+    WRAPPER_ASSIGNMENTS = "__module__ __name__ __qualname__ __doc__ __annotations__ __type_params__"
+
+    def wraps(wrapped):
+        """functools.wraps (without importing functools and what it imports)."""
+
+        def update(wrapper):
+            for name in WRAPPER_ASSIGNMENTS.split():
+                try:
+                    setattr(wrapper, name, getattr(wrapped, name))
+                except AttributeError:
+                    pass
+            wrapper.__dict__.update(getattr(wrapped, "__dict__", {}))
+            wrapper.__wrapped__ = wrapped
+            return wrapper
+
+        return update
 
     def write_stderr(text):
         try:
@@ -224,14 +249,16 @@ def _kiln_template():
 
     def setup_stdio(env, unbuffered):
         io_encoding, _, io_errors = env.get("PYTHONIOENCODING", "").partition(":")
-        getencoding = getattr(locale, "getencoding", None)  # 3.11+
+        getencoding = getattr(_locale, "getencoding", None)  # 3.11+
         if getencoding is None:
+            import locale
+
             encoding = io_encoding or locale.getpreferredencoding(False)
         else:
             encoding = io_encoding or codecs.lookup(getencoding()).name
         if io_errors:
             errors = io_errors
-        elif locale.setlocale(locale.LC_CTYPE) in ("C", "POSIX", "C.UTF-8", "C.utf8", "UTF-8"):
+        elif _locale.setlocale(_locale.LC_CTYPE) in ("C", "POSIX", "C.UTF-8", "C.utf8", "UTF-8"):
             errors = "surrogateescape"  # what CPython picks for the C locale and its coercions
         else:
             errors = "strict"
@@ -290,11 +317,12 @@ def _kiln_template():
 
     def setup_libraries():
         """Per-process state the preloaded libraries took from the host."""
-        import random
         import time
 
         time.tzset()  # TZ or the jail's /etc/localtime, not the host's
-        random.seed()
+        random = sys.modules.get("random")
+        if random is not None:  # (a program that imports it later seeds it then)
+            random.seed()
         platform = sys.modules.get("platform")
         if platform is not None:  # uname() (the host's name) and os-release are cached
             platform._uname_cache = platform._os_release_cache = None
@@ -326,7 +354,7 @@ def _kiln_template():
     def cache_once(fn):
         cache = []
 
-        @functools.wraps(fn)
+        @wraps(fn)
         def cached():
             if not cache:
                 cache.append(fn())
@@ -336,7 +364,7 @@ def _kiln_template():
 
     def main_module(path):
         """The __main__ module exactly as pymain creates it for a script."""
-        main = types.ModuleType("__main__")
+        main = ModuleType("__main__")
         main.__loader__ = SourceFileLoader("__main__", path)
         main.__annotations__ = {}
         main.__builtins__ = sys.modules["builtins"]
@@ -456,8 +484,8 @@ def _kiln_template():
         refs = []
         for name in names:
             module = sys.modules.pop(name, None)
-            if isinstance(module, types.ModuleType):
-                refs.append(weakref.ref(module))
+            if isinstance(module, ModuleType):
+                refs.append(_weakref.ref(module))
             module = None
         gc.collect()
         for ref in refs:
@@ -513,11 +541,11 @@ def _kiln_template():
         frames take offset levels of the limit."""
         real_get, real_set = sys.getrecursionlimit, sys.setrecursionlimit
 
-        @functools.wraps(real_get)
+        @wraps(real_get)
         def getrecursionlimit():
             return real_get() - offset
 
-        @functools.wraps(real_set)
+        @wraps(real_set)
         def setrecursionlimit(limit):
             if isinstance(limit, int) and limit >= 1:
                 limit += offset
@@ -591,8 +619,8 @@ def _kiln_template():
         status = finalize(status)
         if interrupted:
             # CPython's exit_sigint(): die by SIGINT so that the parent sees it
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+            os.kill(os.getpid(), _signal.SIGINT)
             return 130
         return status
 
@@ -624,9 +652,9 @@ def _kiln_template():
                 os.environ.clear()
                 os.environ.update(env)
             try:  # a cold interpreter sets LC_CTYPE from the environment, nothing else
-                locale.setlocale(locale.LC_ALL, "C")
-                locale.setlocale(locale.LC_CTYPE, "")
-            except locale.Error:
+                _locale.setlocale(_locale.LC_ALL, "C")  # locale.setlocale for a str
+                _locale.setlocale(_locale.LC_CTYPE, "")
+            except _locale.Error:
                 pass
             setup_signals()
             setup_stdio(env, unbuffered)
@@ -646,9 +674,10 @@ def _kiln_template():
         os._exit(status)
 
     # json.loads without its Python layers (decode, raw_decode, the whitespace regex):
-    # the C scanner it ends in, which the go (serde_json's output) needs alone
-    scan_json = json.JSONDecoder().scan_once
-    zygote = types.ModuleType("_kiln_zygote", "Kiln's warm Python template: run(go) never returns.")
+    # the C scanner it ends in, which the go (serde_json's output) needs alone, made
+    # with json.JSONDecoder()'s settings
+    scan_json = _json.make_scanner(_JsonSettings())
+    zygote = ModuleType("_kiln_zygote", "Kiln's warm Python template: run(go) never returns.")
     zygote.run = run
     sys.modules["_kiln_zygote"] = zygote
     sys.stdout.flush()
@@ -658,4 +687,4 @@ def _kiln_template():
 
 
 _kiln_template()
-del _kiln_template, _exercise_plotting, _kiln_patch_pyplot, _kiln_seed_font_cache, _kiln_hook_pyplot, _kiln_preload
+del _kiln_template, _exercise_plotting, _kiln_patch_pyplot, _kiln_seed_font_cache, _kiln_hook_pyplot, _kiln_preload, _kiln_stdlib
