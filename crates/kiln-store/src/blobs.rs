@@ -443,7 +443,7 @@ fn write_local(
 ) -> Result<(), StoreError> {
     use std::io::Write as _;
     create_session_dir(root, session_dir)?;
-    let (mut file, staging) = new_staging(dest)?;
+    let (mut file, staging) = new_staging(root, session_dir, dest)?;
     let mut renamed = false;
     let published = (|| {
         for chunk in chunks {
@@ -467,9 +467,16 @@ fn write_local(
 
 /// A new staging file `<dest>#<n>` (the first `n` free from 1, as
 /// object_store names them, so gc knows them), mode 0600, never followed.
-fn new_staging(dest: &Path) -> Result<(File, PathBuf), StoreError> {
+/// A session directory found missing is made again (gc removes a session
+/// directory it saw empty, which a put may just have made), as
+/// object_store does before it stages a file.
+fn new_staging(
+    root: &Path,
+    session_dir: &Path,
+    dest: &Path,
+) -> Result<(File, PathBuf), StoreError> {
     // `dest`'s version is fresh and random: a taken name is a leftover
-    let mut n = 1u32;
+    let (mut n, mut remade) = (1u32, 0u32);
     loop {
         let mut name = dest.as_os_str().to_owned();
         name.push(format!("#{n}"));
@@ -479,6 +486,12 @@ fn new_staging(dest: &Path) -> Result<(File, PathBuf), StoreError> {
                 if source.kind() == io::ErrorKind::AlreadyExists && n < 1000 =>
             {
                 n += 1;
+            }
+            Err(StoreError::Io { source, .. })
+                if source.kind() == io::ErrorKind::NotFound && remade < 3 =>
+            {
+                remade += 1;
+                create_session_dir(root, session_dir)?;
             }
             made => return made.map(|f| (f, path)),
         }
