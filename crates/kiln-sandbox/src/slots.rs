@@ -119,7 +119,17 @@ impl SlotPool {
     }
 
     pub(crate) async fn acquire(self: &Arc<Self>) -> Slot {
-        self.take_free(&self.free, 0..self.fixed).await.0
+        self.acquire_ranked(|| |_| 0).await
+    }
+
+    /// [`SlotPool::acquire`], taking the free index of the lowest rank (the
+    /// lowest index among equals). `ranks` is asked once a permit is held,
+    /// so what it ranks by is as of the take, not of the wait before it.
+    pub(crate) async fn acquire_ranked<R: Fn(u32) -> u8>(
+        self: &Arc<Self>,
+        ranks: impl FnOnce() -> R,
+    ) -> Slot {
+        self.take_free(&self.free, 0..self.fixed, ranks).await.0
     }
 
     /// Takes a free on-demand index, one whose filesystem is ready if any
@@ -131,7 +141,9 @@ impl SlotPool {
         if self.fixed == n {
             return Ok(self.acquire().await);
         }
-        let (slot, ready) = self.take_free(&self.free_on_demand, self.fixed..n).await;
+        let (slot, ready) = self
+            .take_free(&self.free_on_demand, self.fixed..n, || |_| 0)
+            .await;
         self.refill_in_background();
         if ready {
             return Ok(slot);
@@ -148,17 +160,24 @@ impl SlotPool {
         mounted.map(|()| slot)
     }
 
-    /// Takes a free index of `range`, a ready one first; whether it was.
-    async fn take_free(self: &Arc<Self>, free: &Semaphore, range: Range<usize>) -> (Slot, bool) {
+    /// Takes a free index of `range`: of the lowest rank `ranks` gives,
+    /// a ready one first among those; whether it was.
+    async fn take_free<R: Fn(u32) -> u8>(
+        self: &Arc<Self>,
+        free: &Semaphore,
+        range: Range<usize>,
+        ranks: impl FnOnce() -> R,
+    ) -> (Slot, bool) {
         // The semaphore is never closed, so acquire cannot fail.
         if let Ok(permit) = free.acquire().await {
             permit.forget();
         }
+        let rank = ranks();
         let mut states = self.states();
+        // (`min_by_key` keeps the first of equals: the lowest index)
         let index = range
-            .clone()
-            .find(|&i| states[i].is_free() && states[i].ready)
-            .or_else(|| range.clone().find(|&i| states[i].is_free()))
+            .filter(|&i| states[i].is_free())
+            .min_by_key(|&i| (rank(i as u32), !states[i].ready))
             .unwrap_or_else(|| unreachable!("a permit was taken, so an index is free"));
         let ready = std::mem::take(&mut states[index].ready);
         states[index].held = true;
@@ -387,6 +406,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_take_gets_the_free_slot_of_the_lowest_rank() {
+        let (_dir, pool) = pool(4);
+        let held = pool.acquire().await;
+        assert_eq!(held.index(), 0);
+        // free: 1, 2, 3; ranked 2, 1, 1: the lowest index of rank 1
+        let ranked = |i: u32| if i == 1 { 2 } else { 1 };
+        let got = pool.acquire_ranked(|| ranked).await;
+        assert_eq!(got.index(), 2);
+        // free: 1, 3: rank 1 again, though 1 is lower
+        let got = pool.acquire_ranked(|| ranked).await;
+        assert_eq!(got.index(), 3);
+        // only 1 is left: a higher rank is still taken, not waited out
+        let got = tokio::time::timeout(Duration::from_secs(5), pool.acquire_ranked(|| ranked))
+            .await
+            .expect("the one free slot");
+        assert_eq!(got.index(), 1);
+        drop(held);
+    }
+
+    #[tokio::test]
     async fn on_demand_slots_are_kept_apart_from_the_others() {
         let (_dir, pool) = with_on_demand(3, 2);
         let run = pool.acquire().await;
@@ -428,7 +467,7 @@ mod tests {
         // a run never takes a kernel slot, ready or not
         let run = pool.acquire().await;
         assert_eq!(run.index(), 0);
-        let (k, was_ready) = pool.take_free(&pool.free_on_demand, 1..7).await;
+        let (k, was_ready) = pool.take_free(&pool.free_on_demand, 1..7, || |_| 0).await;
         assert!(was_ready, "a ready kernel slot is taken first");
         assert_eq!(ready_count(&pool), READY_KERNEL_SLOTS - 1);
         pool.refill();

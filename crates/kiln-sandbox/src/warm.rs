@@ -500,7 +500,7 @@ async fn build(
     spec: &ParkSpec,
     ahead: bool,
 ) -> Result<(Slot, ParkedJail), SandboxError> {
-    let slot = inner.sandbox.acquire_slot().await;
+    let slot = inner.sandbox.acquire_slot_for(spec).await;
     let limits = &inner.cfg.limits;
     let jail = if ahead {
         inner.sandbox.park_ahead(&slot, spec, limits).await?

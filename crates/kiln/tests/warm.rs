@@ -337,6 +337,66 @@ async fn kept_jails_run_every_case_like_a_cold_run() {
     );
 }
 
+/// In mixed traffic a `js` jail is built on a slot without a kept `py`
+/// jail, and a `py` park takes a slot holding one: with `py` and `js`
+/// runs alternating, each `py` run's next park finds the kept jail a
+/// `py` run left (a `js` park that took that slot would have ended it).
+#[tokio::test]
+async fn a_js_run_between_py_runs_leaves_the_kept_py_jails_in_use() {
+    let s = server_with(|c| {
+        keeping(c);
+        c.max_concurrency = 2;
+        c.warm_jails = 3;
+    })
+    .await;
+    let kept = |result: &'static str| {
+        let s = &s;
+        async move {
+            let series = format!("kiln_kept_jails_total{{result=\"{result}\"}}");
+            metric(s, &series).await
+        }
+    };
+    let round = |i: u32| {
+        let s = &s;
+        async move {
+            let py = exec(s, json!({"lang": "py", "code": format!("print({i} * 2)")})).await;
+            assert_eq!(py["stdout"], format!("{}\n", i * 2), "{py}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let js = exec(
+                s,
+                json!({"lang": "js", "code": format!("console.log({i} + 1)")}),
+            )
+            .await;
+            assert_eq!(js["stdout"], format!("{}\n", i + 1), "{js}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    // a first round fills the pool and leaves the first kept py jail
+    round(100).await;
+    let (reused0, rebuilt0, replaced0) = (
+        kept("reused").await,
+        kept("rebuilt").await,
+        kept("replaced").await,
+    );
+    let rounds = 8;
+    for i in 0..rounds {
+        round(i).await;
+    }
+    let reused = kept("reused").await - reused0;
+    let rebuilt = kept("rebuilt").await - rebuilt0;
+    let replaced = kept("replaced").await - replaced0;
+    // each py run's next park found a kept py jail on its slot (at most
+    // one missed as the pool settles); the first kept on a slot ran in
+    // groups of its own (the slot's are made by its first clean-up), so
+    // it is rebuilt once, the rest are reused
+    let found = reused + rebuilt + replaced;
+    assert!(
+        found >= f64::from(rounds - 1) && reused >= f64::from(rounds / 2),
+        "py runs between js runs find kept jails: {reused} reused, {rebuilt} rebuilt, \
+         {replaced} replaced in {rounds} rounds"
+    );
+}
+
 /// Code the import scan cannot see through (an import by a computed name)
 /// runs in the min template, which then imports pandas and pyplot itself
 /// (and the stdlib modules they import, which the min template does not

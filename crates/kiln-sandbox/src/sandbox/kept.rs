@@ -63,6 +63,14 @@ impl KeptJails {
         self.map().remove(&index).map(|k| (k.key, k.started))
     }
 
+    /// The fork-server template of each slot's kept jail, by slot index.
+    pub(super) fn templates(&self) -> HashMap<u32, String> {
+        self.map()
+            .iter()
+            .map(|(&i, k)| (i, k.key.template.clone()))
+            .collect()
+    }
+
     /// Ends every kept jail.
     pub(super) fn clear(&self) {
         let all: Vec<Kept> = self.map().drain().map(|(_, k)| k).collect();

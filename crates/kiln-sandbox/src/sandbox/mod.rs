@@ -267,9 +267,42 @@ impl Sandbox {
             .unwrap_or_default()
     }
 
-    /// Takes a free uid slot, waiting while all are busy.
+    /// Takes a free uid slot, waiting while all are busy: one without a
+    /// kept jail (`kept.rs`) when one is free, as any other use of a slot
+    /// ends its kept jail.
     pub async fn acquire_slot(&self) -> Slot {
-        self.inner.slots.acquire().await
+        self.acquire_slot_keeping(None).await
+    }
+
+    /// [`Sandbox::acquire_slot`] for a park of `park`: a jail that would
+    /// be kept (`ParkMode::Embedded`, with `keep_jails`) takes a slot
+    /// whose kept jail is of its template when one is free (the park then
+    /// reuses it), else one without a kept jail; any other park takes a
+    /// slot without a kept jail when one is free. In mixed traffic a `js`
+    /// park thus leaves the kept `py` jails to the next `py` parks.
+    pub async fn acquire_slot_for(&self, park: &ParkSpec) -> Slot {
+        let keeps = park.mode == crate::spec::ParkMode::Embedded;
+        self.acquire_slot_keeping(keeps.then_some(park.template.as_str()))
+            .await
+    }
+
+    /// A free slot ranked by its kept jail: of `template` (when kept) 0,
+    /// none 1, another 2.
+    async fn acquire_slot_keeping(&self, template: Option<&str>) -> Slot {
+        let Some(kept) = &self.inner.kept else {
+            return self.inner.slots.acquire().await;
+        };
+        self.inner
+            .slots
+            .acquire_ranked(|| {
+                let kept = kept.templates();
+                move |i: u32| match (kept.get(&i), template) {
+                    (None, _) => 1,
+                    (Some(t), Some(want)) if t == want => 0,
+                    (Some(_), _) => 2,
+                }
+            })
+            .await
     }
 
     /// Takes a free slot kept for live kernels (`kernel_slots`), waiting
