@@ -13,10 +13,8 @@
 //! that ends within it is stored with one `put`, a longer one as a multipart
 //! upload (parts of `part_size`, at most [`PARTS_IN_FLIGHT`] in flight)
 //! that is completed only after the last byte and aborted on any failure.
-//! Locally both go to a staging file `<path>#<n>` that is renamed into
-//! place (fsynced): a body within one part in one blocking step with its
-//! session directory ([`write_local`]), a longer one through object_store;
-//! on S3 an object appears only when its `PUT` or
+//! Locally both stream into a staging file `<path>#<n>` that is renamed
+//! into place (fsynced); on S3 an object appears only when its `PUT` or
 //! `CompleteMultipartUpload` succeeds.
 
 use std::fs::{File, OpenOptions};
@@ -187,6 +185,17 @@ impl Blobs {
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
         let location = Self::location(session_id, file_id, version);
+        if let Kind::Local { root, .. } = &self.kind {
+            // object_store creates a missing session directory (and fsyncs
+            // it) on the calling thread; create it off the runtime first.
+            let root = root.clone();
+            let session_dir = root.join(session_id);
+            let dir = session_dir.clone();
+            run_blocking("create directory", &session_dir, move || {
+                create_session_dir(&root, &dir)
+            })
+            .await?;
+        }
         let mut sink = Sink::Buffer {
             chunks: Vec::new(),
             len: 0,
@@ -203,7 +212,7 @@ impl Blobs {
                 }
                 size += len;
                 hasher.update(&chunk);
-                self.push(&mut sink, session_id, &location, chunk).await?;
+                self.push(&mut sink, &location, chunk).await?;
             }
             Ok(())
         }
@@ -211,16 +220,6 @@ impl Blobs {
 
         let done = match streamed {
             Ok(()) => match sink {
-                // locally: the session directory, the bytes, their fsyncs
-                // and the rename in one step off the runtime
-                Sink::Buffer { chunks, .. } if matches!(self.kind, Kind::Local { .. }) => {
-                    let (root, dest) = self.local_paths(&location)?;
-                    let session_dir = root.join(session_id);
-                    run_blocking("write", &dest.clone(), move || {
-                        write_local(&root, &session_dir, &dest, &chunks)
-                    })
-                    .await
-                }
                 Sink::Buffer { chunks, .. } => self
                     .store
                     .put(&location, PutPayload::from_iter(chunks))
@@ -252,7 +251,6 @@ impl Blobs {
     async fn push(
         &self,
         sink: &mut Sink,
-        session_id: &str,
         location: &BlobPath,
         chunk: Bytes,
     ) -> Result<(), StoreError> {
@@ -261,18 +259,6 @@ impl Blobs {
                 *len += chunk.len();
                 chunks.push(chunk);
                 if *len > self.part_size {
-                    if let Kind::Local { root, .. } = &self.kind {
-                        // object_store creates a missing session directory
-                        // (and fsyncs it) on the calling thread; create it
-                        // off the runtime first.
-                        let root = root.clone();
-                        let session_dir = root.join(session_id);
-                        let dir = session_dir.clone();
-                        run_blocking("create directory", &session_dir, move || {
-                            create_session_dir(&root, &dir)
-                        })
-                        .await?;
-                    }
                     let upload = self.store.put_multipart(location).await?;
                     let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
                     for held in chunks.drain(..) {
@@ -369,18 +355,6 @@ impl Blobs {
         Ok(())
     }
 
-    /// The blob directory and the file of `location` in it (local blobs).
-    fn local_paths(&self, location: &BlobPath) -> Result<(PathBuf, PathBuf), StoreError> {
-        match &self.kind {
-            Kind::Local { fs, root } => Ok((root.clone(), fs.path_to_filesystem(location)?)),
-            Kind::Remote => Err(StoreError::io(
-                "write",
-                Path::new(location.as_ref()),
-                io::Error::other("not a local blob store"),
-            )),
-        }
-    }
-
     /// The blob's file, when blobs are on this node's disk: a caller already
     /// on a blocking thread copies it from there in one step
     /// ([`LocalBlob::copy_into`]) instead of streaming it through the runtime.
@@ -426,75 +400,6 @@ fn create_session_dir(root: &Path, dir: &Path) -> Result<(), StoreError> {
             .map_err(|e| StoreError::io("sync directory", root, e)),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(StoreError::io("create directory", dir, e)),
-    }
-}
-
-/// Publishes the local blob `dest` holding `chunks`, durably and whole or
-/// not at all, as object_store's put with fsync does: `session_dir` made
-/// if missing (its entry in `root` synced), the bytes written to a new
-/// staging file `<dest>#<n>` and synced, renamed to `dest`, and the
-/// session directory synced. On failure neither the staging file nor
-/// `dest` remains.
-fn write_local(
-    root: &Path,
-    session_dir: &Path,
-    dest: &Path,
-    chunks: &[Bytes],
-) -> Result<(), StoreError> {
-    use std::io::Write as _;
-    create_session_dir(root, session_dir)?;
-    let (mut file, staging) = new_staging(root, session_dir, dest)?;
-    let mut renamed = false;
-    let published = (|| {
-        for chunk in chunks {
-            file.write_all(chunk)?;
-        }
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&staging, dest)?;
-        renamed = true;
-        File::open(session_dir)?.sync_all()
-    })();
-    published.map_err(|e| {
-        let left = if renamed { dest } else { staging.as_path() };
-        if let Err(rm) = std::fs::remove_file(left) {
-            tracing::warn!(path = %left.display(), error = %rm,
-                "removing a failed blob write; gc removes it");
-        }
-        StoreError::io("write", dest, e)
-    })
-}
-
-/// A new staging file `<dest>#<n>` (the first `n` free from 1, as
-/// object_store names them, so gc knows them), mode 0600, never followed.
-/// A session directory found missing is made again (gc removes a session
-/// directory it saw empty, which a put may just have made), as
-/// object_store does before it stages a file.
-fn new_staging(
-    root: &Path,
-    session_dir: &Path,
-    dest: &Path,
-) -> Result<(File, PathBuf), StoreError> {
-    // `dest`'s version is fresh and random: a taken name is a leftover
-    let (mut n, mut remade) = (1u32, 0u32);
-    loop {
-        let mut name = dest.as_os_str().to_owned();
-        name.push(format!("#{n}"));
-        let path = PathBuf::from(name);
-        match create_exclusive(&path) {
-            Err(StoreError::Io { source, .. })
-                if source.kind() == io::ErrorKind::AlreadyExists && n < 1000 =>
-            {
-                n += 1;
-            }
-            Err(StoreError::Io { source, .. })
-                if source.kind() == io::ErrorKind::NotFound && remade < 3 =>
-            {
-                remade += 1;
-                create_session_dir(root, session_dir)?;
-            }
-            made => return made.map(|f| (f, path)),
-        }
     }
 }
 

@@ -147,8 +147,7 @@ fn remove_files(paths: &[PathBuf], dir: Option<&Path>) -> u64 {
     }
     if let Some(dir) = dir {
         // Fails harmlessly when an upload has started in the meantime;
-        // a put makes a missing session directory again before staging a
-        // file (object_store's, and `blobs::write_local`'s).
+        // object_store recreates a missing parent before staging a file.
         let _ = std::fs::remove_dir(dir);
     }
     removed

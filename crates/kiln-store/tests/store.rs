@@ -508,46 +508,6 @@ async fn gc_removes_old_orphan_blobs_and_staging_files_only() {
     assert_eq!(read_all(&store, &kept).await, b"keep");
 }
 
-/// A local blob is written in one step (its session directory, the bytes,
-/// the fsyncs, the rename): where that fails part-way, the put is an error
-/// and leaves no row, blob or staging file; the next put into a writable
-/// session stores its bytes whole.
-#[tokio::test]
-async fn a_local_blob_that_cannot_be_written_is_an_error_and_leaves_nothing() {
-    let fx = Fixture::new(Kind::Embedded).unwrap();
-    let store = fx.open().await;
-    let sid = new_session(&store).await;
-    // a file where the session's blob directory would be: no blob fits
-    let blocker = fx.dir.path().join("blobs").join(sid.as_str());
-    std::fs::write(&blocker, b"not a directory").unwrap();
-    let err = store
-        .put_stream(new_object(&sid, "x.txt"), body(&[b"hello"]), 100)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Io { .. }), "{err:?}");
-    assert!(store.list(&sid).await.unwrap().is_empty());
-    assert_eq!(fx.blobs().await, vec![blocker.display().to_string()]);
-
-    let other = new_session(&store).await;
-    let meta = store
-        .put_stream(new_object(&other, "y.txt"), body(&[b"hel", b"lo"]), 100)
-        .await
-        .unwrap();
-    assert_eq!((meta.size, meta.sha256.as_str()), (5, HELLO_SHA256));
-    assert_eq!(read_all(&store, &meta).await, b"hello");
-    let blob = fx
-        .dir
-        .path()
-        .join("blobs")
-        .join(other.as_str())
-        .join(format!("{}.{}", meta.file_id, meta.version));
-    let mut files = fx.blobs().await;
-    files.sort();
-    let mut want = vec![blocker.display().to_string(), blob.display().to_string()];
-    want.sort();
-    assert_eq!(files, want, "no staging file is left");
-}
-
 async fn data_survives_dropping_and_reopening_the_store(kind: Kind) {
     let Some(fx) = Fixture::new(kind) else {
         return;
