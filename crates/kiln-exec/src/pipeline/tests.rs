@@ -281,10 +281,10 @@ async fn a_run_stages_the_code_runs_it_and_stores_its_outputs() {
     let run_usage = r.usage.run.expect("run step usage");
     assert_eq!(run_usage.cpu, Some(Duration::from_millis(7)));
     assert!(r.usage.compile.is_none());
-    // the warm profile of the template its imports need (stdlib only: the
-    // lean one), the run argv from the language table
+    // the warm profile of the template its imports need (none: the min
+    // one), the run argv from the language table
     let seen = f.jails.seen.lock().unwrap();
-    assert_eq!(seen[0].0, "py-lean");
+    assert_eq!(seen[0].0, "py-min");
     assert_eq!(seen[0].1, [vec!["/usr/bin/python3", "-u", "main.py"]]);
     // events: queued, started, output, file, done — output as the result
     let ev = events(&run);
