@@ -149,18 +149,22 @@ pub struct EmbeddedTemplate {
     pub kind: pyimports::PyTemplate,
     /// Its warm profile.
     pub profile: &'static str,
-    /// Whether it preloads the common stdlib set (the template's `stdlib`
-    /// list); without it, only what a cold `python3 -c pass` and the
-    /// template's own `run` load.
-    pub stdlib: bool,
-    /// Modules it imports on top of that.
+    /// Modules it imports on top of the common stdlib set (which every
+    /// template but the min one preloads).
     pub modules: &'static [&'static str],
 }
 
 impl EmbeddedTemplate {
+    /// Whether it preloads the common stdlib set (the template's `stdlib`
+    /// list): all but the min one, which holds only what a cold `python3
+    /// -c pass` and the template's own `run` load.
+    pub fn preloads_stdlib(&self) -> bool {
+        self.kind != pyimports::PyTemplate::Min
+    }
+
     /// The source the fork-server runs once (see [`warm::python_preload`]).
     pub fn preload(&self) -> String {
-        warm::python_preload(self.stdlib, self.modules)
+        warm::python_preload(self.preloads_stdlib(), self.modules)
     }
 }
 
@@ -173,25 +177,21 @@ const PY_TEMPLATES: &[EmbeddedTemplate] = &[
     EmbeddedTemplate {
         kind: pyimports::PyTemplate::Min,
         profile: "py-min",
-        stdlib: false,
         modules: &[],
     },
     EmbeddedTemplate {
         kind: pyimports::PyTemplate::Lean,
         profile: "py-lean",
-        stdlib: true,
         modules: &[],
     },
     EmbeddedTemplate {
         kind: pyimports::PyTemplate::Data,
         profile: "py-data",
-        stdlib: true,
         modules: &["numpy", "pandas", "matplotlib", "matplotlib.pyplot"],
     },
     EmbeddedTemplate {
         kind: pyimports::PyTemplate::Rich,
         profile: "py",
-        stdlib: true,
         modules: &[
             "numpy",
             "pandas",
@@ -1255,7 +1255,7 @@ mod tests {
         );
         for t in PY_TEMPLATES {
             assert_eq!(
-                t.stdlib,
+                t.preload().contains("\n_kiln_stdlib = True\n"),
                 t.kind != pyimports::PyTemplate::Min,
                 "{}",
                 t.profile
