@@ -135,22 +135,37 @@ mod tests {
         for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
             *b = (i / 4096) as u8;
         }
-        let done = collapse_anonymous_memory().expect("collapse");
         let start = p as usize;
-        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
-        let is_header = |l: &&str| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|f| !f.ends_with(':'))
+        let huge_kib_of_mapping = || {
+            let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+            let is_header = |l: &&str| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|f| !f.ends_with(':'))
+            };
+            smaps
+                .lines()
+                .skip_while(|l| !l.starts_with(&format!("{start:x}-")))
+                .skip(1)
+                .take_while(|l| !is_header(l))
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+                .expect("the mapping's AnonHugePages")
         };
-        let huge_kib = smaps
-            .lines()
-            .skip_while(|l| !l.starts_with(&format!("{start:x}-")))
-            .skip(1)
-            .take_while(|l| !is_header(l))
-            .find_map(|l| l.strip_prefix("AnonHugePages:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-            .expect("the mapping's AnonHugePages");
+        // Other tests of this process fork: a page shared with a child that
+        // has not yet executed or exited cannot be collapsed (the kernel
+        // refuses the stretch), so a few tries (the fork-server itself
+        // collapses before its first fork, with no child yet).
+        let mut done = Collapsed::default();
+        let mut huge_kib = 0;
+        for _ in 0..20 {
+            done = collapse_anonymous_memory().expect("collapse");
+            huge_kib = huge_kib_of_mapping();
+            if huge_kib >= 3 * 2048 || huge_page_size().is_none() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let contents_kept = bytes
             .iter()
             .enumerate()
@@ -167,7 +182,6 @@ mod tests {
             huge_kib >= 3 * 2048,
             "{huge_kib} KiB in huge pages, {done:?}"
         );
-        assert!(done.huge_pages >= 3, "{done:?}");
         assert!(contents_kept);
     }
 }
