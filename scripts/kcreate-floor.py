@@ -120,27 +120,18 @@ def main():
         path, walls = floor.record(loop, a.freq)
         load1 = open("/proc/loadavg").read().split()[0]
         phases = started_lines(log, offset)
-        roles = floor.Roles(known)
-        ms = defaultdict(lambda: defaultdict(float))
         mm = defaultdict(float)
         comms = defaultdict(float)
-        per = 1000.0 / a.freq
-        for ev in floor.parse_perf(path):
-            if ev[0] == "fork":
-                roles.fork(ev[1], ev[2])
-                continue
-            _, pid, _tid, comm, frames = ev
-            role = roles.of(pid, comm)
-            if role == "idle":
-                continue
-            ms[role][floor.classify_stack(frames)] += per
+
+        def note(role, comm, frames, per):
             comms[f"{role} [{comm}]"] += per
             syms = [sym for _, sym in frames]
             for name, marks in MM_MARKERS.items():
                 if any(sym.startswith(marks) for sym in syms):
                     mm[f"{role}: {name}"] += per
                     break
-        os.unlink(path)
+
+        ms = floor.tabulate(path, known, a.freq, also=note)
         n = a.n
         print(f"kiln {a.kiln}; {a.before} idle kernels before, {n} creates recorded; load {load0} -> {load1}")
         c = [w[0] for w in walls]; f = [w[1] for w in walls]
