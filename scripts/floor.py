@@ -208,7 +208,8 @@ def record(cmd_fn, freq):
     return path, result
 
 
-def tabulate(path, known, freq):
+def tabulate(path, known, freq, also=None):
+    """ms of CPU by role x part; also(role, comm, frames, ms), when given, sees every sample."""
     roles = Roles(known)
     ms = defaultdict(lambda: defaultdict(float))
     per_sample = 1000.0 / freq
@@ -221,6 +222,8 @@ def tabulate(path, known, freq):
         if role == "idle":
             continue
         ms[role][classify_stack(frames)] += per_sample
+        if also is not None:
+            also(role, comm, frames, per_sample)
     os.unlink(path)
     return ms
 
