@@ -383,6 +383,58 @@ async fn batch_where_every_file_fails_is_400_with_the_batch_shape() {
     assert_eq!(s.blob_count(), 0);
 }
 
+/// A session is made with its first stored file (one round-trip): a batch
+/// whose first file is refused makes it with the next, under the scope the
+/// fields gave.
+#[tokio::test]
+async fn a_batch_whose_first_file_is_refused_makes_its_session_with_the_next() {
+    let s = start(ApiConfig {
+        max_upload_bytes: 4,
+        ..ApiConfig::default()
+    })
+    .await;
+    let form = Form::new()
+        .text("entity_id", "agent_3")
+        .part("files", file("big.txt", b"too large"))
+        .part("files", file("ok.txt", b"ok"));
+    let body = json(post_form(&s, "/v1/upload/batch", Some("alice"), form).await).await;
+    assert_eq!(body["message"], "partial_success", "{body}");
+    let sid = Nanoid::parse(body["storage_session_id"].as_str().unwrap()).unwrap();
+    assert_eq!(session_key(&s, &sid).await, "local:agent:agent_3");
+    let listed = s.store.list(&sid).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].name, "ok.txt");
+    assert_eq!(s.blob_count(), 1);
+}
+
+/// A batch whose every file reached the store and was refused answers a
+/// session id; that session exists, empty (it did when sessions were made
+/// before their first file): listing it is `[]`, not a 404.
+#[tokio::test]
+async fn a_batch_whose_every_file_is_too_large_answers_a_session_that_lists_empty() {
+    let s = start(ApiConfig {
+        max_upload_bytes: 4,
+        ..ApiConfig::default()
+    })
+    .await;
+    let form = Form::new()
+        .part("files", file("a.txt", b"too large"))
+        .part("files", file("b.txt", b"also too large"));
+    let body = json(post_form(&s, "/v1/upload/batch", Some("alice"), form).await).await;
+    assert_eq!(body["failed"], 2, "{body}");
+    let sid = body["storage_session_id"].as_str().unwrap();
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/files/{sid}")))
+        .header("User-Id", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(json(r).await, json!([]));
+    assert_eq!(s.blob_count(), 0);
+}
+
 #[tokio::test]
 async fn batch_without_file_parts_is_400() {
     let s = start(ApiConfig::default()).await;

@@ -25,6 +25,8 @@
 //!   pub async fn put_stream<S>(&self, obj: NewObject, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>
 //!       where S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin;
+//!   pub async fn create_session_with<S>(&self, key: &SessionKey, owner: &SessionKey, obj: NewObject, body: S, max_bytes: u64)
+//!       -> Result<ObjectMeta, StoreError>;             // a session and its first object, one round-trip
 //!   pub async fn put_stream_owned<S>(&self, obj: NewObject, owner: &SessionKey, stored: Option<u64>, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>;
 //!   pub async fn object(&self, session: &Nanoid, file: &Nanoid) -> Result<Option<ObjectMeta>, StoreError>;
@@ -97,7 +99,9 @@ pub struct StoreConfig {
 /// `DiskFull` and nothing of it remains. Sizes are logical (a sparse file
 /// counts at its full length, as it is stored). Concurrent puts of one
 /// owner are checked against the same total, so each may overshoot the
-/// quota by at most its own size.
+/// quota by at most its own size; except a session's first object put by
+/// [`Store::create_session_with`] (an upload's), which is judged in the
+/// statement that records it, against what the others committed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StorageBudget {
     /// Most bytes the sessions one owner created may hold; `None`: no quota.
@@ -314,10 +318,9 @@ impl Store {
         stored: Option<u64>,
         max_bytes: u64,
     ) -> Result<(u64, Option<StoreError>), StoreError> {
-        let budget = self.inner.budget;
         let mut limit = max_bytes;
         let mut cut = None;
-        if let Some(quota) = budget.owner_quota_bytes {
+        if let Some(quota) = self.inner.budget.owner_quota_bytes {
             let stored = match stored {
                 Some(bytes) => bytes,
                 None => self.inner.meta.owner_bytes(owner).await?,
@@ -328,17 +331,23 @@ impl Store {
                 cut = Some(StoreError::QuotaExceeded { quota });
             }
         }
+        let (floor, floor_cut) = self.floor_limit(limit)?;
+        Ok((floor, floor_cut.or(cut)))
+    }
+
+    /// The most bytes a put may write under the disk's floor (the free
+    /// space the store's filesystem keeps), at most `max_bytes`, and
+    /// `DiskFull` when the floor is what set it.
+    fn floor_limit(&self, max_bytes: u64) -> Result<(u64, Option<StoreError>), StoreError> {
+        let floor = self.inner.budget.min_free_bytes;
         // the floor guards the disk the blobs are written to
-        if budget.min_free_bytes > 0 && self.inner.blobs.local_root().is_some() {
-            let left = self.free_bytes()?.saturating_sub(budget.min_free_bytes);
-            if left < limit {
-                limit = left;
-                cut = Some(StoreError::DiskFull {
-                    floor: budget.min_free_bytes,
-                });
+        if floor > 0 && self.inner.blobs.local_root().is_some() {
+            let left = self.free_bytes()?.saturating_sub(floor);
+            if left < max_bytes {
+                return Ok((left, Some(StoreError::DiskFull { floor })));
             }
         }
-        Ok((limit, cut))
+        Ok((max_bytes, None))
     }
 
     pub async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError> {
@@ -401,6 +410,91 @@ impl Store {
         .await
     }
 
+    /// Create session `obj.session_id`, bound to `key` and counted against
+    /// `owner`'s quota, with `body` as its first object: the blob first,
+    /// then the session row and the object row in one round-trip to the
+    /// database, the quota judged in the statement that writes the object
+    /// row (so two uploads of one owner racing cannot both pass on the same
+    /// total). What [`Store::create_session_owned`] and a
+    /// [`Store::put_stream_owned`] do, in one database round-trip instead of
+    /// two.
+    ///
+    /// Errors as `put_stream`'s; `Conflict` if the session exists. After a
+    /// refusal by the quota the session exists without the object (as it
+    /// would had it been created first); after any other error of the
+    /// bytes (`TooLarge`, `DiskFull`, `BodyRead`) neither exists.
+    pub async fn create_session_with<S>(
+        &self,
+        key: &SessionKey,
+        owner: &SessionKey,
+        obj: NewObject,
+        body: S,
+        max_bytes: u64,
+    ) -> Result<ObjectMeta, StoreError>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin,
+    {
+        let quota = self.inner.budget.owner_quota_bytes;
+        let (limit, cut) = self.floor_limit(max_bytes)?;
+        let meta = match self
+            .write_blob(
+                obj,
+                owner.as_str(),
+                body.map_err(StoreError::BodyRead),
+                limit,
+                cut,
+            )
+            .await
+        {
+            // past the caller's limit: what refused it is the quota when
+            // the owner had less than that limit left (as a put that read
+            // the total first cuts the bytes at what is left)
+            Err(StoreError::TooLarge { limit }) => {
+                if let Some(quota) = quota {
+                    let stored = self.inner.meta.owner_bytes(owner.as_str()).await?;
+                    if quota.saturating_sub(stored) < limit {
+                        return Err(StoreError::QuotaExceeded { quota });
+                    }
+                }
+                return Err(StoreError::TooLarge { limit });
+            }
+            other => other?,
+        };
+        let recorded = self
+            .inner
+            .meta
+            .insert_session_object(key, owner, &meta, quota)
+            .await;
+        match recorded {
+            Ok(true) => {
+                tracing::debug!(session = %meta.session_id, file = %meta.file_id,
+                    name = %meta.name, size = meta.size, "session created with its object");
+                Ok(meta)
+            }
+            Ok(false) => {
+                self.discard_blob(&meta).await;
+                let quota = quota.unwrap_or_default();
+                tracing::info!(session = %meta.session_id, owner = %owner,
+                    reason = %StoreError::QuotaExceeded { quota }, "put refused");
+                Err(StoreError::QuotaExceeded { quota })
+            }
+            Err(err) => {
+                self.discard_blob(&meta).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Remove the blob of a put whose row was not written: the blob is
+    /// this put's alone (a fresh version); without a row it is garbage.
+    async fn discard_blob(&self, meta: &ObjectMeta) {
+        let (sid, fid) = (meta.session_id.as_str(), meta.file_id.as_str());
+        if let Err(e) = self.inner.blobs.delete(sid, fid, &meta.version).await {
+            tracing::warn!(session = sid, file = fid, error = %e,
+                "removing the blob of a failed put; gc will remove it");
+        }
+    }
+
     /// Blob first, row second: the row is only written for complete bytes.
     async fn put<S>(
         &self,
@@ -413,8 +507,32 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
-        let inner = &self.inner;
         let (limit, cut) = self.budget_limit(owner, stored, max_bytes).await?;
+        let meta = self.write_blob(obj, owner, body, limit, cut).await?;
+        if let Err(err) = self.inner.meta.insert_object(&meta).await {
+            self.discard_blob(&meta).await;
+            return Err(err);
+        }
+        tracing::debug!(session = %meta.session_id, file = %meta.file_id, name = %meta.name,
+            size = meta.size, "object stored");
+        Ok(meta)
+    }
+
+    /// Write `body` as a new blob of `obj` (at most `limit` bytes: past it
+    /// `cut` when a budget set the limit, else `TooLarge`), durably; the
+    /// metadata its row will hold.
+    async fn write_blob<S>(
+        &self,
+        obj: NewObject,
+        owner: &str,
+        body: S,
+        limit: u64,
+        cut: Option<StoreError>,
+    ) -> Result<ObjectMeta, StoreError>
+    where
+        S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
+    {
+        let inner = &self.inner;
         let version = random_version();
         let (sid, fid) = (obj.session_id.as_str(), obj.file_id.as_str());
         let written = match (
@@ -427,7 +545,7 @@ impl Store {
             }
             (written, _) => written?,
         };
-        let meta = ObjectMeta {
+        Ok(ObjectMeta {
             session_id: obj.session_id.clone(),
             file_id: obj.file_id.clone(),
             name: obj.name.as_str().to_owned(),
@@ -437,18 +555,7 @@ impl Store {
             read_only: obj.read_only,
             created_at_ms: now_ms(),
             version,
-        };
-        if let Err(err) = inner.meta.insert_object(&meta).await {
-            // The blob is ours alone (fresh version); without a row it is garbage.
-            if let Err(e) = inner.blobs.delete(sid, fid, &meta.version).await {
-                tracing::warn!(session = sid, file = fid, error = %e,
-                    "removing the blob of a failed put; gc will remove it");
-            }
-            return Err(err);
-        }
-        tracing::debug!(session = sid, file = fid, name = %meta.name, size = meta.size,
-            "object stored");
-        Ok(meta)
+        })
     }
 
     pub async fn object(

@@ -242,6 +242,80 @@ impl Meta {
         }
     }
 
+    /// Record a new session (bound to `key`, counted against `owner`) and
+    /// its first object in one round-trip to the database: on SQLite two
+    /// statements sent as one, on Postgres one statement (the session row a
+    /// data-modifying `WITH`). The session row is always written (as when
+    /// it is created before its first put); the object row only when
+    /// `quota` is `None` or the owner's total with it stays within `quota`,
+    /// judged in the statement that writes it: on SQLite under the write
+    /// lock, on Postgres with the owner's total row locked, so two puts
+    /// racing cannot both pass on the same total. Returns whether the
+    /// object was recorded. `Conflict` if the session or object exists.
+    pub(crate) async fn insert_session_object(
+        &self,
+        key: &SessionKey,
+        owner: &SessionKey,
+        meta: &ObjectMeta,
+        quota: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let size = i64::try_from(meta.size).map_err(|_| StoreError::TooLarge {
+            limit: i64::MAX as u64,
+        })?;
+        let quota = quota.map(|q| i64::try_from(q).unwrap_or(i64::MAX));
+        let sql = match &self.pool {
+            // all rows: the statements run to their end, so a failure to
+            // commit is this call's error (see `insert_session`)
+            Pool::Sqlite(_) => {
+                "INSERT INTO sessions (id, session_key, owner, created_at) \
+                 VALUES ($1, $2, $3, $4); \
+                 INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
+                 read_only, created_at, version) \
+                 SELECT $1, $5, $6, $7, $8, $9, $10, $4, $11 \
+                 WHERE $12 IS NULL \
+                 OR COALESCE((SELECT bytes FROM owner_bytes WHERE owner = $3), 0) + $7 <= $12 \
+                 RETURNING 1"
+            }
+            // `FOR UPDATE` waits for a put of the same owner that holds the
+            // row and then reads the total it committed
+            Pool::Postgres(_) => {
+                "WITH s AS (INSERT INTO sessions (id, session_key, owner, created_at) \
+                 VALUES ($1, $2, $3, $4) RETURNING id), \
+                 total AS (SELECT bytes FROM owner_bytes WHERE owner = $3 FOR UPDATE) \
+                 INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
+                 read_only, created_at, version) \
+                 SELECT s.id, $5, $6, $7, $8, $9, $10, $4, $11 FROM s \
+                 WHERE $12::BIGINT IS NULL \
+                 OR COALESCE((SELECT bytes FROM total), 0) + $7 <= $12::BIGINT \
+                 RETURNING 1"
+            }
+        };
+        let res: Result<Vec<(i32,)>, sqlx::Error> = with_pool!(&self.pool, |p| {
+            sqlx::query_as(sql)
+                .bind(meta.session_id.as_str())
+                .bind(key.as_str())
+                .bind(owner.as_str())
+                .bind(meta.created_at_ms)
+                .bind(meta.file_id.as_str())
+                .bind(&meta.name)
+                .bind(size)
+                .bind(&meta.sha256)
+                .bind(&meta.content_type)
+                .bind(meta.read_only)
+                .bind(&meta.version)
+                .bind(quota)
+                .fetch_all(p)
+                .await
+        });
+        match res {
+            Ok(rows) => Ok(!rows.is_empty()),
+            Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => Err(StoreError::Conflict(
+                format!("session {} or its object already exists", meta.session_id),
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub(crate) async fn session(&self, id: &Nanoid) -> Result<Option<SessionInfo>, StoreError> {
         let row: Option<SessionRow> = with_pool!(&self.pool, |p| sqlx::query_as(
             "SELECT id, session_key, created_at FROM sessions WHERE id = $1"

@@ -892,8 +892,172 @@ async fn creating_a_session_reads_the_owners_total_and_a_put_given_it_keeps_the_
     );
 }
 
+/// An upload's first file and its session in one round-trip: the session
+/// exists with the object in it, counted against the owner (not the key);
+/// a session id that exists is refused and leaves the first one whole.
+async fn a_session_created_with_its_first_object_holds_it_and_counts_it(kind: Kind) {
+    let Some((fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
+    let alice = key();
+    let agent = SessionKey::from_stored("local:agent:a1".to_owned());
+    let sid = Nanoid::random();
+    let meta = store
+        .create_session_with(
+            &agent,
+            &alice,
+            new_object(&sid, "a.txt"),
+            body(&[b"hel", b"lo"]),
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!((meta.size, meta.sha256.as_str()), (5, HELLO_SHA256));
+    let info = store
+        .session(&sid)
+        .await
+        .unwrap()
+        .expect("the session exists");
+    assert_eq!(info.key, agent, "bound to the key");
+    assert_eq!(store.list(&sid).await.unwrap(), vec![meta.clone()]);
+    assert_eq!(read_all(&store, &meta).await, b"hello");
+    assert_eq!(
+        store.owner_bytes(&alice).await.unwrap(),
+        5,
+        "counted against the owner"
+    );
+    assert_eq!(store.owner_bytes(&agent).await.unwrap(), 0);
+    // later files go into the session as puts
+    store
+        .put_stream_owned(new_object(&sid, "b.txt"), &alice, None, body(&[b"12"]), 100)
+        .await
+        .unwrap();
+    let e = store
+        .create_session_with(
+            &agent,
+            &alice,
+            new_object(&sid, "c.txt"),
+            body(&[b"1"]),
+            100,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Conflict(_)), "{e}");
+    assert_eq!(store.list(&sid).await.unwrap().len(), 2);
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 7);
+    assert_eq!(fx.blobs().await.len(), 2, "the refused file's blob is gone");
+}
+
+/// Past the quota the session is still made (empty, as when it was made
+/// before its first file) and nothing of the file remains; past the
+/// caller's limit nothing is made, and the error says which budget cut it.
+async fn a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_blob(kind: Kind) {
+    let Some((fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
+    let alice = key();
+    let first = Nanoid::random();
+    store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&first, "a"),
+            body(&[b"123456"]),
+            100,
+        )
+        .await
+        .unwrap();
+    // four bytes left: five are refused by the quota
+    let over = Nanoid::random();
+    let e = store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&over, "b"),
+            body(&[b"12345"]),
+            100,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    assert!(
+        store.session(&over).await.unwrap().is_some(),
+        "the session is made"
+    );
+    assert!(store.list(&over).await.unwrap().is_empty());
+    // past the caller's limit of 3 with 4 left: too large, and no session
+    let big = Nanoid::random();
+    let e = store
+        .create_session_with(&alice, &alice, new_object(&big, "c"), body(&[b"1234"]), 3)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::TooLarge { limit: 3 }), "{e}");
+    assert!(store.session(&big).await.unwrap().is_none());
+    // past a limit of 5 with 4 left: the quota is what refused it
+    let e = store
+        .create_session_with(&alice, &alice, new_object(&big, "c"), body(&[b"123456"]), 5)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    // exactly what is left fits
+    store
+        .create_session_with(&alice, &alice, new_object(&big, "d"), body(&[b"1234"]), 100)
+        .await
+        .unwrap();
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 10);
+    assert_eq!(fx.blobs().await.len(), 2, "no refused file left its blob");
+}
+
+/// Uploads of one owner racing are judged one after the other against the
+/// total the others committed: of eight 5-byte uploads with 9 bytes left,
+/// exactly one is stored. (The owner has stored before: on Postgres the
+/// lock is the owner's total row, which the owner's first object makes.)
+async fn uploads_of_one_owner_racing_never_pass_the_quota_together(kind: Kind) {
+    let Some((_fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
+    let alice = key();
+    store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&Nanoid::random(), "a"),
+            body(&[b"1"]),
+            100,
+        )
+        .await
+        .unwrap();
+    let racing = (0..8).map(|_| {
+        let store = store.clone();
+        let alice = alice.clone();
+        tokio::spawn(async move {
+            let sid = Nanoid::random();
+            store
+                .create_session_with(
+                    &alice,
+                    &alice,
+                    new_object(&sid, "b"),
+                    body(&[b"12345"]),
+                    100,
+                )
+                .await
+        })
+    });
+    let results = futures::future::join_all(racing).await;
+    let stored = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Err(StoreError::QuotaExceeded { quota: 10 }))))
+        .count();
+    assert_eq!((stored, refused), (1, 7), "{results:?}");
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 6);
+}
+
 on_every_backend!(
     creating_a_session_reads_the_owners_total_and_a_put_given_it_keeps_the_quota,
+    a_session_created_with_its_first_object_holds_it_and_counts_it,
+    a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_blob,
+    uploads_of_one_owner_racing_never_pass_the_quota_together,
     a_body_larger_than_one_part_is_stored_whole,
     an_owners_total_follows_puts_deletes_and_collection,
     put_read_list_object_and_delete_round_trip,

@@ -282,10 +282,10 @@ struct Scope {
     /// The uploader, whose quota the files count against.
     owner: SessionKey,
     read_only: bool,
+    /// Whether the session's row exists (made with its first file).
     created: bool,
-    /// The owner's stored bytes that creating the session read, for the
-    /// first file's quota check (taken by it; later files read their own).
-    stored: Option<u64>,
+    /// Whether a file reached the store (today's session is then made).
+    attempted: bool,
 }
 
 async fn receive(
@@ -396,7 +396,7 @@ async fn receive_parts(
                     owner: kiln_core::Owner::of(&caller).key(),
                     read_only: form.read_only()?,
                     created: false,
-                    stored: None,
+                    attempted: false,
                 })
             }
         };
@@ -417,19 +417,6 @@ async fn receive_parts(
                 }
             }
         };
-        if !scope.created {
-            let stored = state
-                .store
-                .create_session_owned(session, &scope.key, &scope.owner)
-                .await
-                .map_err(|source| ApiError::CreateSession {
-                    session: session.clone(),
-                    source,
-                })?;
-            scope.created = true;
-            scope.stored = Some(stored);
-        }
-
         let file_id = Nanoid::random();
         let content_type = content_type(field.content_type(), &name);
         let obj = NewObject {
@@ -440,19 +427,36 @@ async fn receive_parts(
             read_only: scope.read_only,
         };
         let body = field.map_err(std::io::Error::other);
-        // the session was created above with this owner: the store need
-        // not read it back, nor (for the first file) the owner's total
-        match state
-            .store
-            .put_stream_owned(
-                obj,
-                &scope.owner,
-                scope.stored.take(),
-                body,
-                config.max_upload_bytes,
-            )
-            .await
-        {
+        let put = if scope.created {
+            // the session was created with this owner: the store need not
+            // read it back
+            state
+                .store
+                .put_stream_owned(obj, &scope.owner, None, body, config.max_upload_bytes)
+                .await
+        } else {
+            // the session's row and its first object's in one round-trip
+            let put = state
+                .store
+                .create_session_with(&scope.key, &scope.owner, obj, body, config.max_upload_bytes)
+                .await;
+            match put {
+                // the session could not be made: the whole request fails,
+                // in a batch too
+                Err(source @ (StoreError::Conflict(_) | StoreError::Database(_))) => {
+                    return Err(ApiError::CreateSession {
+                        session: session.clone(),
+                        source,
+                    });
+                }
+                // a refusal by the quota leaves the session made
+                Ok(_) | Err(StoreError::QuotaExceeded { .. }) => scope.created = true,
+                Err(_) => {}
+            }
+            put
+        };
+        scope.attempted = true;
+        match put {
             Ok(_) => {
                 stored.push(file_id.clone());
                 results.push(FileResult::Stored {
@@ -504,6 +508,18 @@ async fn receive_parts(
 
     if file_parts == 0 {
         return Err(ApiError::BadRequest("No files provided".to_owned()));
+    }
+    // a batch whose every file was refused still answers a session that
+    // exists (empty), as when the session was made before its first file
+    if let Some(scope) = scope.as_ref().filter(|s| s.attempted && !s.created) {
+        state
+            .store
+            .create_session_owned(session, &scope.key, &scope.owner)
+            .await
+            .map_err(|source| ApiError::CreateSession {
+                session: session.clone(),
+                source,
+            })?;
     }
     Ok((results, limit_reached))
 }
