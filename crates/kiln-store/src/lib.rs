@@ -27,7 +27,7 @@
 //!       where S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin;
 //!   pub async fn create_session_with<S>(&self, key: &SessionKey, owner: &SessionKey, obj: NewObject, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>;             // a session and its first object, one round-trip
-//!   pub async fn put_stream_owned<S>(&self, obj: NewObject, owner: &SessionKey, stored: Option<u64>, body: S, max_bytes: u64)
+//!   pub async fn put_stream_owned<S>(&self, obj: NewObject, owner: &SessionKey, body: S, max_bytes: u64)
 //!       -> Result<ObjectMeta, StoreError>;
 //!   pub async fn object(&self, session: &Nanoid, file: &Nanoid) -> Result<Option<ObjectMeta>, StoreError>;
 //!   pub async fn session_object(&self, session: &Nanoid, file: &Nanoid)
@@ -265,24 +265,18 @@ impl Store {
     /// Record a new storage session bound to `key`, owned by `key` (a
     /// user's own session). `Conflict` if `id` exists.
     pub async fn create_session(&self, id: &Nanoid, key: &SessionKey) -> Result<(), StoreError> {
-        self.inner
-            .meta
-            .insert_session(id, key, key, now_ms())
-            .await
-            .map(|_| ())
+        self.inner.meta.insert_session(id, key, key, now_ms()).await
     }
 
     /// Record a new storage session bound to `key` whose bytes count
     /// against `owner`'s quota (an agent's or skill's files uploaded by a
-    /// user). `Conflict` if `id` exists. Returns the bytes `owner` has
-    /// stored, read in the same statement: an upload hands them to its
-    /// first [`Store::put_stream_owned`] instead of a second read.
+    /// user). `Conflict` if `id` exists.
     pub async fn create_session_owned(
         &self,
         id: &Nanoid,
         key: &SessionKey,
         owner: &SessionKey,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(), StoreError> {
         self.inner
             .meta
             .insert_session(id, key, owner, now_ms())
@@ -310,21 +304,15 @@ impl Store {
     /// The most bytes a put into `owner`'s session may write under the
     /// budget, and the error to report when the budget, not the caller's
     /// `max_bytes`, is what cut it.
-    /// `stored`: the owner's total when the caller has just read it (none:
-    /// read it here).
     async fn budget_limit(
         &self,
         owner: &str,
-        stored: Option<u64>,
         max_bytes: u64,
     ) -> Result<(u64, Option<StoreError>), StoreError> {
         let mut limit = max_bytes;
         let mut cut = None;
         if let Some(quota) = self.inner.budget.owner_quota_bytes {
-            let stored = match stored {
-                Some(bytes) => bytes,
-                None => self.inner.meta.owner_bytes(owner).await?,
-            };
+            let stored = self.inner.meta.owner_bytes(owner).await?;
             let left = quota.saturating_sub(stored);
             if left < limit {
                 limit = left;
@@ -371,14 +359,8 @@ impl Store {
         let Some(owner) = self.inner.meta.session_owner(&obj.session_id).await? else {
             return Err(StoreError::NotFound);
         };
-        self.put(
-            obj,
-            &owner,
-            None,
-            body.map_err(StoreError::BodyRead),
-            max_bytes,
-        )
-        .await
+        self.put(obj, &owner, body.map_err(StoreError::BodyRead), max_bytes)
+            .await
     }
 
     /// [`Store::put_stream`] into a session the caller has just created
@@ -386,14 +368,11 @@ impl Store {
     /// its owner), whose owner it passes instead of the store reading it
     /// back. A session that does not exist is still `NotFound` (the object
     /// row's foreign key refuses it after the bytes were written; they are
-    /// removed again). `stored`: the owner's total that creating the
-    /// session returned, when nothing of this caller's was stored since
-    /// (the first file of an upload); `None` reads it, as `put_stream` does.
+    /// removed again).
     pub async fn put_stream_owned<S>(
         &self,
         obj: NewObject,
         owner: &SessionKey,
-        stored: Option<u64>,
         body: S,
         max_bytes: u64,
     ) -> Result<ObjectMeta, StoreError>
@@ -403,7 +382,6 @@ impl Store {
         self.put(
             obj,
             owner.as_str(),
-            stored,
             body.map_err(StoreError::BodyRead),
             max_bytes,
         )
@@ -500,14 +478,13 @@ impl Store {
         &self,
         obj: NewObject,
         owner: &str,
-        stored: Option<u64>,
         body: S,
         max_bytes: u64,
     ) -> Result<ObjectMeta, StoreError>
     where
         S: Stream<Item = Result<Bytes, StoreError>> + Send + Unpin,
     {
-        let (limit, cut) = self.budget_limit(owner, stored, max_bytes).await?;
+        let (limit, cut) = self.budget_limit(owner, max_bytes).await?;
         let meta = self.write_blob(obj, owner, body, limit, cut).await?;
         if let Err(err) = self.inner.meta.insert_object(&meta).await {
             self.discard_blob(&meta).await;

@@ -207,34 +207,30 @@ impl Meta {
         with_pool!(&self.pool, |p| p.close().await)
     }
 
-    /// Record a new session; returns the bytes `owner` has stored, read in
-    /// the same statement (what [`Meta::owner_bytes`] would answer), so the
-    /// quota check of an upload's first file needs no statement of its own.
+    /// Record a new session bound to `key`, its bytes counted against
+    /// `owner`'s. `Conflict` if `id` exists.
     pub(crate) async fn insert_session(
         &self,
         id: &Nanoid,
         key: &SessionKey,
         owner: &SessionKey,
         now_ms: i64,
-    ) -> Result<u64, StoreError> {
-        // all rows (the one): the statement runs to its end, so a failure to
-        // commit is this call's error (SQLite commits an auto-commit
-        // statement that is stopped after its first row only when it is
-        // reset, and sqlx ignores what that reset returns)
-        let res: Result<Vec<(Option<i64>,)>, sqlx::Error> = with_pool!(&self.pool, |p| {
-            sqlx::query_as(
-                "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4) \
-                 RETURNING (SELECT bytes FROM owner_bytes WHERE owner = $3)",
+    ) -> Result<(), StoreError> {
+        // executed to its end, so a failure to commit is this call's error
+        let res = with_pool!(&self.pool, |p| {
+            sqlx::query(
+                "INSERT INTO sessions (id, session_key, owner, created_at) VALUES ($1, $2, $3, $4)",
             )
             .bind(id.as_str())
             .bind(key.as_str())
             .bind(owner.as_str())
             .bind(now_ms)
-            .fetch_all(p)
+            .execute(p)
             .await
+            .map(|_| ())
         });
         match res {
-            Ok(rows) => Ok(stored_bytes(rows.first().and_then(|(bytes,)| *bytes))),
+            Ok(()) => Ok(()),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => {
                 Err(StoreError::Conflict(format!("session {id} already exists")))
             }

@@ -247,7 +247,7 @@ async fn puts_into_a_missing_session_are_refused_without_leftovers(kind: Kind) {
             false => store.put_stream(obj, body(&[b"data"]), 100).await,
             true => {
                 store
-                    .put_stream_owned(obj, &key(), None, body(&[b"data"]), 100)
+                    .put_stream_owned(obj, &key(), body(&[b"data"]), 100)
                     .await
             }
         };
@@ -617,7 +617,7 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(k
         .await
         .unwrap();
     store
-        .put_stream_owned(new_object(&shared, "b"), &alice, None, body(&[b"123"]), 100)
+        .put_stream_owned(new_object(&shared, "b"), &alice, body(&[b"123"]), 100)
         .await
         .unwrap();
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 9);
@@ -628,7 +628,7 @@ async fn an_owners_quota_counts_every_session_they_created_and_refuses_past_it(k
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
     let e = store
-        .put_stream_owned(new_object(&shared, "c"), &alice, None, body(&[b"12"]), 100)
+        .put_stream_owned(new_object(&shared, "c"), &alice, body(&[b"12"]), 100)
         .await
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
@@ -821,77 +821,6 @@ async fn an_owners_total_follows_puts_deletes_and_collection(kind: Kind) {
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 4);
 }
 
-/// An upload's first put checks the quota against the total that creating
-/// its session read (no statement of its own): the same answers as a put
-/// that reads it.
-async fn creating_a_session_reads_the_owners_total_and_a_put_given_it_keeps_the_quota(kind: Kind) {
-    let Some((_fx, store)) = ten_byte_quota(kind).await else {
-        return;
-    };
-    let alice = key();
-    let agent = SessionKey::from_stored("local:agent:a1".to_owned());
-    let first = Nanoid::random();
-    assert_eq!(
-        store
-            .create_session_owned(&first, &agent, &alice)
-            .await
-            .unwrap(),
-        0,
-        "nothing stored yet"
-    );
-    store
-        .put_stream_owned(
-            new_object(&first, "a"),
-            &alice,
-            Some(0),
-            body(&[b"123456"]),
-            100,
-        )
-        .await
-        .unwrap();
-    // the next upload's session reads the six bytes, and its put is cut by them
-    let second = Nanoid::random();
-    let stored = store
-        .create_session_owned(&second, &agent, &alice)
-        .await
-        .unwrap();
-    assert_eq!(stored, 6);
-    let e = store
-        .put_stream_owned(
-            new_object(&second, "b"),
-            &alice,
-            Some(stored),
-            body(&[b"12345"]),
-            100,
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
-    store
-        .put_stream_owned(
-            new_object(&second, "c"),
-            &alice,
-            Some(stored),
-            body(&[b"1234"]),
-            100,
-        )
-        .await
-        .unwrap();
-    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 10);
-    assert_eq!(
-        store.list(&second).await.unwrap().len(),
-        1,
-        "the refused put left nothing"
-    );
-    let bobs = Nanoid::random();
-    let bob = SessionKey::from_stored("local:user:bob".to_owned());
-    assert_eq!(
-        store.create_session_owned(&bobs, &bob, &bob).await.unwrap(),
-        0,
-        "bob is not affected"
-    );
-}
-
 /// An upload's first file and its session in one round-trip: the session
 /// exists with the object in it, counted against the owner (not the key);
 /// a session id that exists is refused and leaves the first one whole.
@@ -929,7 +858,7 @@ async fn a_session_created_with_its_first_object_holds_it_and_counts_it(kind: Ki
     assert_eq!(store.owner_bytes(&agent).await.unwrap(), 0);
     // later files go into the session as puts
     store
-        .put_stream_owned(new_object(&sid, "b.txt"), &alice, None, body(&[b"12"]), 100)
+        .put_stream_owned(new_object(&sid, "b.txt"), &alice, body(&[b"12"]), 100)
         .await
         .unwrap();
     let e = store
@@ -1054,7 +983,6 @@ async fn uploads_of_one_owner_racing_never_pass_the_quota_together(kind: Kind) {
 }
 
 on_every_backend!(
-    creating_a_session_reads_the_owners_total_and_a_put_given_it_keeps_the_quota,
     a_session_created_with_its_first_object_holds_it_and_counts_it,
     a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_blob,
     uploads_of_one_owner_racing_never_pass_the_quota_together,

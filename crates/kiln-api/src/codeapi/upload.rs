@@ -432,7 +432,7 @@ async fn receive_parts(
             // read it back
             state
                 .store
-                .put_stream_owned(obj, &scope.owner, None, body, config.max_upload_bytes)
+                .put_stream_owned(obj, &scope.owner, body, config.max_upload_bytes)
                 .await
         } else {
             // the session's row and its first object's in one round-trip
