@@ -135,6 +135,12 @@ pub const SERIES: &[Series] = &[
         "Parks of a slot that held a kept one-shot jail (keep_jails): reused (found as new, handed a fresh program), replaced (its init found something left, or could not have a program forked) or rebuilt (built from another spec, template or workspace).",
     ),
     series(
+        "kiln_slot_cgroups_total",
+        Counter,
+        &["result"],
+        "Resets of a slot's kept cgroups after its run: clean (at the first reading), settled (clean once pids.current reached 0, the run's last process reaped, within a few ms) or replaced (a process or task left, memory still charged, or an error: removed and made anew).",
+    ),
+    series(
         "kiln_warm_misses_served_early_total",
         Counter,
         &["profile"],

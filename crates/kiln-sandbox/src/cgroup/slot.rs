@@ -10,7 +10,8 @@
 //! slot is over and its workspace emptied, so the files the run wrote are
 //! gone and their page cache with them), and lent again only when the
 //! reset found it clean:
-//! - no process in any of its groups, no task counted in `pids.current`;
+//! - no process in any of its groups, no task counted in `pids.current`
+//!   (read again for a few ms while no process is listed: [`settle`]);
 //! - at most [`LEFT_BOUND`] of memory still charged, given back first
 //!   (v1 `memory.force_empty`, v2 `memory.reclaim`) where more is: a
 //!   group's charge is not moved when a process leaves, so without this the
@@ -282,11 +283,19 @@ impl SlotGroups {
         };
         let kept = match state {
             State::Used(mut set) => match self.reset(&set) {
-                Ok(base) => {
-                    set.base = base;
+                Ok(clean) => {
+                    let result = if clean.waited.is_zero() {
+                        "clean"
+                    } else {
+                        "settled"
+                    };
+                    metrics::counter!("kiln_slot_cgroups_total", "result" => result).increment(1);
+                    set.base = clean.base;
                     Some(set)
                 }
                 Err(e) => {
+                    metrics::counter!("kiln_slot_cgroups_total", "result" => "replaced")
+                        .increment(1);
                     tracing::info!(slot = index, reason = %e, "the slot's cgroups were not found clean after a run; replaced");
                     self.remove(set);
                     None
@@ -355,8 +364,8 @@ impl SlotGroups {
             base: Baseline::default(),
         };
         match self.reset(&set) {
-            Ok(base) => {
-                set.base = base;
+            Ok(clean) => {
+                set.base = clean.base;
                 Ok(set)
             }
             Err(e) => {
@@ -369,18 +378,23 @@ impl SlotGroups {
         }
     }
 
-    /// Resets a set whose run is over; its baseline if it is clean.
-    fn reset(&self, set: &KeptSet) -> Result<Baseline, String> {
+    /// Resets a set whose run is over; what it read if it is clean.
+    fn reset(&self, set: &KeptSet) -> Result<Clean, String> {
         let before = thread_cpu();
-        let done = reset(matches!(*self.driver, CgroupDriver::V2(_)), set);
+        let done = reset(
+            matches!(*self.driver, CgroupDriver::V2(_)),
+            set,
+            &mut std::thread::sleep,
+        );
         tracing::debug!(
             group = %set.dirs.first().map(|d| d.display().to_string()).unwrap_or_default(),
             cpu_us = thread_cpu().saturating_sub(before).as_micros() as u64,
-            left_bytes = ?done.as_ref().ok().map(|r| r.1),
+            left_bytes = ?done.as_ref().ok().map(|c| c.left),
+            waited_us = ?done.as_ref().ok().map(|c| c.waited.as_micros() as u64),
             error = ?done.as_ref().err(),
             "a slot's cgroups reset"
         );
-        done.map(|(base, _)| base)
+        done
     }
 
     /// Removes a set's groups (in the background if they do not go at once).
@@ -484,10 +498,60 @@ fn write(dir: &Path, file: &str, value: &str) -> Result<(), String> {
     fs::write(&path, value).map_err(|e| format!("write {}: {e}", path.display()))
 }
 
-/// The reset of a set whose run is over (see the module's text): its
-/// baseline and the memory left charged if it is clean, else why not. `v2`
-/// picks the files.
-pub(crate) fn reset(v2: bool, set: &KeptSet) -> Result<(Baseline, u64), String> {
+/// What a reset that found a set clean read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Clean {
+    /// The next run's baseline.
+    pub base: Baseline,
+    /// The memory still charged (under [`LEFT_BOUND`]).
+    pub left: u64,
+    /// How long it paused for `pids.current` to reach 0 (see [`settle`]).
+    pub waited: Duration,
+}
+
+/// The pauses between readings of `pids.current` while it is not 0 though
+/// no process is listed: 0.05 ms doubling to 0.4 ms, then 1 ms three times
+/// and 2 ms, 5.75 ms in all (sleeps, not a busy loop). A
+/// process leaves `cgroup.procs` when it exits but stays counted until its
+/// parent reaps it: right after a run (the program reaped by its jail's
+/// init) a reset can read 1 that would be 0 a moment later. Without the
+/// wait the set was replaced (made and removed again, ≈ 1 ms of CPU); a
+/// task still counted after the last pause is a process of the run that is
+/// not gone, and the set is replaced as before.
+const SETTLE_PAUSES_US: [u64; 8] = [50, 100, 200, 400, 1000, 1000, 1000, 2000];
+
+/// Reads the tasks counted (`read`) until it is 0, pausing (`pause`, a
+/// sleep) between readings as [`SETTLE_PAUSES_US`] says: how long it
+/// paused, or why the set is not clean.
+fn settle(
+    mut read: impl FnMut() -> Result<u64, String>,
+    pause: &mut dyn FnMut(Duration),
+) -> Result<Duration, String> {
+    let mut waited = Duration::ZERO;
+    let mut pauses = SETTLE_PAUSES_US.iter().map(|&us| Duration::from_micros(us));
+    loop {
+        let tasks = read()?;
+        if tasks == 0 {
+            return Ok(waited);
+        }
+        match pauses.next() {
+            Some(p) => {
+                pause(p);
+                waited += p;
+            }
+            None => return Err(format!("pids.current is {tasks} after {waited:?}")),
+        }
+    }
+}
+
+/// The reset of a set whose run is over (see the module's text): what it
+/// read if it is clean, else why not. `v2` picks the files; `pause` sleeps
+/// while `pids.current` settles ([`settle`]).
+pub(crate) fn reset(
+    v2: bool,
+    set: &KeptSet,
+    pause: &mut dyn FnMut(Duration),
+) -> Result<Clean, String> {
     for d in &set.dirs {
         if !procs(d).is_empty() {
             return Err(format!("a process is still in {}", d.display()));
@@ -499,10 +563,7 @@ pub(crate) fn reset(v2: bool, set: &KeptSet) -> Result<(Baseline, u64), String> 
     } else {
         set.dirs.get(1).ok_or("no pids group")?
     };
-    let tasks = read_u64(pids, "pids.current")?;
-    if tasks != 0 {
-        return Err(format!("pids.current is {tasks}"));
-    }
+    let waited = settle(|| read_u64(pids, "pids.current"), pause)?;
     // What a hello leaves charged (≈ 200 KiB: kernel objects such as
     // dentries, which no reclaim frees) is under the bound: a reclaim then
     // gives back next to nothing and costs about 1 ms of CPU (v1
@@ -558,7 +619,7 @@ pub(crate) fn reset(v2: bool, set: &KeptSet) -> Result<(Baseline, u64), String> 
             },
         }
     };
-    Ok((base, left))
+    Ok(Clean { base, left, waited })
 }
 
 #[cfg(test)]
@@ -567,6 +628,9 @@ mod tests {
     use crate::cgroup::v1;
 
     const MIB: u64 = 1024 * 1024;
+
+    /// A reset's pause that does not sleep (the files do not change).
+    fn no_pause(_: Duration) {}
 
     fn put(dir: &Path, file: &str, text: &str) {
         fs::write(dir.join(file), text).expect(file);
@@ -621,7 +685,10 @@ mod tests {
     fn a_clean_v1_set_has_its_peak_restarted_and_its_counters_taken_as_the_baseline() {
         let root = tempfile::tempdir().expect("tempdir");
         let set = v1_set(root.path());
-        assert_eq!(reset(false, &set).map(|r| r.0), Ok(V1_BASE));
+        assert_eq!(
+            reset(false, &set, &mut no_pause).map(|c| c.base),
+            Ok(V1_BASE)
+        );
         let mem = &set.dirs[0];
         assert!(
             !mem.join("memory.force_empty").exists(),
@@ -635,12 +702,104 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let set = v1_set(root.path());
         put(&set.dirs[3], "cgroup.procs", "4242\n");
-        let e = reset(false, &set).expect_err("a process left");
+        let mut paused = Duration::ZERO;
+        let e = reset(false, &set, &mut |p| paused += p).expect_err("a process left");
         assert!(e.contains("a process is still in"), "{e}");
+        assert_eq!(paused, Duration::ZERO, "a process listed: no wait");
         put(&set.dirs[3], "cgroup.procs", "");
         put(&set.dirs[1], "pids.current", "1\n");
-        let e = reset(false, &set).expect_err("a task counted");
+        let e = reset(false, &set, &mut |p| paused += p).expect_err("a task counted");
         assert!(e.contains("pids.current is 1"), "{e}");
+        // a task that stays counted is waited for a few ms at most
+        assert!(
+            paused > Duration::ZERO && paused <= Duration::from_millis(6),
+            "{paused:?}"
+        );
+    }
+
+    #[test]
+    fn a_set_whose_exited_task_is_reaped_shortly_after_the_reset_starts_is_clean() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let set = v1_set(root.path());
+        // the run's last process has left cgroup.procs but its parent has
+        // not reaped it yet: pids.current still counts it
+        put(&set.dirs[1], "pids.current", "1\n");
+        let pids = set.dirs[1].clone();
+        let mut pauses = 0;
+        let clean = reset(false, &set, &mut |_| {
+            pauses += 1;
+            if pauses == 2 {
+                // reaped during the reset's second pause
+                put(&pids, "pids.current", "0\n");
+            }
+        })
+        .expect("clean once the task is reaped");
+        assert_eq!(clean.base, V1_BASE);
+        assert_eq!(pauses, 2);
+        assert!(
+            clean.waited > Duration::ZERO && clean.waited < Duration::from_millis(1),
+            "{:?}",
+            clean.waited
+        );
+        assert_eq!(
+            get(&set.dirs[0], "memory.max_usage_in_bytes"),
+            "0",
+            "peak restarted"
+        );
+    }
+
+    /// On the host's v1 `pids` hierarchy (root): a process that has exited
+    /// but is not reaped yet is no longer in `cgroup.procs` and still in
+    /// `pids.current`; the reset that reaps it in its first pause (as the
+    /// run's parent does a moment later) finds the set clean.
+    #[test]
+    fn a_real_exited_but_unreaped_process_is_counted_until_reaped_and_then_clean() {
+        let host = Path::new("/sys/fs/cgroup/pids");
+        if !host.join("cgroup.procs").exists() || !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root and cgroup v1's pids hierarchy");
+            return;
+        }
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut set = v1_set(root.path());
+        let pids = host.join(format!("kiln-test-settle-{}", std::process::id()));
+        fs::create_dir(&pids).expect("pids group");
+        set.dirs[1] = pids.clone();
+        // the shell moves itself into the group and exits; not reaped yet
+        let mut child = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {}/cgroup.procs", pids.display()))
+            .spawn()
+            .expect("spawn sh");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        // wait until it has exited (a zombie), without reaping it
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+        let zombie =
+            || matches!(waitid(Id::Pid(pid), flags), Ok(WaitStatus::Exited(p, _)) if p == pid);
+        let mut tries = 0;
+        while !zombie() {
+            tries += 1;
+            assert!(tries < 2500, "the shell did not exit");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let counted = get(&pids, "pids.current");
+        let listed = get(&pids, "cgroup.procs");
+        let mut reaped = false;
+        let done = reset(false, &set, &mut |_| {
+            if !reaped {
+                child.wait().expect("reap");
+                reaped = true;
+            }
+        });
+        let _ = child.wait();
+        let _ = fs::remove_dir(&pids);
+        assert_eq!(
+            (listed.as_str(), counted.trim()),
+            ("", "1"),
+            "a zombie: not listed, counted"
+        );
+        let clean = done.expect("clean once reaped");
+        assert!(reaped && !clean.waited.is_zero(), "{clean:?}");
     }
 
     #[test]
@@ -649,17 +808,17 @@ mod tests {
         let set = v1_set(root.path());
         let mem = &set.dirs[0];
         put(mem, "memory.usage_in_bytes", &(LEFT_BOUND + 1).to_string());
-        let e = reset(false, &set).expect_err("still charged");
+        let e = reset(false, &set, &mut no_pause).expect_err("still charged");
         assert_eq!(get(mem, "memory.force_empty"), "0", "a reclaim was asked");
         assert!(e.contains("memory.usage_in_bytes is"), "{e}");
         put(mem, "memory.usage_in_bytes", &LEFT_BOUND.to_string());
         assert_eq!(
-            reset(false, &set).map(|r| r.0),
+            reset(false, &set, &mut no_pause).map(|c| c.base),
             Ok(V1_BASE),
             "at the bound is clean"
         );
         put(mem, "memory.oom_control", "under_oom 1\noom_kill 3\n");
-        let e = reset(false, &set).expect_err("under oom");
+        let e = reset(false, &set, &mut no_pause).expect_err("under oom");
         assert!(e.contains("under OOM"), "{e}");
     }
 
@@ -670,14 +829,17 @@ mod tests {
         // a directory where the control file should be: the write fails
         put(&set.dirs[0], "memory.usage_in_bytes", "4194304\n");
         fs::create_dir(set.dirs[0].join("memory.force_empty")).expect("dir");
-        let e = reset(false, &set).expect_err("write fails");
+        let e = reset(false, &set, &mut no_pause).expect_err("write fails");
         assert!(
             e.contains("write") && e.contains("memory.force_empty"),
             "{e}"
         );
         let set = v1_set(&root.path().join("b"));
         fs::remove_file(set.dirs[2].join("cpuacct.usage")).expect("rm");
-        assert!(reset(false, &set).is_err(), "a counter that cannot be read");
+        assert!(
+            reset(false, &set, &mut no_pause).is_err(),
+            "a counter that cannot be read"
+        );
     }
 
     /// A v2 set after a run: one group, 8 KiB charged, one OOM kill, 2.5 ms
@@ -716,15 +878,16 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let set = v2_set(root.path());
         assert_eq!(
-            reset(true, &set),
-            Ok((
-                Baseline {
+            reset(true, &set, &mut no_pause),
+            Ok(Clean {
+                base: Baseline {
                     cpu: Duration::from_micros(2500),
                     oom_kills: 1,
                     throttled: Duration::from_micros(40),
                 },
-                8192
-            ))
+                left: 8192,
+                waited: Duration::ZERO,
+            })
         );
         let dir = &set.dirs[0];
         assert!(
@@ -734,7 +897,7 @@ mod tests {
         // the peak window was tried on its own descriptor
         assert!(get(dir, "memory.peak").starts_with("reset\n"));
         put(dir, "memory.current", &(LEFT_BOUND * 2).to_string());
-        let e = reset(true, &set).expect_err("still charged");
+        let e = reset(true, &set, &mut no_pause).expect_err("still charged");
         assert_eq!(get(dir, "memory.reclaim"), (LEFT_BOUND * 2).to_string());
         assert!(e.contains("memory.current is"), "{e}");
     }
@@ -746,7 +909,7 @@ mod tests {
         // a kernel before 5.19 has no memory.peak; one before 6.12 refuses
         // the write (here: the file is missing altogether)
         fs::remove_file(set.dirs[0].join("memory.peak")).expect("rm");
-        let e = reset(true, &set).expect_err("no peak window");
+        let e = reset(true, &set, &mut no_pause).expect_err("no peak window");
         assert!(e.contains("memory.peak"), "{e}");
     }
 
@@ -754,7 +917,7 @@ mod tests {
     fn a_lent_set_reports_the_counters_from_its_baseline_only() {
         let root = tempfile::tempdir().expect("tempdir");
         let set = v1_set(root.path());
-        let (base, left) = reset(false, &set).expect("clean");
+        let Clean { base, left, .. } = reset(false, &set, &mut no_pause).expect("clean");
         assert_eq!(left, 65536);
         // the next run: 250 ms of CPU, one OOM kill, 3 ms throttled, 20 MiB peak
         let [mem, _, acct, cpu] = [0, 1, 2, 3].map(|i| set.dirs[i].clone());
