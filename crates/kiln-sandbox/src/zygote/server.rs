@@ -114,12 +114,6 @@ fn serve(sock: &OwnedFd) -> Result<(), String> {
     // Forking needs a single thread: a preload that started one (OpenBLAS
     // without OPENBLAS_NUM_THREADS=1, say) is refused here, not later.
     sys::ensure_single_threaded().map_err(|e| format!("after the preload: {e}"))?;
-    // Every fork copies a page-table entry per 4 KiB page of the template's
-    // anonymous memory; in 2 MiB pages it copies one per 2 MiB. Best effort:
-    // a stretch the kernel refuses stays in small pages.
-    if let Err(e) = sys::collapse_anonymous_memory() {
-        eprintln!("kiln __zygote: huge pages: {e}");
-    }
     let info = ZygoteInfo {
         pid: std::process::id(),
         preload_ms: u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),
