@@ -260,8 +260,11 @@ impl Meta {
         })?;
         let quota = quota.map(|q| i64::try_from(q).unwrap_or(i64::MAX));
         let sql = match &self.pool {
-            // all rows: the statements run to their end, so a failure to
-            // commit is this call's error (see `insert_session`)
+            // read to the last row (`fetch_all`): the statements run to
+            // their end, so a failure to commit is this call's error
+            // (SQLite commits an auto-commit statement stopped after its
+            // first row only when it is reset, and sqlx ignores what that
+            // reset returns)
             Pool::Sqlite(_) => {
                 "INSERT INTO sessions (id, session_key, owner, created_at) \
                  VALUES ($1, $2, $3, $4); \
