@@ -64,6 +64,7 @@ mod meta;
 mod nodes;
 mod usage;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -183,7 +184,19 @@ struct Inner {
     dir: PathBuf,
     /// What `kiln doctor` and the start-up log say is in use.
     names: (&'static str, &'static str),
+    /// Owners this process last saw with less of their quota left than a
+    /// put's own limit. An upload's first file ([`Store::create_session_with`])
+    /// is judged after its bytes are written, so for these owners its bytes
+    /// are cut at what is left first: an owner over the quota does not get
+    /// a whole upload written to disk, only to have it refused. A hint, not
+    /// the rule (the statement that records the object still judges): an
+    /// owner missing here costs one whole write before the refusal marks it.
+    near_quota: std::sync::Mutex<HashSet<String>>,
 }
+
+/// Owners [`Inner::near_quota`] remembers at most; past it the set starts
+/// again (every owner then costs at most one more whole write).
+const NEAR_QUOTA_MAX: usize = 4096;
 
 /// Milliseconds since the Unix epoch, now.
 fn now_ms() -> i64 {
@@ -237,6 +250,7 @@ impl Store {
                 budget: cfg.budget,
                 dir: cfg.dir,
                 names,
+                near_quota: std::sync::Mutex::default(),
             }),
         })
     }
@@ -314,6 +328,7 @@ impl Store {
         if let Some(quota) = self.inner.budget.owner_quota_bytes {
             let stored = self.inner.meta.owner_bytes(owner).await?;
             let left = quota.saturating_sub(stored);
+            self.mark_near_quota(owner, left < limit);
             if left < limit {
                 limit = left;
                 cut = Some(StoreError::QuotaExceeded { quota });
@@ -321,6 +336,32 @@ impl Store {
         }
         let (floor, floor_cut) = self.floor_limit(limit)?;
         Ok((floor, floor_cut.or(cut)))
+    }
+
+    /// Remember (`near`) or forget that `owner` has less of the quota left
+    /// than a put's limit ([`Inner::near_quota`]).
+    fn mark_near_quota(&self, owner: &str, near: bool) {
+        let mut set = self
+            .inner
+            .near_quota
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !near {
+            set.remove(owner);
+        } else if !set.contains(owner) {
+            if set.len() >= NEAR_QUOTA_MAX {
+                set.clear();
+            }
+            set.insert(owner.to_owned());
+        }
+    }
+
+    fn is_near_quota(&self, owner: &str) -> bool {
+        self.inner
+            .near_quota
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(owner)
     }
 
     /// The most bytes a put may write under the disk's floor (the free
@@ -413,7 +454,14 @@ impl Store {
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin,
     {
         let quota = self.inner.budget.owner_quota_bytes;
-        let (limit, cut) = self.floor_limit(max_bytes)?;
+        // An owner last seen near the quota has the bytes cut at what is
+        // left, as a put does (one read more); any other is judged after.
+        let (limit, cut) = if quota.is_some() && self.is_near_quota(owner.as_str()) {
+            self.budget_limit(owner.as_str(), max_bytes).await?
+        } else {
+            self.floor_limit(max_bytes)?
+        };
+        let sid = obj.session_id.clone();
         let meta = match self
             .write_blob(
                 obj,
@@ -424,6 +472,11 @@ impl Store {
             )
             .await
         {
+            Ok(meta) => meta,
+            // cut at what the owner had left
+            Err(StoreError::QuotaExceeded { quota }) => {
+                return Err(self.refused_by_quota(&sid, key, owner, quota).await);
+            }
             // past the caller's limit: what refused it is the quota when
             // the owner had less than that limit left (as a put that read
             // the total first cuts the bytes at what is left)
@@ -431,12 +484,12 @@ impl Store {
                 if let Some(quota) = quota {
                     let stored = self.inner.meta.owner_bytes(owner.as_str()).await?;
                     if quota.saturating_sub(stored) < limit {
-                        return Err(StoreError::QuotaExceeded { quota });
+                        return Err(self.refused_by_quota(&sid, key, owner, quota).await);
                     }
                 }
                 return Err(StoreError::TooLarge { limit });
             }
-            other => other?,
+            Err(err) => return Err(err),
         };
         let recorded = self
             .inner
@@ -451,6 +504,7 @@ impl Store {
             }
             Ok(false) => {
                 self.discard_blob(&meta).await;
+                self.mark_near_quota(owner.as_str(), true);
                 let quota = quota.unwrap_or_default();
                 tracing::info!(session = %meta.session_id, owner = %owner,
                     reason = %StoreError::QuotaExceeded { quota }, "put refused");
@@ -460,6 +514,25 @@ impl Store {
                 self.discard_blob(&meta).await;
                 Err(err)
             }
+        }
+    }
+
+    /// An upload's first file refused by the quota before its row was
+    /// written: the session is made without it (as when the statement that
+    /// records the object refuses it) and the owner remembered as near the
+    /// quota. The error to answer: `QuotaExceeded`, or what refused the
+    /// session (`Conflict` if it exists).
+    async fn refused_by_quota(
+        &self,
+        sid: &Nanoid,
+        key: &SessionKey,
+        owner: &SessionKey,
+        quota: u64,
+    ) -> StoreError {
+        self.mark_near_quota(owner.as_str(), true);
+        match self.create_session_owned(sid, key, owner).await {
+            Ok(()) => StoreError::QuotaExceeded { quota },
+            Err(err) => err,
         }
     }
 

@@ -7,6 +7,8 @@ mod support;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -922,12 +924,16 @@ async fn a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_b
         .unwrap_err();
     assert!(matches!(e, StoreError::TooLarge { limit: 3 }), "{e}");
     assert!(store.session(&big).await.unwrap().is_none());
-    // past a limit of 5 with 4 left: the quota is what refused it
+    // past a limit of 5 with 4 left: the quota is what refused it, and
+    // the session is made as for any refusal by the quota
+    let cut = Nanoid::random();
     let e = store
-        .create_session_with(&alice, &alice, new_object(&big, "c"), body(&[b"123456"]), 5)
+        .create_session_with(&alice, &alice, new_object(&cut, "c"), body(&[b"123456"]), 5)
         .await
         .unwrap_err();
     assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    assert!(store.session(&cut).await.unwrap().is_some());
+    assert!(store.list(&cut).await.unwrap().is_empty());
     // exactly what is left fits
     store
         .create_session_with(&alice, &alice, new_object(&big, "d"), body(&[b"1234"]), 100)
@@ -935,6 +941,92 @@ async fn a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_b
         .unwrap();
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 10);
     assert_eq!(fx.blobs().await.len(), 2, "no refused file left its blob");
+}
+
+/// `KiB` chunks of one byte value, `n` of them, as a body that counts what
+/// the store pulled of it.
+fn counted_body(
+    n: usize,
+    pulled: &Arc<AtomicUsize>,
+) -> impl Stream<Item = Result<Bytes, io::Error>> + Send + Unpin + use<> {
+    let pulled = Arc::clone(pulled);
+    stream::iter((0..n).map(move |_| {
+        pulled.fetch_add(1024, Ordering::SeqCst);
+        Ok(Bytes::from_static(&[7u8; 1024]))
+    }))
+}
+
+/// An owner refused by the quota once has a later upload's bytes cut at
+/// what they have left, not written whole to be refused after (the store
+/// pulls one chunk of a 1 MiB body, not all of it), its session made as for
+/// any refusal by the quota; and once they have room again, an upload that
+/// fits is stored.
+async fn an_upload_of_an_owner_over_the_quota_is_cut_at_what_is_left(kind: Kind) {
+    let Some((fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
+    let alice = key();
+    let first = Nanoid::random();
+    let kept = store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&first, "a"),
+            body(&[b"123456"]),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    // refused after its bytes were written: the refusal is what tells
+    let e = store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&Nanoid::random(), "b"),
+            body(&[b"12345"]),
+            1 << 20,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    // the next one is cut at the four bytes left
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let cut = Nanoid::random();
+    let e = store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&cut, "c"),
+            counted_body(1024, &pulled),
+            1 << 20,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::QuotaExceeded { quota: 10 }), "{e}");
+    assert!(
+        pulled.load(Ordering::SeqCst) <= 2 * 1024,
+        "pulled {} bytes of a body refused by the quota",
+        pulled.load(Ordering::SeqCst)
+    );
+    assert!(
+        store.session(&cut).await.unwrap().is_some(),
+        "the session is made"
+    );
+    assert!(store.list(&cut).await.unwrap().is_empty());
+    // room again: what fits is stored
+    assert!(store.delete(&first, &kept.file_id).await.unwrap());
+    store
+        .create_session_with(
+            &alice,
+            &alice,
+            new_object(&Nanoid::random(), "d"),
+            body(&[b"12345678"]),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.owner_bytes(&alice).await.unwrap(), 8);
+    assert_eq!(fx.blobs().await.len(), 1, "no refused file left its blob");
 }
 
 /// Uploads of one owner racing are judged one after the other against the
@@ -986,6 +1078,7 @@ on_every_backend!(
     a_session_created_with_its_first_object_holds_it_and_counts_it,
     a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_blob,
     uploads_of_one_owner_racing_never_pass_the_quota_together,
+    an_upload_of_an_owner_over_the_quota_is_cut_at_what_is_left,
     a_body_larger_than_one_part_is_stored_whole,
     an_owners_total_follows_puts_deletes_and_collection,
     put_read_list_object_and_delete_round_trip,

@@ -111,6 +111,56 @@ async fn a_users_quota_refuses_uploads_with_507_and_keeps_outputs_out_but_not_ot
     s.stop().await.unwrap();
 }
 
+/// A user over the quota keeps uploading: each file is refused with 507 (a
+/// batch's per file), and the session a batch answers exists, empty — the
+/// same whether the refusal came after the bytes were written (the first
+/// time) or cut them at what was left (every time after).
+#[tokio::test]
+async fn a_user_over_the_quota_gets_refusals_and_an_empty_session_every_time() {
+    let s = common::server_with(|c| {
+        c.user_storage_mb = 1;
+        c.warm_jails = 0;
+    })
+    .await;
+    let (st, v) = upload_as(&s, "hoarder", 900).await;
+    assert_eq!(st, 200, "{v}");
+    for round in 0..3 {
+        let (st, v) = upload_as(&s, "hoarder", 600).await;
+        assert_eq!(st, 507, "round {round}: {v}");
+        let form = reqwest::multipart::Form::new()
+            .part(
+                "files",
+                reqwest::multipart::Part::bytes(vec![1u8; 300 * 1024]).file_name("a.bin"),
+            )
+            .part(
+                "files",
+                reqwest::multipart::Part::bytes(vec![2u8; 300 * 1024]).file_name("b.bin"),
+            );
+        let v: Value = common::client()
+            .post(format!("{}/upload/batch", s.v1()))
+            .header("User-Id", "hoarder")
+            .multipart(form)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["failed"], 2, "round {round}: {v}");
+        let sid = v["storage_session_id"].as_str().unwrap();
+        let listed = common::client()
+            .get(format!("{}/files/{sid}", s.v1()))
+            .header("User-Id", "hoarder")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(listed.status(), 200, "round {round}");
+        let files: Value = listed.json().await.unwrap();
+        assert_eq!(files, json!([]), "round {round}");
+    }
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn below_the_free_space_floor_nothing_is_stored_and_the_service_goes_on() {
     // a floor no disk can meet: every non-empty file is refused
