@@ -99,10 +99,11 @@ pub struct StoreConfig {
 /// outputs alike): past one, the put fails with `QuotaExceeded` or
 /// `DiskFull` and nothing of it remains. Sizes are logical (a sparse file
 /// counts at its full length, as it is stored). Concurrent puts of one
-/// owner are checked against the same total, so each may overshoot the
-/// quota by at most its own size; except a session's first object put by
-/// [`Store::create_session_with`] (an upload's), which is judged in the
-/// statement that records it, against what the others committed.
+/// owner are each judged in the statement that records the object, against
+/// what the others committed, so together they never pass the quota (on
+/// Postgres once the owner has stored something: the lock is the row of
+/// their total); the bytes are first cut at what the owner had left when
+/// the put began.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StorageBudget {
     /// Most bytes the sessions one owner created may hold; `None`: no quota.
@@ -559,9 +560,22 @@ impl Store {
     {
         let (limit, cut) = self.budget_limit(owner, max_bytes).await?;
         let meta = self.write_blob(obj, owner, body, limit, cut).await?;
-        if let Err(err) = self.inner.meta.insert_object(&meta).await {
-            self.discard_blob(&meta).await;
-            return Err(err);
+        let quota = self.inner.budget.owner_quota_bytes;
+        match self.inner.meta.insert_object(&meta, owner, quota).await {
+            Ok(true) => {}
+            // another put of the owner's committed first
+            Ok(false) => {
+                self.discard_blob(&meta).await;
+                self.mark_near_quota(owner, true);
+                let quota = quota.unwrap_or_default();
+                tracing::info!(session = %meta.session_id, owner = %owner,
+                    reason = %StoreError::QuotaExceeded { quota }, "put refused");
+                return Err(StoreError::QuotaExceeded { quota });
+            }
+            Err(err) => {
+                self.discard_blob(&meta).await;
+                return Err(err);
+            }
         }
         tracing::debug!(session = %meta.session_id, file = %meta.file_id, name = %meta.name,
             size = meta.size, "object stored");

@@ -57,6 +57,44 @@ macro_rules! with_pool {
         }
     };
 }
+
+/// What an object row's statement binds besides the object's own fields:
+/// its size and the owner's quota as the databases' integers.
+struct ObjectRowParams {
+    size: i64,
+    quota: Option<i64>,
+}
+
+impl ObjectRowParams {
+    fn new(meta: &ObjectMeta, quota: Option<u64>) -> Result<Self, StoreError> {
+        let size = i64::try_from(meta.size).map_err(|_| StoreError::TooLarge {
+            limit: i64::MAX as u64,
+        })?;
+        let quota = quota.map(|q| i64::try_from(q).unwrap_or(i64::MAX));
+        Ok(Self { size, quota })
+    }
+}
+
+/// Binds `$1`–`$11` of a statement that writes an object row judged by the
+/// owner's quota (`Meta::insert_object`, `Meta::insert_session_object`):
+/// session, file, name, size, sha256, content type, read-only, created,
+/// version, quota, owner.
+macro_rules! bind_object_row {
+    ($query:expr, $meta:expr, $row:expr, $owner:expr) => {
+        $query
+            .bind($meta.session_id.as_str())
+            .bind($meta.file_id.as_str())
+            .bind(&$meta.name)
+            .bind($row.size)
+            .bind(&$meta.sha256)
+            .bind(&$meta.content_type)
+            .bind($meta.read_only)
+            .bind($meta.created_at_ms)
+            .bind(&$meta.version)
+            .bind($row.quota)
+            .bind($owner)
+    };
+}
 pub(crate) use with_pool;
 
 /// The metadata database.
@@ -255,10 +293,7 @@ impl Meta {
         meta: &ObjectMeta,
         quota: Option<u64>,
     ) -> Result<bool, StoreError> {
-        let size = i64::try_from(meta.size).map_err(|_| StoreError::TooLarge {
-            limit: i64::MAX as u64,
-        })?;
-        let quota = quota.map(|q| i64::try_from(q).unwrap_or(i64::MAX));
+        let row = ObjectRowParams::new(meta, quota)?;
         let sql = match &self.pool {
             // read to the last row (`fetch_all`): the statements run to
             // their end, so a failure to commit is this call's error
@@ -267,42 +302,31 @@ impl Meta {
             // reset returns)
             Pool::Sqlite(_) => {
                 "INSERT INTO sessions (id, session_key, owner, created_at) \
-                 VALUES ($1, $2, $3, $4); \
+                 VALUES ($1, $12, $11, $8); \
                  INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
                  read_only, created_at, version) \
-                 SELECT $1, $5, $6, $7, $8, $9, $10, $4, $11 \
-                 WHERE $12 IS NULL \
-                 OR COALESCE((SELECT bytes FROM owner_bytes WHERE owner = $3), 0) + $7 <= $12 \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 \
+                 WHERE $10 IS NULL \
+                 OR COALESCE((SELECT bytes FROM owner_bytes WHERE owner = $11), 0) + $4 <= $10 \
                  RETURNING 1"
             }
             // `FOR UPDATE` waits for a put of the same owner that holds the
             // row and then reads the total it committed
             Pool::Postgres(_) => {
                 "WITH s AS (INSERT INTO sessions (id, session_key, owner, created_at) \
-                 VALUES ($1, $2, $3, $4) RETURNING id), \
-                 total AS (SELECT bytes FROM owner_bytes WHERE owner = $3 FOR UPDATE) \
+                 VALUES ($1, $12, $11, $8) RETURNING id), \
+                 total AS (SELECT bytes FROM owner_bytes WHERE owner = $11 FOR UPDATE) \
                  INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
                  read_only, created_at, version) \
-                 SELECT s.id, $5, $6, $7, $8, $9, $10, $4, $11 FROM s \
-                 WHERE $12::BIGINT IS NULL \
-                 OR COALESCE((SELECT bytes FROM total), 0) + $7 <= $12::BIGINT \
+                 SELECT s.id, $2, $3, $4, $5, $6, $7, $8, $9 FROM s \
+                 WHERE $10::BIGINT IS NULL \
+                 OR COALESCE((SELECT bytes FROM total), 0) + $4 <= $10::BIGINT \
                  RETURNING 1"
             }
         };
         let res: Result<Vec<(i32,)>, sqlx::Error> = with_pool!(&self.pool, |p| {
-            sqlx::query_as(sql)
-                .bind(meta.session_id.as_str())
+            bind_object_row!(sqlx::query_as(sql), meta, row, owner.as_str())
                 .bind(key.as_str())
-                .bind(owner.as_str())
-                .bind(meta.created_at_ms)
-                .bind(meta.file_id.as_str())
-                .bind(&meta.name)
-                .bind(size)
-                .bind(&meta.sha256)
-                .bind(&meta.content_type)
-                .bind(meta.read_only)
-                .bind(&meta.version)
-                .bind(quota)
                 .fetch_all(p)
                 .await
         });
@@ -349,30 +373,48 @@ impl Meta {
         Ok(stored_bytes(row.map(|(bytes,)| bytes)))
     }
 
-    /// Record a completely written object. `NotFound` when its session does
-    /// not exist, `Conflict` when the id is taken.
-    pub(crate) async fn insert_object(&self, meta: &ObjectMeta) -> Result<(), StoreError> {
-        let size = i64::try_from(meta.size).map_err(|_| StoreError::TooLarge {
-            limit: i64::MAX as u64,
-        })?;
-        let res = with_pool!(&self.pool, |p| sqlx::query(
-            "INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
-             read_only, created_at, version) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(meta.session_id.as_str())
-        .bind(meta.file_id.as_str())
-        .bind(&meta.name)
-        .bind(size)
-        .bind(&meta.sha256)
-        .bind(&meta.content_type)
-        .bind(meta.read_only)
-        .bind(meta.created_at_ms)
-        .bind(&meta.version)
-        .execute(p)
-        .await
-        .map(|_| ()));
+    /// Record a completely written object, counted against `owner` (its
+    /// session's), when `quota` is `None` or the owner's total with it stays
+    /// within `quota`, judged in the statement that writes it (on SQLite
+    /// under the write lock, on Postgres with the owner's total row locked,
+    /// as [`Meta::insert_session_object`]), so that puts of one owner racing
+    /// cannot both pass on the same total. Returns whether it was recorded.
+    /// `NotFound` when its session does not exist, `Conflict` when the id is
+    /// taken.
+    pub(crate) async fn insert_object(
+        &self,
+        meta: &ObjectMeta,
+        owner: &str,
+        quota: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let row = ObjectRowParams::new(meta, quota)?;
+        let sql = match &self.pool {
+            // read to the last row: see `insert_session_object`
+            Pool::Sqlite(_) => {
+                "INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
+                 read_only, created_at, version) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 \
+                 WHERE $10 IS NULL \
+                 OR COALESCE((SELECT bytes FROM owner_bytes WHERE owner = $11), 0) + $4 <= $10 \
+                 RETURNING 1"
+            }
+            Pool::Postgres(_) => {
+                "WITH total AS (SELECT bytes FROM owner_bytes WHERE owner = $11 FOR UPDATE) \
+                 INSERT INTO objects (session_id, file_id, name, size, sha256, content_type, \
+                 read_only, created_at, version) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 \
+                 WHERE $10::BIGINT IS NULL \
+                 OR COALESCE((SELECT bytes FROM total), 0) + $4 <= $10::BIGINT \
+                 RETURNING 1"
+            }
+        };
+        let res: Result<Vec<(i32,)>, sqlx::Error> = with_pool!(&self.pool, |p| {
+            bind_object_row!(sqlx::query_as(sql), meta, row, owner)
+                .fetch_all(p)
+                .await
+        });
         match res {
-            Ok(()) => Ok(()),
+            Ok(rows) => Ok(!rows.is_empty()),
             Err(e) if is_kind(&e, ErrorKind::ForeignKeyViolation) => Err(StoreError::NotFound),
             Err(e) if is_kind(&e, ErrorKind::UniqueViolation) => Err(StoreError::Conflict(
                 format!("object {}/{} already exists", meta.session_id, meta.file_id),

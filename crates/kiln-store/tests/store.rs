@@ -1074,7 +1074,41 @@ async fn uploads_of_one_owner_racing_never_pass_the_quota_together(kind: Kind) {
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 6);
 }
 
+/// Puts of one owner racing into a session (a batch's later files, a run's
+/// outputs) are judged like uploads' first files: of eight 5-byte puts
+/// with 9 bytes left, exactly one is stored.
+async fn puts_of_one_owner_racing_never_pass_the_quota_together(kind: Kind) {
+    let Some((fx, store)) = ten_byte_quota(kind).await else {
+        return;
+    };
+    let sid = new_session(&store).await;
+    store
+        .put_stream(new_object(&sid, "a"), body(&[b"1"]), 100)
+        .await
+        .unwrap();
+    let racing = (0..8).map(|i| {
+        let store = store.clone();
+        let sid = sid.clone();
+        tokio::spawn(async move {
+            store
+                .put_stream(new_object(&sid, &format!("b{i}")), body(&[b"12345"]), 100)
+                .await
+        })
+    });
+    let results = futures::future::join_all(racing).await;
+    let stored = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Err(StoreError::QuotaExceeded { quota: 10 }))))
+        .count();
+    assert_eq!((stored, refused), (1, 7), "{results:?}");
+    assert_eq!(store.owner_bytes(&key()).await.unwrap(), 6);
+    assert_eq!(store.list(&sid).await.unwrap().len(), 2);
+    assert_eq!(fx.blobs().await.len(), 2, "no refused put left its blob");
+}
+
 on_every_backend!(
+    puts_of_one_owner_racing_never_pass_the_quota_together,
     a_session_created_with_its_first_object_holds_it_and_counts_it,
     a_session_created_with_an_object_over_the_quota_is_empty_and_keeps_no_blob,
     uploads_of_one_owner_racing_never_pass_the_quota_together,
