@@ -203,6 +203,12 @@ for line in sys.stdin:
 """
 
 
+def kernel_program():
+    """The `py` kernel's entry of a stdlib template's _kiln_programs, as python_preload writes it."""
+    with open(os.path.join(WARM_DIR, "python_kernel.py"), "rb") as f:
+        return '"/etc/kiln/kiln_kernel.py": bytes.fromhex("%s")' % f.read().hex()
+
+
 class ForkServer:
     """The simulator process, started with the environment the Rust side gives the template."""
 
@@ -216,7 +222,8 @@ class ForkServer:
             with open(os.path.join(LANG_DIR, "python", "kiln_plot.py")) as f:
                 out.write(f.read())
             out.write("\n_kiln_preload = (%s)\n" % "".join("%r, " % m for m in modules))
-            out.write("_kiln_stdlib = %s\n\n" % bool(stdlib))
+            out.write("_kiln_stdlib = %s\n" % bool(stdlib))
+            out.write("_kiln_programs = {%s}\n\n" % (kernel_program() if stdlib else ""))
             with open(os.path.join(WARM_DIR, "python_template.py")) as f:
                 out.write(f.read())
         self.proc = subprocess.Popen(

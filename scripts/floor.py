@@ -625,7 +625,14 @@ def lean_template(stdlib=True):
         hook = f.read()
     with open(os.path.join(warm, "warm", "python_template.py")) as f:
         template = f.read()
-    return f"{hook}\n_kiln_preload = ()\n_kiln_stdlib = {bool(stdlib)}\n\n{template}"
+    programs = ""
+    if stdlib:  # the `py` kernel, compiled once by the templates kernels fork
+        with open(os.path.join(warm, "warm", "python_kernel.py"), "rb") as f:
+            programs = '"/etc/kiln/kiln_kernel.py": bytes.fromhex("%s")' % f.read().hex()
+    return (
+        f"{hook}\n_kiln_preload = ()\n_kiln_stdlib = {bool(stdlib)}\n"
+        f"_kiln_programs = {{{programs}}}\n\n{template}"
+    )
 
 
 def forks_with(flags, n, libc):

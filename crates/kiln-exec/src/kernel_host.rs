@@ -122,7 +122,7 @@ impl SandboxHost {
                 let argv = vec![
                     (*interpreter).to_owned(),
                     "-u".to_owned(),
-                    format!("/etc/kiln/{}", kiln_core::lang::warm::PYTHON_KERNEL_NAME),
+                    kiln_core::lang::warm::PYTHON_KERNEL_PATH.to_owned(),
                 ];
                 // on the system (runtime image) of its language, as the
                 // fork-server it forks from

@@ -185,17 +185,24 @@ m.run = run
 sys.modules["_kiln_zygote"] = m
 "#;
 
-#[tokio::test]
-async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_other() {
-    let Some(sb) = sandbox(UID_BASE) else { return };
-    let python = std::path::Path::new("/usr/bin/python3");
-    let libpython = match kiln_sandbox::find_libpython(python) {
-        Ok(p) => p,
+/// The host's libpython (for a fork-server of the host's python3), or
+/// `None` (skipped) where there is none, except in CI.
+fn host_libpython() -> Option<std::path::PathBuf> {
+    match kiln_sandbox::find_libpython(std::path::Path::new("/usr/bin/python3")) {
+        Ok(p) => Some(p),
         Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set: {e}"),
         Err(e) => {
             eprintln!("SKIPPED: {e}");
-            return;
+            None
         }
+    }
+}
+
+#[tokio::test]
+async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_other() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let Some(libpython) = host_libpython() else {
+        return;
     };
     let info = sb
         .start_zygote(
@@ -333,4 +340,94 @@ async fn a_miss_is_served_by_the_refill_in_flight() {
     assert!(third.was_ready);
     run_echo(&sb, third, "again").await;
     pool.shutdown().await;
+}
+
+/// What a cell of Kiln's `py` kernel prints: whether the kernel's module
+/// code (the frame of `/etc/kiln/kiln_kernel.py` below the cell) is the code
+/// object the template compiled before the fork (held by the template's
+/// `program_code`, a free variable of its `execute` frame, further down).
+const KERNEL_CODE_PROBE: &str = r#"
+import sys
+frame, module_code, known = sys._getframe(), None, None
+while frame is not None:
+    if frame.f_code.co_filename == "/etc/kiln/kiln_kernel.py" and frame.f_code.co_name == "<module>":
+        module_code = frame.f_code
+    if frame.f_code.co_name == "execute" and "program_code" in frame.f_locals:
+        lookup = frame.f_locals["program_code"]
+        cells = dict(zip(lookup.__code__.co_freevars, lookup.__closure__))
+        known = cells["compiled"].cell_contents.get("/etc/kiln/kiln_kernel.py")
+    frame = frame.f_back
+print(module_code is not None, known is not None and known[1] is module_code)
+"#;
+
+#[tokio::test]
+async fn a_kernel_runs_the_code_its_template_compiled_and_another_program_at_its_path_its_own() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let Some(libpython) = host_libpython() else {
+        return;
+    };
+    // the real lean template (the stdlib set, no data stack): it compiles the kernel
+    sb.start_zygote(
+        "py-lean",
+        &ZygoteConfig {
+            libpython,
+            image_root: None,
+            preload: kiln_core::lang::warm::python_preload(true, &[]),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        },
+    )
+    .await
+    .expect("fork-server starts");
+    let kernel_path = kiln_core::lang::warm::PYTHON_KERNEL_PATH;
+    let park = |program: &str| ParkSpec {
+        mode: ParkMode::Embedded,
+        template: "py-lean".into(),
+        etc_files: vec![(
+            kiln_core::lang::warm::PYTHON_KERNEL_NAME.to_owned(),
+            program.to_owned(),
+        )],
+        ..ParkSpec::exec()
+    };
+    let slot = sb.acquire_slot().await;
+    let kernel = sb
+        .start_kernel(
+            &slot,
+            kiln_sandbox::KernelStart {
+                park: park(kiln_core::lang::warm::PYTHON_KERNEL),
+                argv: vec!["/usr/bin/python3".into(), "-u".into(), kernel_path.into()],
+                env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+                limits: limits(),
+            },
+        )
+        .await
+        .expect("kernel starts");
+    let limits_of_eval = kiln_sandbox::EvalLimits {
+        timeout: Duration::from_secs(10),
+        grace: Duration::from_secs(2),
+        stdout_bytes: 1 << 16,
+        stderr_bytes: 1 << 16,
+    };
+    let r = kernel
+        .eval(KERNEL_CODE_PROBE, limits_of_eval, None)
+        .await
+        .expect("eval");
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "True True\n", "{r:?}");
+    kernel.close().await;
+    drop(slot); // its clean-up runs before the next take of it
+
+    // other bytes at the kernel's path: that file's program runs, not the template's code
+    let slot = sb.acquire_slot().await;
+    let jail = sb
+        .park(&slot, &park("print('its own program')\n"), &limits(), None)
+        .await
+        .expect("park");
+    let req = go(&jail, &["/usr/bin/python3", "-u", kernel_path], limits());
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    assert_eq!(stdout(&r), "its own program\n", "stderr: {}", stderr(&r));
+    assert_eq!(r.exit, kiln_core::ExitStatus::Code(0));
+    drop(slot);
 }
