@@ -21,6 +21,12 @@ use crate::spec::ParkMode;
 
 use super::kept::KeepKey;
 
+/// How long a pre-started runtime that says when it has started
+/// ([`ParkSpec::signals_ready`]) may take to say so: far beyond a start-up
+/// (node: ~30 ms of CPU), even one at idle priority on a busy host, but a
+/// runtime stuck in its start-up does not hold the warm pool's refill.
+const READY_LIMIT: Duration = Duration::from_secs(60);
+
 impl Sandbox {
     /// Builds a jail under `slot` and parks it before its program runs: a
     /// warm jail. Everything a run needs is done here (namespaces, mounts,
@@ -123,7 +129,9 @@ impl Sandbox {
             mode: park.mode,
             etc_files: park.etc_files.clone(),
             keep,
+            signals_ready: park.signals_ready && park.mode == ParkMode::Prestart,
         };
+        let parking_signals_ready = parking.signals_ready;
         // the slot's kept jail, taken before `prepare` ends it
         let kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
         let Prepared {
@@ -188,7 +196,18 @@ impl Sandbox {
             let launcher = self.launcher_for(slot);
             let mut started =
                 start_helper(&self.inner.cfg.helper, launcher, zygote, &spec_line, keep).await?;
-            started.wait_parked().await?;
+            if parking_signals_ready {
+                // the runtime's start-up, however slow, is bounded
+                tokio::time::timeout(READY_LIMIT, started.wait_parked())
+                    .await
+                    .map_err(|_| {
+                        SandboxError::Setup(format!(
+                            "the pre-started runtime did not say it had started within {READY_LIMIT:?}"
+                        ))
+                    })??;
+            } else {
+                started.wait_parked().await?;
+            }
             Ok(started)
         };
         let started = match parked.await {
@@ -309,6 +328,11 @@ pub struct ParkSpec {
     /// `None`: the default one. A run given this jail must be of a
     /// language of the same system.
     pub language: Option<kiln_core::Language>,
+    /// [`ParkMode::Prestart`]: the runtime closes
+    /// [`kiln_core::lang::warm::PRESTART_READY_FD`] once it has started
+    /// and waits for the go, and the jail is parked only then
+    /// (`WarmRecipe::Prestart`'s `signals_ready`).
+    pub signals_ready: bool,
 }
 
 impl ParkSpec {
@@ -322,6 +346,7 @@ impl ParkSpec {
             seccomp_profile: seccomp::DEFAULT_PROFILE.to_owned(),
             template: String::new(),
             language: None,
+            signals_ready: false,
         }
     }
 }
