@@ -46,7 +46,8 @@ impl Sandbox {
         limits: &Limits,
         workspace: Option<PathBuf>,
     ) -> Result<ParkedJail, SandboxError> {
-        self.park_as(slot, park, limits, workspace, false).await
+        self.park_as(slot, park, limits, workspace, false, None)
+            .await
     }
 
     /// [`Sandbox::park`] for a jail built ahead of any request (the warm
@@ -58,7 +59,23 @@ impl Sandbox {
         park: &ParkSpec,
         limits: &Limits,
     ) -> Result<ParkedJail, SandboxError> {
-        self.park_as(slot, park, limits, None, true).await
+        self.park_as(slot, park, limits, None, true, None).await
+    }
+
+    /// [`Sandbox::park_ahead`], but from the moment `wanted` is cancelled
+    /// (a request now waits for a jail like this one) the rest of the build
+    /// runs at normal CPU priority: a runtime that starts in its park (a
+    /// `js` jail's node) is not left starved at idle priority by other work
+    /// while a request waits for it.
+    pub async fn park_ahead_unless_wanted(
+        &self,
+        slot: &Slot,
+        park: &ParkSpec,
+        limits: &Limits,
+        wanted: &CancellationToken,
+    ) -> Result<ParkedJail, SandboxError> {
+        self.park_as(slot, park, limits, None, true, Some(wanted))
+            .await
     }
 
     pub(crate) async fn park_as(
@@ -68,6 +85,7 @@ impl Sandbox {
         limits: &Limits,
         workspace: Option<PathBuf>,
         ahead: bool,
+        wanted: Option<&CancellationToken>,
     ) -> Result<ParkedJail, SandboxError> {
         self.admit(slot)?;
         let t0 = std::time::Instant::now();
@@ -210,7 +228,22 @@ impl Sandbox {
             }
             Ok(started)
         };
-        let started = match parked.await {
+        let parked = match wanted.filter(|_| ahead) {
+            None => parked.await,
+            Some(wanted) => {
+                tokio::pin!(parked);
+                tokio::select! {
+                    r = &mut parked => r,
+                    () = wanted.cancelled() => {
+                        if let Some(c) = cgroups.as_mut() {
+                            c.set_ahead(false);
+                        }
+                        parked.await
+                    }
+                }
+            }
+        };
+        let started = match parked {
             Ok(s) => s,
             Err(e) => {
                 // the helper (if any) is gone with `parked`; its groups next
