@@ -271,7 +271,7 @@ impl Sandbox {
         ahead: bool,
     ) -> Result<Kernel, SandboxError> {
         let jail = self
-            .park_as(slot, &start.park, &start.limits, None, ahead, None)
+            .park_as(slot, &start.park, &start.limits, None, ahead)
             .await?;
         let park_time = jail.build_time();
         let t_go = Instant::now();

@@ -84,12 +84,6 @@ pub struct JailSpec {
     /// program's processes alone.
     #[serde(default)]
     pub keep: bool,
-    /// [`ParkMode::Prestart`]: the runtime signals that it has started by
-    /// closing descriptor [`kiln_core::lang::warm::PRESTART_READY_FD`] (a
-    /// copy of the exec pipe's write end that survives the `execve`), and
-    /// the jail is parked only then.
-    #[serde(default)]
-    pub signals_ready: bool,
 }
 
 /// A slot's network namespace, which its jails join one after another.

@@ -19,15 +19,6 @@
 //! is ready first serves it; the other is parked for the next request (or
 //! serves another one waiting), so a miss costs what is left of a build in
 //! flight, not a whole one, and no jail is built for nothing.
-//!
-//! The refill builds at idle CPU priority (`Sandbox::park_ahead`). A
-//! profile whose runtime starts in its park and says when it has
-//! (`ParkSpec::signals_ready`: a `js` jail's node, ~30 ms of CPU) is ready
-//! only then, so the refill starts one runtime at a time and a request never
-//! takes one still starting; a miss raises the refill's build in flight to
-//! normal priority (`Sandbox::park_ahead_unless_wanted`), since a request
-//! now waits for it: on a busy host an idle-priority start-up could wait for
-//! any length of time.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -105,11 +96,6 @@ struct Profile {
     /// Misses waiting for the next jail that becomes ready (oldest first).
     waiters: VecDeque<oneshot::Sender<Ready>>,
     building: u32,
-    /// The refill's build of this profile in flight, when it is one whose
-    /// runtime starts in its park (`ParkSpec::signals_ready`): cancelled by
-    /// a miss, which then waits for it, so that it finishes at normal CPU
-    /// priority.
-    wanted: Option<CancellationToken>,
     target: u32,
     last_change: Instant,
     stats: WarmStats,
@@ -126,7 +112,6 @@ impl Profile {
             ready: VecDeque::new(),
             waiters: VecDeque::new(),
             building: 0,
-            wanted: None,
             target,
             last_change: Instant::now(),
             stats: WarmStats {
@@ -222,9 +207,6 @@ impl WarmPool {
             }
             p.stats.misses += 1;
             p.last_change = Instant::now();
-            if let Some(wanted) = &p.wanted {
-                wanted.cancel();
-            }
             metrics::counter!("kiln_warm_takes_total", "profile" => profile.to_owned(), "result" => "miss")
                 .increment(1);
             let spec = p.spec.clone();
@@ -245,7 +227,7 @@ impl WarmPool {
             // Not cut short by the pool's shutdown: a miss builds its jail
             // as before (tests drain the pool and still run); one nobody
             // wants after the shutdown is torn down by `arrive`.
-            let built = build(&inner, &spec, None).await;
+            let built = build(&inner, &spec, false).await;
             if let Err(Ok(unwanted)) = own_tx.send(built) {
                 inner.arrive(&name, unwanted).await;
             }
@@ -385,9 +367,8 @@ impl Inner {
     }
 
     /// Applies decay, drops surplus jails, and picks the profile that most
-    /// lacks a jail (marking one build as started, with the token a miss
-    /// cancels when it waits for it).
-    fn next_build(&self) -> (Option<(String, ParkSpec, CancellationToken)>, Vec<Ready>) {
+    /// lacks a jail (marking one build as started).
+    fn next_build(&self) -> (Option<(String, ParkSpec)>, Vec<Ready>) {
         let now = Instant::now();
         let mut profiles = self.lock();
         let mut surplus = Vec::new();
@@ -419,11 +400,7 @@ impl Inner {
             .max_by_key(|(_, p)| p.target - (p.ready.len() as u32 + p.building))
             .map(|(name, p)| {
                 p.building += 1;
-                let wanted = CancellationToken::new();
-                if p.spec.signals_ready {
-                    p.wanted = Some(wanted.clone());
-                }
-                (name.clone(), p.spec.clone(), wanted)
+                (name.clone(), p.spec.clone())
             });
         (pick, surplus)
     }
@@ -434,7 +411,6 @@ impl Inner {
             return;
         };
         p.building = p.building.saturating_sub(1);
-        p.wanted = None;
         match result {
             Ok((slot, jail)) => {
                 metrics::histogram!("kiln_warm_build_seconds", "profile" => name.to_owned())
@@ -496,9 +472,9 @@ async fn refill_loop(inner: Arc<Inner>) {
             drop(slot);
         }
         match pick {
-            Some((name, spec, wanted)) => {
+            Some((name, spec)) => {
                 let result = tokio::select! {
-                    r = build(&inner, &spec, Some(&wanted)) => r,
+                    r = build(&inner, &spec, true) => r,
                     () = inner.stop.cancelled() => return,
                 };
                 inner.built(&name, result);
@@ -517,24 +493,19 @@ async fn refill_loop(inner: Arc<Inner>) {
     }
 }
 
-/// A parked jail of `spec`: built ahead of any request (the refill, at
-/// idle CPU priority until a request waits for it: `wanted` cancelled) or
-/// for a request that found none (`None`: at its priority).
+/// A parked jail of `spec`: built `ahead` of any request (the refill, at
+/// idle CPU priority) or for a request that found none (at its priority).
 async fn build(
     inner: &Inner,
     spec: &ParkSpec,
-    ahead: Option<&CancellationToken>,
+    ahead: bool,
 ) -> Result<(Slot, ParkedJail), SandboxError> {
     let slot = inner.sandbox.acquire_slot_for(spec).await;
     let limits = &inner.cfg.limits;
-    let jail = match ahead {
-        Some(wanted) => {
-            inner
-                .sandbox
-                .park_ahead_unless_wanted(&slot, spec, limits, wanted)
-                .await?
-        }
-        None => inner.sandbox.park(&slot, spec, limits, None).await?,
+    let jail = if ahead {
+        inner.sandbox.park_ahead(&slot, spec, limits).await?
+    } else {
+        inner.sandbox.park(&slot, spec, limits, None).await?
     };
     Ok((slot, jail))
 }

@@ -166,42 +166,6 @@ async fn a_prestarted_program_reads_the_go_on_stdin_and_sees_its_etc_files() {
     assert!(!std::path::Path::new("/etc/escape").exists());
 }
 
-#[tokio::test]
-async fn a_prestarted_runtime_that_says_when_it_has_started_is_parked_only_then() {
-    let Some(sb) = sandbox(UID_BASE) else { return };
-    let slot = sb.acquire_slot().await;
-    // a runtime that takes its time to start, then says so by closing the
-    // ready descriptor (bash: dash redirects only descriptors 0-9), then
-    // reads the go
-    let boot = format!(
-        "sleep 0.5; echo yes > /mnt/data/started; exec {fd}>&-\n\
-         read -r go; ls /proc/self/fd; cat /mnt/data/started\n",
-        fd = kiln_core::lang::warm::PRESTART_READY_FD
-    );
-    let spec = ParkSpec {
-        mode: ParkMode::Prestart,
-        argv: vec!["/bin/bash".into(), "/etc/kiln/boot.sh".into()],
-        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        etc_files: vec![("boot.sh".into(), boot)],
-        signals_ready: true,
-        ..ParkSpec::exec()
-    };
-    let jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
-    let started = jail.workspace().join("started");
-    assert!(
-        started.exists(),
-        "the jail was parked before its runtime said it had started"
-    );
-    let req = go(&jail, &["/bin/ignored"], limits());
-    let r = sb
-        .run_parked(&slot, jail, req, CancellationToken::new())
-        .await
-        .expect("run");
-    // the program's descriptors: stdin, stdout, stderr and the one `ls`
-    // reads the directory with; the ready descriptor is gone
-    assert_eq!(stdout(&r), "0\n1\n2\n3\nyes\n", "stderr: {}", stderr(&r));
-}
-
 /// A minimal template: counts runs in a module global (a fresh fork always
 /// sees 0), reports the process it runs in, and ends it.
 const PRELOAD: &str = r#"

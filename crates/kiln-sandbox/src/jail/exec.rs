@@ -18,7 +18,6 @@ use super::{Confinement, EmbeddedRunner, JailError};
 use crate::seccomp;
 use crate::spec::{GO_MAX_BYTES, GoMsg, JAIL_UID, JailSpec, ParkMode, STATUS_FD, StatusMsg};
 use crate::sys;
-use kiln_core::lang::warm::PRESTART_READY_FD;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::{
@@ -185,18 +184,6 @@ fn exec(
     }
     // Every fd above stderr (the exec and go pipes included) closes on execve.
     sys::cloexec_from(STATUS_FD).map_err(|e| JailError::setup("close fds", e))?;
-    // ... but for a runtime that says when it has started: it keeps a copy
-    // of the exec pipe at PRESTART_READY_FD (dup2 clears close-on-exec) and
-    // closes it once it waits for the go, which is when init sees the
-    // pipe's end and reports the jail parked. Past the open-files limit
-    // there is no copy and the jail is parked at the execve, as any other.
-    if spec.park == Some(ParkMode::Prestart)
-        && spec.signals_ready
-        && u64::try_from(PRESTART_READY_FD).is_ok_and(|fd| fd < spec.limits.open_files)
-    {
-        sys::dup2_raw(err_w, PRESTART_READY_FD)
-            .map_err(|e| JailError::setup("exec pipe onto the ready descriptor", e))?;
-    }
     nix::sys::prctl::set_no_new_privs().map_err(|e| JailError::setup("no_new_privs", e))?;
     // Landlock first: its system calls are not on the seccomp allow-list.
     if let Some(rules) = &confinement.landlock {

@@ -21,12 +21,6 @@ use crate::spec::ParkMode;
 
 use super::kept::KeepKey;
 
-/// How long a pre-started runtime that says when it has started
-/// ([`ParkSpec::signals_ready`]) may take to say so: far beyond a start-up
-/// (node: ~30 ms of CPU), even one at idle priority on a busy host, but a
-/// runtime stuck in its start-up does not hold the warm pool's refill.
-const READY_LIMIT: Duration = Duration::from_secs(60);
-
 impl Sandbox {
     /// Builds a jail under `slot` and parks it before its program runs: a
     /// warm jail. Everything a run needs is done here (namespaces, mounts,
@@ -46,8 +40,7 @@ impl Sandbox {
         limits: &Limits,
         workspace: Option<PathBuf>,
     ) -> Result<ParkedJail, SandboxError> {
-        self.park_as(slot, park, limits, workspace, false, None)
-            .await
+        self.park_as(slot, park, limits, workspace, false).await
     }
 
     /// [`Sandbox::park`] for a jail built ahead of any request (the warm
@@ -59,23 +52,7 @@ impl Sandbox {
         park: &ParkSpec,
         limits: &Limits,
     ) -> Result<ParkedJail, SandboxError> {
-        self.park_as(slot, park, limits, None, true, None).await
-    }
-
-    /// [`Sandbox::park_ahead`], but from the moment `wanted` is cancelled
-    /// (a request now waits for a jail like this one) the rest of the build
-    /// runs at normal CPU priority: a runtime that starts in its park (a
-    /// `js` jail's node) is not left starved at idle priority by other work
-    /// while a request waits for it.
-    pub async fn park_ahead_unless_wanted(
-        &self,
-        slot: &Slot,
-        park: &ParkSpec,
-        limits: &Limits,
-        wanted: &CancellationToken,
-    ) -> Result<ParkedJail, SandboxError> {
-        self.park_as(slot, park, limits, None, true, Some(wanted))
-            .await
+        self.park_as(slot, park, limits, None, true).await
     }
 
     pub(crate) async fn park_as(
@@ -85,7 +62,6 @@ impl Sandbox {
         limits: &Limits,
         workspace: Option<PathBuf>,
         ahead: bool,
-        wanted: Option<&CancellationToken>,
     ) -> Result<ParkedJail, SandboxError> {
         self.admit(slot)?;
         let t0 = std::time::Instant::now();
@@ -147,9 +123,7 @@ impl Sandbox {
             mode: park.mode,
             etc_files: park.etc_files.clone(),
             keep,
-            signals_ready: park.signals_ready && park.mode == ParkMode::Prestart,
         };
-        let parking_signals_ready = parking.signals_ready;
         // the slot's kept jail, taken before `prepare` ends it
         let kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
         let Prepared {
@@ -214,36 +188,10 @@ impl Sandbox {
             let launcher = self.launcher_for(slot);
             let mut started =
                 start_helper(&self.inner.cfg.helper, launcher, zygote, &spec_line, keep).await?;
-            if parking_signals_ready {
-                // the runtime's start-up, however slow, is bounded
-                tokio::time::timeout(READY_LIMIT, started.wait_parked())
-                    .await
-                    .map_err(|_| {
-                        SandboxError::Setup(format!(
-                            "the pre-started runtime did not say it had started within {READY_LIMIT:?}"
-                        ))
-                    })??;
-            } else {
-                started.wait_parked().await?;
-            }
+            started.wait_parked().await?;
             Ok(started)
         };
-        let parked = match wanted.filter(|_| ahead) {
-            None => parked.await,
-            Some(wanted) => {
-                tokio::pin!(parked);
-                tokio::select! {
-                    r = &mut parked => r,
-                    () = wanted.cancelled() => {
-                        if let Some(c) = cgroups.as_mut() {
-                            c.set_ahead(false);
-                        }
-                        parked.await
-                    }
-                }
-            }
-        };
-        let started = match parked {
+        let started = match parked.await {
             Ok(s) => s,
             Err(e) => {
                 // the helper (if any) is gone with `parked`; its groups next
@@ -361,11 +309,6 @@ pub struct ParkSpec {
     /// `None`: the default one. A run given this jail must be of a
     /// language of the same system.
     pub language: Option<kiln_core::Language>,
-    /// [`ParkMode::Prestart`]: the runtime closes
-    /// [`kiln_core::lang::warm::PRESTART_READY_FD`] once it has started
-    /// and waits for the go, and the jail is parked only then
-    /// (`WarmRecipe::Prestart`'s `signals_ready`).
-    pub signals_ready: bool,
 }
 
 impl ParkSpec {
@@ -379,7 +322,6 @@ impl ParkSpec {
             seccomp_profile: seccomp::DEFAULT_PROFILE.to_owned(),
             template: String::new(),
             language: None,
-            signals_ready: false,
         }
     }
 }
