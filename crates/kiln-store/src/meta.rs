@@ -207,8 +207,14 @@ impl Meta {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
+        // No ping when a statement takes a connection: a file in this
+        // process has nothing to find that the statement would not (a
+        // crashed worker answers it with an error, and the ping sqlx does
+        // when the connection goes back drops such a one); the ping was a
+        // round trip to the connection's worker thread per statement.
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&pool).await?;
