@@ -12,12 +12,8 @@ use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits};
 use kiln_sandbox::{
     BoxFuture, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart, OutputSink,
-    ParkSpec, Sandbox, Slot, node_kernel_park, python_kernel_park,
+    ParkSpec, Sandbox, Slot, node_kernel_park, python_kernel_park, python_kernel_template,
 };
-
-/// The templates a `py` kernel may fork, in order of preference: the data
-/// stack without the rich one's fork and exit cost, then the others.
-const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
 
 /// A kernel being started.
 pub type Starting<'a> = BoxFuture<'a, Result<Box<dyn HostedKernel>, KernelsError>>;
@@ -113,10 +109,8 @@ impl SandboxHost {
     ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
         match &language.spec().warm {
             Some(WarmRecipe::Embedded { interpreter, .. }) => {
-                let template = PY_KERNEL_TEMPLATES
-                    .iter()
-                    .find(|t| self.sandbox.has_zygote(t))
-                    .ok_or_else(|| {
+                let template =
+                    python_kernel_template(|t| self.sandbox.has_zygote(t)).ok_or_else(|| {
                         KernelsError::Unavailable("no Python fork-server is running".to_owned())
                     })?;
                 let argv = vec![
@@ -171,9 +165,7 @@ impl KernelHost for SandboxHost {
     }
 
     fn ready(&self) -> bool {
-        PY_KERNEL_TEMPLATES
-            .iter()
-            .any(|t| self.sandbox.has_zygote(t))
+        python_kernel_template(|t| self.sandbox.has_zygote(t)).is_some()
     }
 }
 
