@@ -12,8 +12,12 @@ use kiln_core::lang::WarmRecipe;
 use kiln_core::{Language, Limits};
 use kiln_sandbox::{
     BoxFuture, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart, OutputSink,
-    ParkSpec, Sandbox, Slot, node_kernel_park, python_kernel_park, python_kernel_template,
+    ParkSpec, Sandbox, Slot, node_kernel_park, python_kernel_park,
 };
+
+/// The templates a `py` kernel may fork, in order of preference: the data
+/// stack without the rich one's fork and exit cost, then the others.
+const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
 
 /// A kernel being started.
 pub type Starting<'a> = BoxFuture<'a, Result<Box<dyn HostedKernel>, KernelsError>>;
@@ -109,8 +113,10 @@ impl SandboxHost {
     ) -> Result<(ParkSpec, Vec<String>, &'static str), KernelsError> {
         match &language.spec().warm {
             Some(WarmRecipe::Embedded { interpreter, .. }) => {
-                let template =
-                    python_kernel_template(|t| self.sandbox.has_zygote(t)).ok_or_else(|| {
+                let template = PY_KERNEL_TEMPLATES
+                    .iter()
+                    .find(|t| self.sandbox.has_zygote(t))
+                    .ok_or_else(|| {
                         KernelsError::Unavailable("no Python fork-server is running".to_owned())
                     })?;
                 let argv = vec![
@@ -165,7 +171,9 @@ impl KernelHost for SandboxHost {
     }
 
     fn ready(&self) -> bool {
-        python_kernel_template(|t| self.sandbox.has_zygote(t)).is_some()
+        PY_KERNEL_TEMPLATES
+            .iter()
+            .any(|t| self.sandbox.has_zygote(t))
     }
 }
 

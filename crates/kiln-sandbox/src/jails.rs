@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
-use crate::kernel::python_kernel_template;
 use crate::run::{RunRequest, RunResult};
 use crate::sandbox::{ParkSpec, ParkedJail, Sandbox};
 use crate::slots::Slot;
@@ -350,11 +349,9 @@ async fn start_embedded(sandbox: &Sandbox, pool: &WarmPool, limits: &Limits, z: 
         .filter(|t| z.only.is_none_or(|only| t.kind == only))
         .collect();
     templates.sort_by_key(|t| t.modules.len());
-    let profiles: Vec<&str> = templates.iter().map(|t| t.profile).collect();
     for template in templates {
         let name = template.profile;
-        let huge_pages = in_huge_pages(name, &profiles);
-        match start_zygote(sandbox, lang, interpreter, template, limits, &z, huge_pages).await {
+        match start_zygote(sandbox, lang, interpreter, template, limits, &z).await {
             Ok(info) => {
                 metrics::gauge!("kiln_zygote_rss_bytes", "template" => name)
                     .set(info.rss_bytes as f64);
@@ -364,9 +361,6 @@ async fn start_embedded(sandbox: &Sandbox, pool: &WarmPool, limits: &Limits, z: 
                     pid = info.pid,
                     preload_ms = info.preload_ms,
                     rss_mib = info.rss_bytes / (1024 * 1024),
-                    huge_pages,
-                    huge_pages_made = info.huge_pages,
-                    huge_pages_refused = info.huge_pages_refused,
                     "{name} fork-server ready: {} runs it suits fork a preloaded interpreter",
                     lang.name()
                 );
@@ -387,18 +381,6 @@ async fn start_embedded(sandbox: &Sandbox, pool: &WarmPool, limits: &Limits, z: 
     }
 }
 
-/// Whether the fork-server of template `profile` holds its template in
-/// 2 MiB pages ([`ZygoteConfig::huge_pages`]), when `started` are the
-/// templates the server starts: every one but the template kernels fork
-/// among them. A one-shot program's fork copies fewer page-table entries
-/// and lives a few milliseconds; back-to-back kernel creates among many
-/// idle kernels were slower from a collapsed template (BENCHMARKS.md, "The
-/// one-shot templates in 2 MiB pages"). Should the kernels' template fail
-/// to start, kernels fork the next one, collapsed: they work the same.
-fn in_huge_pages(profile: &str, started: &[&str]) -> bool {
-    python_kernel_template(|t| started.contains(&t)) != Some(profile)
-}
-
 async fn start_zygote(
     sandbox: &Sandbox,
     lang: Language,
@@ -406,7 +388,6 @@ async fn start_zygote(
     template: &EmbeddedTemplate,
     limits: &Limits,
     z: &ZygoteStart,
-    huge_pages: bool,
 ) -> Result<ZygoteInfo, SandboxError> {
     // on a runtime image the fork-server runs the image of its language's
     // interpreter (it re-executes itself inside the image's system:
@@ -429,7 +410,6 @@ async fn start_zygote(
         image_root,
         preload: template.preload(),
         env: zygote_env(lang, limits, &config_dir),
-        huge_pages,
     };
     sandbox.start_zygote(template.profile, &cfg).await
 }
@@ -488,24 +468,5 @@ mod tests {
         let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_str());
         assert_eq!(get("PYTHONPATH"), Some(""));
         assert_eq!(get("MPLCONFIGDIR"), Some("/data/zygote/mpl"));
-    }
-
-    #[test]
-    fn every_template_but_the_one_kernels_fork_is_held_in_huge_pages() {
-        let all = ["py-min", "py-lean", "py-data", "py"];
-        fn huge<'a>(started: &[&'a str]) -> Vec<&'a str> {
-            started
-                .iter()
-                .filter(|t| in_huge_pages(t, started))
-                .copied()
-                .collect()
-        }
-        // python_template = auto: kernels fork py-data, one-shot runs any
-        assert_eq!(huge(&all), ["py-min", "py-lean", "py"]);
-        // a single template serves kernels too, unless it is the min one
-        for one in ["py-lean", "py-data", "py"] {
-            assert!(huge(&[one]).is_empty(), "{one}");
-        }
-        assert_eq!(huge(&["py-min"]), ["py-min"]);
     }
 }

@@ -598,18 +598,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// The templates a `py` kernel may fork, in order of preference: the data
-/// stack without the rich one's fork and exit cost, then the others (never
-/// the min one).
-pub const PY_KERNEL_TEMPLATES: &[&str] = &["py-data", "py", "py-lean"];
-
-/// The template `py` kernels fork when `up` tells which templates' fork-servers
-/// run: the first of [`PY_KERNEL_TEMPLATES`] that does. `None`: no kernel
-/// can start.
-pub fn python_kernel_template(up: impl Fn(&str) -> bool) -> Option<&'static str> {
-    PY_KERNEL_TEMPLATES.iter().copied().find(|t| up(t))
-}
-
 /// The park spec of a `py` kernel: an embedded jail of `template` with the
 /// kernel program in `/etc/kiln/`.
 pub fn python_kernel_park(template: &str) -> ParkSpec {
@@ -672,22 +660,6 @@ mod tests {
         assert_eq!(park.mode, ParkMode::Embedded);
         assert_eq!(park.template, "py-data");
         assert!(park.etc_files[0].1.contains("def evaluate"));
-    }
-
-    #[test]
-    fn kernels_fork_the_data_template_else_the_rich_one_else_the_lean_one_never_the_min_one() {
-        let up = |set: &'static [&'static str]| move |t: &str| set.contains(&t);
-        let all = up(&["py-min", "py-lean", "py-data", "py"]);
-        assert_eq!(python_kernel_template(all), Some("py-data"));
-        assert_eq!(
-            python_kernel_template(up(&["py-min", "py-lean", "py"])),
-            Some("py")
-        );
-        assert_eq!(
-            python_kernel_template(up(&["py-min", "py-lean"])),
-            Some("py-lean")
-        );
-        assert_eq!(python_kernel_template(up(&["py-min"])), None);
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub use jail::plan::source_of;
 pub use jails::{BoxFuture, COLD_PROFILE, Jail, JailSource, Jails, ZygoteStart};
 pub use kernel::{
     EvalError, EvalFile, EvalLimits, EvalResult, Kernel, KernelError, KernelLost, KernelStart,
-    node_kernel_park, python_kernel_park, python_kernel_template,
+    node_kernel_park, python_kernel_park,
 };
 pub use launcher::launcher_main;
 pub use mountns::{enter_own_mount_namespace, own_mount_namespace, visible_mounts};

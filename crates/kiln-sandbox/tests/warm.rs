@@ -2,8 +2,7 @@
 //! runs and when the wall time starts; a parked jail that is discarded
 //! leaves nothing; a pre-started program reads the go on stdin; an embedded
 //! (fork-server) jail runs in a fork of a preloaded interpreter, confined
-//! like any other, from a template in huge pages when the fork-server is
-//! told to keep it so; the pool refills and follows demand.
+//! like any other; the pool refills and follows demand.
 
 mod common;
 
@@ -168,22 +167,18 @@ async fn a_prestarted_program_reads_the_go_on_stdin_and_sees_its_etc_files() {
 }
 
 /// A minimal template: counts runs in a module global (a fresh fork always
-/// sees 0), reports the process it runs in, and ends it. It holds 16 MiB of
-/// written anonymous memory, which a fork-server told to keep its template
-/// in huge pages collapses.
+/// sees 0), reports the process it runs in, and ends it.
 const PRELOAD: &str = r#"
 import json, os, sys, types
 m = types.ModuleType("_kiln_zygote")
 m.runs = 0
-m.ballast = b"k" * (16 << 20)
 def run(go):
     m.runs += 1
     go = json.loads(go)
     env = dict(go["env"])
     print(json.dumps({"argv": go["argv"], "greeting": env.get("GREETING"),
                       "runs": m.runs, "uid": os.getuid(), "pid": os.getpid(),
-                      "cwd": os.getcwd(), "json_preloaded": "json" in sys.modules,
-                      "ballast_kept": m.ballast.count(b"k") == 16 << 20}))
+                      "cwd": os.getcwd(), "json_preloaded": "json" in sys.modules}))
     sys.stdout.flush()
     os._exit(7)
 m.run = run
@@ -210,18 +205,11 @@ async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_othe
                 image_root: None,
                 preload: PRELOAD.into(),
                 env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-                huge_pages: true,
             },
         )
         .await
         .expect("fork-server starts");
     assert!(info.rss_bytes > 0);
-    // told to, it holds its template in 2 MiB pages: at least the 7 whole
-    // ones inside the 16 MiB ballast, wherever it lies
-    if transparent_huge_pages().0 {
-        assert!(info.huge_pages >= 7, "{info:?}");
-        assert!(anon_huge_kib(info.pid) >= 7 * 2048, "{info:?}");
-    }
     assert!(sb.has_zygote("py"));
     let spec = ParkSpec {
         mode: ParkMode::Embedded,
@@ -249,10 +237,6 @@ async fn an_embedded_jail_is_a_fresh_fork_of_the_template_confined_like_any_othe
         );
         assert_eq!(seen["cwd"], "/mnt/data");
         assert_eq!(seen["json_preloaded"], true);
-        assert_eq!(
-            seen["ballast_kept"], true,
-            "a fork sees the template's memory"
-        );
     }
     assert!(host_pids_of_slot(&slot).is_empty());
 }

@@ -15,12 +15,9 @@ use tokio_util::sync::CancellationToken;
 const UID_BASE: u32 = 1_880_000_000;
 
 /// A template that leaves the fork-server a child of its own, which exits
-/// half a second later: nobody but the fork-server can reap it. Its 16 MiB
-/// of written memory would show in huge pages had the fork-server been told
-/// to collapse them.
+/// half a second later: nobody but the fork-server can reap it.
 const PRELOAD: &str = r#"
 import os, sys, time, types
-_ballast = b"k" * (16 << 20)
 if os.fork() == 0:
     time.sleep(0.5)
     os._exit(0)
@@ -88,16 +85,10 @@ async fn the_fork_server_reaps_any_child_and_its_death_takes_its_programs() {
                 image_root: None,
                 preload: PRELOAD.into(),
                 env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-                huge_pages: false,
             },
         )
         .await
         .expect("fork-server starts");
-    // not told to, it collapses nothing (the template kernels fork)
-    assert_eq!((info.huge_pages, info.huge_pages_refused), (0, 0));
-    if !transparent_huge_pages().1 {
-        assert_eq!(anon_huge_kib(info.pid), 0);
-    }
     let spec = ParkSpec {
         mode: ParkMode::Embedded,
         template: "py".into(),

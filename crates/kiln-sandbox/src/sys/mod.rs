@@ -11,22 +11,19 @@
 //!
 //! Split by area: [`process`] (forking, signals, reaping), [`fd`] (raw fd
 //! numbers), [`mount`] (mount attributes, loop devices, trim), [`confine`]
-//! (Landlock probe, capabilities), [`identity`] (how a process shows
-//! itself, scrubbing memory) and [`memory`] (a fork-server's memory in huge
-//! pages). Callers use the re-exports: `sys::clone3_fork`.
+//! (Landlock probe, capabilities) and [`identity`] (how a process shows
+//! itself, scrubbing memory). Callers use the re-exports: `sys::clone3_fork`.
 
 #![allow(unsafe_code)]
 
 mod confine;
 mod fd;
 mod identity;
-mod memory;
 mod mount;
 mod process;
 
 pub use confine::*;
 pub use fd::*;
 pub use identity::*;
-pub use memory::*;
 pub use mount::*;
 pub use process::*;

@@ -69,16 +69,6 @@ pub struct ZygoteConfig {
     /// The complete environment of the interpreter (the jail's, with host
     /// paths where the preload needs a writable directory).
     pub env: Vec<(String, String)>,
-    /// Collapse the template's anonymous memory into 2 MiB transparent huge
-    /// pages once after the preload (`sys::collapse_anonymous_memory`, best
-    /// effort): each fork then copies one page-table entry per 2 MiB instead
-    /// of 512. The server asks it of the templates whose forks are one-shot
-    /// programs, not of the one kernels fork (`crate::python_kernel_template`):
-    /// back-to-back kernel creates among many idle kernels were slower from
-    /// a collapsed template (BENCHMARKS.md, "The one-shot templates in 2 MiB
-    /// pages").
-    #[serde(default)]
-    pub huge_pages: bool,
 }
 
 /// What the fork-server reported once its preload finished.
@@ -90,13 +80,6 @@ pub struct ZygoteInfo {
     /// Resident memory of the template after the preload (shared,
     /// copy-on-write, with every warm `py` jail).
     pub rss_bytes: u64,
-    /// With [`ZygoteConfig::huge_pages`]: the 2 MiB pages its anonymous
-    /// memory was collapsed into, and the stretches the kernel refused
-    /// (they stay in 4 KiB pages). Both 0 without it.
-    #[serde(default)]
-    pub huge_pages: usize,
-    #[serde(default)]
-    pub huge_pages_refused: usize,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -114,24 +114,10 @@ fn serve(sock: &OwnedFd) -> Result<(), String> {
     // Forking needs a single thread: a preload that started one (OpenBLAS
     // without OPENBLAS_NUM_THREADS=1, say) is refused here, not later.
     sys::ensure_single_threaded().map_err(|e| format!("after the preload: {e}"))?;
-    // Every fork copies a page-table entry per 4 KiB page of the template's
-    // anonymous memory; in 2 MiB pages it copies one per 2 MiB. Only when
-    // the server asks (one-shot templates); best effort: a stretch the
-    // kernel refuses stays in small pages, and the server logs the counts.
-    let collapsed = if cfg.huge_pages {
-        sys::collapse_anonymous_memory().unwrap_or_else(|e| {
-            eprintln!("kiln __zygote: huge pages: {e}");
-            sys::Collapsed::default()
-        })
-    } else {
-        sys::Collapsed::default()
-    };
     let info = ZygoteInfo {
         pid: std::process::id(),
         preload_ms: u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),
         rss_bytes: rss_bytes(),
-        huge_pages: collapsed.huge_pages,
-        huge_pages_refused: collapsed.refused,
     };
     let hello = serde_json::to_vec(&Hello::Ready(info)).map_err(|e| e.to_string())?;
     send(sock, &hello, &[]).map_err(|e| format!("report ready: {e}"))?;

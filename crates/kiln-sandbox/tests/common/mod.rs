@@ -237,24 +237,3 @@ pub fn procs_in(dir: &Path) -> Vec<String> {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
-
-/// The anonymous memory process `pid` holds in transparent huge pages, KiB
-/// (`AnonHugePages` of its `smaps_rollup`).
-pub fn anon_huge_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .expect("smaps_rollup")
-        .lines()
-        .find_map(|l| l.strip_prefix("AnonHugePages:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("AnonHugePages")
-}
-
-/// Whether the kernel has transparent huge pages, and whether it gives them
-/// to every anonymous mapping by itself (`enabled` is `always`).
-pub fn transparent_huge_pages() -> (bool, bool) {
-    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
-    match enabled {
-        Ok(e) => (true, e.contains("[always]")),
-        Err(_) => (false, false),
-    }
-}
