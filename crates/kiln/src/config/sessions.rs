@@ -1,19 +1,19 @@
 //! The default number of live kernels, sized from the machine: the memory
 //! Kiln may use (the host's `MemTotal`, or less when its cgroup is limited)
-//! and the measured cost of an idle kernel (BENCHMARKS.md: 6.7 MiB PSS
+//! and the measured cost of an idle kernel (BENCHMARKS.md: ~4 MiB PSS
 //! for `py`, 14.8 MiB for `js`). An explicit `max_sessions` or
 //! `max_sessions_per_user` (TOML, `KILN_*`) always wins.
 
 use std::path::Path;
 
-/// Memory set aside per live kernel: about four idle `js` kernels (ten idle
+/// Memory set aside per live kernel: about four idle `js` kernels (sixteen idle
 /// `py` ones), so kernels that grow with their users' data still fit.
 pub const KERNEL_BUDGET_BYTES: u64 = 64 << 20;
 /// The share of the machine's memory idle kernels may take at most: the
 /// rest is for one-shot runs, the warm pool and the server.
 const MEMORY_SHARE_DIVISOR: u64 = 2;
 /// Memory per kernel at the most `max_sessions` accepted: an idle `py`
-/// kernel takes ~6.7 MiB (PSS: 6.5 private and its share of the template),
+/// kernel takes ~4 MiB (PSS: 3.9 private and its share of the template),
 /// a `js` one ~15 MiB (BENCHMARKS.md, "Live-kernel density").
 pub const IDLE_KERNEL_BYTES: u64 = 16 << 20;
 /// The most `max_sessions` accepted whatever the memory (what the old
@@ -76,7 +76,7 @@ impl SessionSizing {
         match self.memory_bytes {
             Some(m) => format!(
                 "sized from {:.1} GiB of memory: half of it at {} MiB per kernel \
-                 (an idle py kernel takes ~6.7 MiB, js ~15 MiB); half of them per \
+                 (an idle py kernel takes ~4 MiB, js ~15 MiB); half of them per \
                  principal; max_sessions may be set up to {} (all of it at {} MiB \
                  per idle kernel)",
                 m as f64 / f64::from(1u32 << 30),
