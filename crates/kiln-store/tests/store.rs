@@ -1029,6 +1029,20 @@ async fn an_upload_of_an_owner_over_the_quota_is_cut_at_what_is_left(kind: Kind)
     assert_eq!(fx.blobs().await.len(), 1, "no refused file left its blob");
 }
 
+/// Awaits eight racing puts of one owner with room for one: exactly one is
+/// stored and seven are refused by the ten-byte quota.
+async fn assert_one_stored_seven_refused(
+    racing: impl Iterator<Item = tokio::task::JoinHandle<Result<ObjectMeta, StoreError>>>,
+) {
+    let results = futures::future::join_all(racing).await;
+    let stored = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Err(StoreError::QuotaExceeded { quota: 10 }))))
+        .count();
+    assert_eq!((stored, refused), (1, 7), "{results:?}");
+}
+
 /// Uploads of one owner racing are judged one after the other against the
 /// total the others committed: of eight 5-byte uploads with 9 bytes left,
 /// exactly one is stored. (The owner has stored before: on Postgres the
@@ -1064,13 +1078,7 @@ async fn uploads_of_one_owner_racing_never_pass_the_quota_together(kind: Kind) {
                 .await
         })
     });
-    let results = futures::future::join_all(racing).await;
-    let stored = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
-    let refused = results
-        .iter()
-        .filter(|r| matches!(r, Ok(Err(StoreError::QuotaExceeded { quota: 10 }))))
-        .count();
-    assert_eq!((stored, refused), (1, 7), "{results:?}");
+    assert_one_stored_seven_refused(racing).await;
     assert_eq!(store.owner_bytes(&alice).await.unwrap(), 6);
 }
 
@@ -1095,13 +1103,7 @@ async fn puts_of_one_owner_racing_never_pass_the_quota_together(kind: Kind) {
                 .await
         })
     });
-    let results = futures::future::join_all(racing).await;
-    let stored = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
-    let refused = results
-        .iter()
-        .filter(|r| matches!(r, Ok(Err(StoreError::QuotaExceeded { quota: 10 }))))
-        .count();
-    assert_eq!((stored, refused), (1, 7), "{results:?}");
+    assert_one_stored_seven_refused(racing).await;
     assert_eq!(store.owner_bytes(&key()).await.unwrap(), 6);
     assert_eq!(store.list(&sid).await.unwrap().len(), 2);
     assert_eq!(fx.blobs().await.len(), 2, "no refused put left its blob");
