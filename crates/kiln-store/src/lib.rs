@@ -497,25 +497,39 @@ impl Store {
             .meta
             .insert_session_object(key, owner, &meta, quota)
             .await;
-        match recorded {
-            Ok(true) => {
-                tracing::debug!(session = %meta.session_id, file = %meta.file_id,
-                    name = %meta.name, size = meta.size, "session created with its object");
-                Ok(meta)
-            }
+        self.settle_row(&meta, owner.as_str(), quota, recorded)
+            .await?;
+        tracing::debug!(session = %meta.session_id, file = %meta.file_id,
+            name = %meta.name, size = meta.size, "session created with its object");
+        Ok(meta)
+    }
+
+    /// What became of the row of a blob just written (`recorded`, from a
+    /// statement that judges the quota): written, or the blob removed and
+    /// the error to answer, `QuotaExceeded` (the owner then remembered as
+    /// near the quota) when the statement refused it by the quota.
+    async fn settle_row(
+        &self,
+        meta: &ObjectMeta,
+        owner: &str,
+        quota: Option<u64>,
+        recorded: Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let err = match recorded {
+            Ok(true) => return Ok(()),
+            // refused by the quota (the owner's puts that committed first
+            // left no room for it)
             Ok(false) => {
-                self.discard_blob(&meta).await;
-                self.mark_near_quota(owner.as_str(), true);
+                self.mark_near_quota(owner, true);
                 let quota = quota.unwrap_or_default();
                 tracing::info!(session = %meta.session_id, owner = %owner,
                     reason = %StoreError::QuotaExceeded { quota }, "put refused");
-                Err(StoreError::QuotaExceeded { quota })
+                StoreError::QuotaExceeded { quota }
             }
-            Err(err) => {
-                self.discard_blob(&meta).await;
-                Err(err)
-            }
-        }
+            Err(err) => err,
+        };
+        self.discard_blob(meta).await;
+        Err(err)
     }
 
     /// An upload's first file refused by the quota before its row was
@@ -561,22 +575,8 @@ impl Store {
         let (limit, cut) = self.budget_limit(owner, max_bytes).await?;
         let meta = self.write_blob(obj, owner, body, limit, cut).await?;
         let quota = self.inner.budget.owner_quota_bytes;
-        match self.inner.meta.insert_object(&meta, owner, quota).await {
-            Ok(true) => {}
-            // another put of the owner's committed first
-            Ok(false) => {
-                self.discard_blob(&meta).await;
-                self.mark_near_quota(owner, true);
-                let quota = quota.unwrap_or_default();
-                tracing::info!(session = %meta.session_id, owner = %owner,
-                    reason = %StoreError::QuotaExceeded { quota }, "put refused");
-                return Err(StoreError::QuotaExceeded { quota });
-            }
-            Err(err) => {
-                self.discard_blob(&meta).await;
-                return Err(err);
-            }
-        }
+        let recorded = self.inner.meta.insert_object(&meta, owner, quota).await;
+        self.settle_row(&meta, owner, quota, recorded).await?;
         tracing::debug!(session = %meta.session_id, file = %meta.file_id, name = %meta.name,
             size = meta.size, "object stored");
         Ok(meta)
