@@ -240,7 +240,7 @@ pub mod warm {
     pub fn python_preload(stdlib: bool, modules: &[&str]) -> String {
         let list: String = modules.iter().map(|m| format!("{m:?}, ")).collect();
         let programs = if stdlib {
-            let hex: String = PYTHON_KERNEL.bytes().map(|b| format!("{b:02x}")).collect();
+            let hex = hex::encode(PYTHON_KERNEL);
             format!("{PYTHON_KERNEL_PATH:?}: bytes.fromhex(\"{hex}\")")
         } else {
             String::new()
@@ -1252,10 +1252,7 @@ mod tests {
             warm::PYTHON_KERNEL_PATH,
             format!("/etc/kiln/{}", warm::PYTHON_KERNEL_NAME)
         );
-        let hex: String = warm::PYTHON_KERNEL
-            .bytes()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex = hex::encode(warm::PYTHON_KERNEL);
         let programs = format!(
             "\n_kiln_programs = {{\"/etc/kiln/kiln_kernel.py\": bytes.fromhex(\"{hex}\")}}\n"
         );
