@@ -136,26 +136,22 @@ async fn a_user_over_the_quota_gets_refusals_and_an_empty_session_every_time() {
                 "files",
                 reqwest::multipart::Part::bytes(vec![2u8; 300 * 1024]).file_name("b.bin"),
             );
-        let v: Value = common::client()
-            .post(format!("{}/upload/batch", s.v1()))
-            .header("User-Id", "hoarder")
-            .multipart(form)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = common::json_of(
+            common::client()
+                .post(format!("{}/upload/batch", s.v1()))
+                .header("User-Id", "hoarder")
+                .multipart(form),
+        )
+        .await;
         assert_eq!(v["failed"], 2, "round {round}: {v}");
         let sid = v["storage_session_id"].as_str().unwrap();
-        let listed = common::client()
-            .get(format!("{}/files/{sid}", s.v1()))
-            .header("User-Id", "hoarder")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(listed.status(), 200, "round {round}");
-        let files: Value = listed.json().await.unwrap();
+        let (st, files) = common::status_json(
+            common::client()
+                .get(format!("{}/files/{sid}", s.v1()))
+                .header("User-Id", "hoarder"),
+        )
+        .await;
+        assert_eq!(st, 200, "round {round}");
         assert_eq!(files, json!([]), "round {round}");
     }
     s.stop().await.unwrap();
