@@ -26,9 +26,15 @@ use sqlx::sqlite::{
 
 use crate::{ObjectMeta, SessionInfo, StoreError};
 
-/// Connections in the SQLite pool. Reads run in parallel under WAL; writes
-/// are serialized by SQLite whatever the pool size.
-const MAX_CONNECTIONS: u32 = 8;
+/// Connections in the SQLite pool: one. SQLite serializes writes whatever
+/// the pool size, and a connection's page cache is thrown away whenever
+/// another connection has written since its last statement: with eight, taken
+/// in turn, nearly every statement read its pages again from the WAL (32
+/// reads of 4 KiB per scenario-D pair, measured), while one connection that
+/// alone writes keeps its cache. The store holds a connection for one
+/// statement at a time (no transaction, no streamed rows), so statements
+/// only queue behind one another for the few dozen µs each takes.
+const MAX_CONNECTIONS: u32 = 1;
 
 /// Connections each node keeps to Postgres at most.
 const PG_MAX_CONNECTIONS: u32 = 16;
