@@ -27,15 +27,15 @@
 //! seccomp profile (degraded hosts: every socket family) and runs with a
 //! services channel (they join their own namespace, `netns.rs`).
 
+use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nix::sched::{CloneFlags, setns};
-
-use crate::netns::{new_namespace, on_thread, server_fd_path};
+use crate::netns::{new_namespace, server_fd_path};
 use crate::spec::SlotNetnsSpec;
 
-/// The name of the short-lived threads that make and check the namespaces.
+/// The name of the short-lived threads that make the namespaces.
 const THREAD: &str = "kiln-slotnet";
 
 /// The files under `/proc/<thread>/net/` that hold a namespace's own
@@ -59,14 +59,18 @@ pub(crate) const WATCHED: &[&str] = &[
 /// the kernel has no such file).
 type State = Vec<Option<Vec<u8>>>;
 
-/// One slot's namespace and what it held when it was new.
+/// One slot's namespace, its watched files and what they held when it was
+/// new. The files are opened once, by the thread that made the namespace
+/// (a `/proc/<thread>/net/` file shows the namespace of the thread that
+/// opened it, for as long as it is open), and read again from their start
+/// at each check: no thread, `setns`, open or close per check.
 #[derive(Debug)]
 struct SlotNetns {
     fd: OwnedFd,
     inode: u64,
+    watched: Vec<Option<File>>,
     fresh: State,
 }
-
 /// The namespaces of a pool's fixed slots (index → namespace, none until
 /// the slot's first clean-up made one).
 #[derive(Debug)]
@@ -132,27 +136,57 @@ impl SlotNets {
     }
 }
 
-/// Reads every watched file of the calling thread's network namespace.
-fn read_state() -> State {
+/// Opens every watched file of the calling thread's network namespace.
+fn open_watched() -> Vec<Option<File>> {
     WATCHED
         .iter()
-        .map(|f| std::fs::read(format!("/proc/thread-self/net/{f}")).ok())
+        .map(|f| File::open(format!("/proc/thread-self/net/{f}")).ok())
         .collect()
 }
 
-/// A new namespace (`lo` left down) and its state as new.
+/// What the watched files hold now, each read from its start (a `seq_file`
+/// read at offset 0 starts its table or counters again).
+fn read_state(watched: &[Option<File>]) -> Result<State, String> {
+    watched
+        .iter()
+        .zip(WATCHED)
+        .map(|(file, name)| match file {
+            None => Ok(None),
+            Some(f) => {
+                let mut bytes = Vec::with_capacity(4096);
+                let mut chunk = [0u8; 4096];
+                loop {
+                    match f.read_at(&mut chunk, bytes.len() as u64) {
+                        Ok(0) => return Ok(Some(bytes)),
+                        Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(format!("read /proc/net/{name}: {e}")),
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// A new namespace (`lo` left down), its watched files and their state as
+/// new.
 fn make() -> Result<SlotNetns, String> {
-    let (fd, inode, fresh) = new_namespace(THREAD, || Ok(read_state()))?;
-    Ok(SlotNetns { fd, inode, fresh })
+    let (fd, inode, (watched, fresh)) = new_namespace(THREAD, || {
+        let watched = open_watched();
+        let fresh = read_state(&watched)?;
+        Ok((watched, fresh))
+    })?;
+    Ok(SlotNetns {
+        fd,
+        inode,
+        watched,
+        fresh,
+    })
 }
 
 /// Whether `net` is exactly as it was made.
-fn check(net: &Arc<SlotNetns>) -> Result<bool, String> {
-    let net = Arc::clone(net);
-    on_thread(THREAD, move || {
-        setns(&net.fd, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
-        Ok(read_state() == net.fresh)
-    })
+fn check(net: &SlotNetns) -> Result<bool, String> {
+    Ok(read_state(&net.watched)? == net.fresh)
 }
 
 #[cfg(test)]
@@ -160,6 +194,7 @@ mod tests {
     use std::os::unix::net::UnixDatagram;
 
     use nix::fcntl::{OFlag, open};
+    use nix::sched::{CloneFlags, setns};
     use nix::sys::stat::{Mode, fstat};
 
     use super::*;
