@@ -210,8 +210,18 @@ fn main() -> ExitCode {
         }
     }
     let result = match cli.command {
+        // The server runs as a task on the runtime's workers, not in
+        // `block_on` on this thread: there its accept loop took every new
+        // connection on a thread of its own, woken by the workers' I/O
+        // driver and waking a worker for the connection's task, about four
+        // cross-thread wake-ups per scenario-D pair (BENCHMARKS.md).
         Command::Serve { .. } => rt
-            .block_on(kiln::serve_until_signal(cfg))
+            .block_on(async {
+                match tokio::spawn(kiln::serve_until_signal(cfg)).await {
+                    Ok(served) => served,
+                    Err(e) => Err(anyhow::anyhow!("the server's task ended: {e}")),
+                }
+            })
             .map(|()| ExitCode::SUCCESS),
         Command::Exec {
             lang,
