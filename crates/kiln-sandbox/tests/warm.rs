@@ -166,6 +166,62 @@ async fn a_prestarted_program_reads_the_go_on_stdin_and_sees_its_etc_files() {
     assert!(!std::path::Path::new("/etc/escape").exists());
 }
 
+/// A pre-started runtime (bash) that says it has started by closing the
+/// ready descriptor once `when` (a shell condition) holds, then reads the go
+/// and runs `then`. (bash: dash redirects only descriptors 0-9.)
+fn signalling_runtime(when: &str, then: &str) -> ParkSpec {
+    let boot = format!(
+        "if {when}; then exec {fd}>&-; fi\nread -r go; {then}\n",
+        fd = kiln_core::lang::warm::PRESTART_READY_FD
+    );
+    ParkSpec {
+        mode: ParkMode::Prestart,
+        argv: vec!["/bin/bash".into(), "/etc/kiln/boot.sh".into()],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        etc_files: vec![("boot.sh".into(), boot)],
+        signals_ready: true,
+        ..ParkSpec::exec()
+    }
+}
+
+/// Polls `jail.has_started()` for up to 10 s.
+async fn started_within_10s(jail: &mut kiln_sandbox::ParkedJail) -> bool {
+    for _ in 0..200 {
+        if jail.has_started() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_prestarted_runtime_is_parked_at_its_execve_and_seen_started_once_it_says_so() {
+    let Some(sb) = sandbox(UID_BASE) else { return };
+    let slot = sb.acquire_slot().await;
+    // takes its time to start, then says so
+    let spec = signalling_runtime(
+        "sleep 1; echo yes > /mnt/data/started",
+        "ls /proc/self/fd; cat /mnt/data/started",
+    );
+    let mut jail = sb.park(&slot, &spec, &limits(), None).await.expect("park");
+    // parked at the execve, as before: not held until the start-up is done
+    assert!(!jail.workspace().join("started").exists());
+    assert!(!jail.has_started(), "seen started before it said so");
+    assert!(started_within_10s(&mut jail).await, "never seen started");
+    assert!(jail.workspace().join("started").exists());
+    let req = go(&jail, &["/bin/ignored"], limits());
+    let r = sb
+        .run_parked(&slot, jail, req, CancellationToken::new())
+        .await
+        .expect("run");
+    // the program's descriptors: stdin, stdout, stderr and the one `ls`
+    // reads the directory with; the ready descriptor is gone; the run ends
+    // as any other (the `started` line is not its status)
+    assert_eq!(stdout(&r), "0\n1\n2\n3\nyes\n", "stderr: {}", stderr(&r));
+    assert_eq!(r.exit, kiln_core::ExitStatus::Code(0));
+}
+
 /// A minimal template: counts runs in a module global (a fresh fork always
 /// sees 0), reports the process it runs in, and ends it.
 const PRELOAD: &str = r#"

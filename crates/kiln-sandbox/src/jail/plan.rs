@@ -474,6 +474,7 @@ mod tests {
             network: None,
             slot_netns: None,
             keep: false,
+            signals_ready: false,
         }
     }
 
