@@ -222,6 +222,55 @@ async fn a_prestarted_runtime_is_parked_at_its_execve_and_seen_started_once_it_s
     assert_eq!(r.exit, kiln_core::ExitStatus::Code(0));
 }
 
+#[tokio::test]
+async fn a_take_gets_a_parked_runtime_that_has_started_before_an_older_one_that_has_not() {
+    // Two fresh slots, the lower index first: the refill parks the older
+    // jail on slot 0 and the newer on slot 1. Only the newer says it has
+    // started: its uid map does not start at the sandbox's first host id.
+    let base = UID_BASE + 2_000_000;
+    let Some(sb) = sandbox_with_slots(base, 2) else {
+        return;
+    };
+    let when = format!("! grep -q ' {base} ' /proc/self/uid_map");
+    let spec = signalling_runtime(&when, "echo ran");
+    let pool = WarmPool::start(
+        sb.clone(),
+        WarmConfig {
+            max_total: 2,
+            max_per_profile: 2,
+            min_per_profile: 2,
+            decay_after: Duration::from_secs(60),
+            limits: limits(),
+        },
+        vec![("js".into(), spec)],
+    );
+    assert!(pool.wait_filled(Duration::from_secs(20)).await);
+    // time for the newer one's runtime to say so
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut first = pool.get("js").await.expect("hit");
+    assert!(first.was_ready);
+    assert_eq!(
+        first.slot.index(),
+        1,
+        "the take got the older jail, whose runtime has not started"
+    );
+    assert!(first.jail.has_started());
+    // the one that never says so is handed out all the same, and runs
+    let mut second = pool.get("js").await.expect("hit");
+    assert!(second.was_ready);
+    assert_eq!(second.slot.index(), 0);
+    assert!(!second.jail.has_started());
+    for w in [first, second] {
+        let req = go(&w.jail, &["/bin/ignored"], limits());
+        let r = sb
+            .run_parked(&w.slot, w.jail, req, CancellationToken::new())
+            .await
+            .expect("run");
+        assert_eq!(stdout(&r), "ran\n", "stderr: {}", stderr(&r));
+    }
+    pool.shutdown().await;
+}
+
 /// A minimal template: counts runs in a module global (a fresh fork always
 /// sees 0), reports the process it runs in, and ends it.
 const PRELOAD: &str = r#"
