@@ -3,14 +3,13 @@
 //! cancellation by killing the helper (its death takes the whole jail down),
 //! and collects the status line.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use kiln_core::{ExitStatus, Limits};
 use nix::fcntl::OFlag;
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, pipe2};
 use tokio::io::unix::AsyncFd;
@@ -381,17 +380,6 @@ impl HelperProc {
         }
     }
 
-    /// A copy of the jail's init's descriptor `fd` (`pidfd_getfd`); `None`
-    /// for a spawned helper, which is not the init, or an init that ended.
-    fn copy_fd(&self, fd: RawFd) -> Option<std::io::Result<OwnedFd>> {
-        match &self.kind {
-            Some(HelperKind::Launched(pidfd)) if !self.exited => {
-                Some(sys::pidfd_getfd(pidfd.get_ref(), fd))
-            }
-            _ => None,
-        }
-    }
-
     /// Waits for the helper's exit; describes how it ended.
     pub(crate) async fn wait(&mut self) -> std::io::Result<String> {
         let how = match &mut self.kind {
@@ -450,8 +438,6 @@ pub(crate) struct Started {
     status: pipe::Receiver,
     /// Status bytes read while waiting for `parked`.
     status_bytes: Vec<u8>,
-    /// What the server knows of its runtime's start-up (`has_started`).
-    ready: ReadySignal,
     /// A kept jail (`JailSpec::keep`): its run ends with its init's
     /// `finished` line, not with its init.
     keep: bool,
@@ -464,20 +450,6 @@ impl std::fmt::Debug for Started {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Started").field("path", &self.path).finish()
     }
-}
-
-/// A parked jail's ready pipe, as far as the server knows it.
-enum ReadySignal {
-    /// Not looked at yet.
-    Unknown,
-    /// The server's copy of the read end: the runtime has started once no
-    /// write end is left.
-    Watching(OwnedFd),
-    /// The runtime has said it has started.
-    Started,
-    /// No signal to be had: no ready pipe, a spawned helper (not the init),
-    /// or no copy.
-    Absent,
 }
 
 /// A running helper taken apart (see [`Started::into_parts`]).
@@ -628,7 +600,6 @@ impl Started {
             status: pipe::Receiver::from_owned_fd(ends.status)
                 .map_err(|e| io("watch status", e))?,
             status_bytes: Vec::new(),
-            ready: ReadySignal::Unknown,
             keep: false,
             zygotes: None,
         })
@@ -680,47 +651,18 @@ impl Started {
             .any(|l| serde_json::from_slice::<StatusMsg>(l).ok().as_ref() == Some(msg))
     }
 
-    /// Whether a parked jail's runtime has said it has started by now
-    /// (closed its end of the ready pipe, [`JailSpec::signals_ready`]):
-    /// `false` until then, and always without a ready pipe or a copy of
-    /// it. Never waits; sees the pipe's end itself, so the answer does not
-    /// wait for the jail's init either.
+    /// Whether a parked jail's runtime has reported `started` by now
+    /// ([`StatusMsg::Started`]): reads what its status pipe holds without
+    /// waiting (what it reads stays for [`Started::drive`]).
     pub(crate) fn has_started(&mut self) -> bool {
-        if matches!(self.ready, ReadySignal::Unknown) {
-            self.ready = self
-                .ready_pipe_copy()
-                .map_or(ReadySignal::Absent, ReadySignal::Watching);
-        }
-        if let ReadySignal::Watching(fd) = &self.ready {
-            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-            // POLLHUP once no write end is left; bytes alone mean nothing
-            let ended = matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-                && fds[0]
-                    .revents()
-                    .is_some_and(|r| r.contains(PollFlags::POLLHUP));
-            if ended {
-                self.ready = ReadySignal::Started;
+        let mut buf = [0u8; 256];
+        while self.status_bytes.len() < STATUS_CAP {
+            match self.status.try_read(&mut buf) {
+                Ok(n) if n > 0 => self.status_bytes.extend_from_slice(&buf[..n]),
+                _ => break,
             }
         }
-        matches!(self.ready, ReadySignal::Started)
-    }
-
-    /// The server's copy of the init's ready pipe (the number its
-    /// `ready_pipe` line gave), if it has one and it can be had.
-    fn ready_pipe_copy(&self) -> Option<OwnedFd> {
-        let fd = self.status_bytes.split(|b| *b == b'\n').find_map(
-            |l| match serde_json::from_slice::<StatusMsg>(l) {
-                Ok(StatusMsg::ReadyPipe(fd)) => Some(fd),
-                _ => None,
-            },
-        )?;
-        match self.proc.copy_fd(fd)? {
-            Ok(copy) => Some(copy),
-            Err(e) => {
-                tracing::debug!(error = %e, "no copy of a parked jail's ready pipe");
-                None
-            }
-        }
+        self.reported(&StatusMsg::Started)
     }
 
     /// Waits until the jail reports `parked`. Fails with the jail's own
@@ -797,8 +739,6 @@ impl Started {
             mut status_bytes,
             keep,
             zygotes,
-            // the go is sent: whether the runtime had started matters no more
-            ready: _,
         } = self;
         let deadline = || match pause {
             Some(p) => p.deadline(started, limits.wall_time),
@@ -931,7 +871,6 @@ impl Started {
                 stderr,
                 status: status_rx,
                 status_bytes: Vec::new(),
-                ready: ReadySignal::Unknown,
                 keep,
                 zygotes,
             }),

@@ -86,10 +86,10 @@ pub struct JailSpec {
     pub keep: bool,
     /// [`ParkMode::Prestart`]: the runtime says it has started by closing
     /// descriptor [`kiln_core::lang::warm::PRESTART_READY_FD`] (the write
-    /// end of a pipe whose read end init holds, kept across the `execve`;
-    /// init reports its number, [`StatusMsg::ReadyPipe`]). The jail is
-    /// parked at the `execve` all the same; the signal only lets the warm
-    /// pool prefer a jail whose runtime is done starting.
+    /// end of a pipe init watches, kept across the `execve`), and init then
+    /// reports [`StatusMsg::Started`]. The jail is parked at the `execve`
+    /// all the same; the signal only lets the warm pool prefer a jail whose
+    /// runtime is done starting.
     #[serde(default)]
     pub signals_ready: bool,
 }
@@ -250,11 +250,10 @@ pub enum StatusMsg {
     Error(String),
     /// A warm jail is built and its program process waits for the go.
     Parked,
-    /// The number of init's descriptor of the ready pipe's read end
-    /// ([`JailSpec::signals_ready`]), which init holds open for the jail's
-    /// life: the server takes a copy of it and sees the pipe's end when the
-    /// runtime has started. Comes before `parked`.
-    ReadyPipe(i32),
+    /// A pre-started runtime that says when it has started
+    /// ([`JailSpec::signals_ready`]) has: it waits for the go with its
+    /// start-up done. Comes after `parked`, if ever.
+    Started,
 }
 
 impl StatusMsg {
@@ -269,13 +268,13 @@ impl StatusMsg {
     }
 
     /// The last well-formed message in `bytes` (the status pipe's content),
-    /// not counting `parked` and `ready_pipe`, which only mark progress.
+    /// not counting `parked` and `started`, which only mark progress.
     pub fn parse_last(bytes: &[u8]) -> Option<StatusMsg> {
         bytes
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .filter_map(|l| serde_json::from_slice(l).ok())
-            .rfind(|m| !matches!(m, StatusMsg::Parked | StatusMsg::ReadyPipe(_)))
+            .rfind(|m| !matches!(m, StatusMsg::Parked | StatusMsg::Started))
     }
 }
 
@@ -316,19 +315,19 @@ mod tests {
     }
 
     #[test]
-    fn parse_last_skips_the_progress_lines_parked_and_ready_pipe() {
+    fn parse_last_skips_the_progress_lines_parked_and_started() {
         let finished = StatusMsg::Finished {
             code: Some(0),
             signal: None,
             cpu_us: 1,
         };
-        let mut bytes = StatusMsg::ReadyPipe(7).to_line();
-        bytes.extend(StatusMsg::Parked.to_line());
+        let mut bytes = StatusMsg::Parked.to_line();
         bytes.extend(finished.to_line());
+        bytes.extend(StatusMsg::Started.to_line());
         assert_eq!(StatusMsg::parse_last(&bytes), Some(finished));
-        assert_eq!(StatusMsg::ReadyPipe(7).to_line(), b"{\"ready_pipe\":7}\n");
-        let mut progress = StatusMsg::ReadyPipe(7).to_line();
-        progress.extend(StatusMsg::Parked.to_line());
+        assert_eq!(StatusMsg::Started.to_line(), b"\"started\"\n");
+        let mut progress = StatusMsg::Parked.to_line();
+        progress.extend(StatusMsg::Started.to_line());
         assert_eq!(StatusMsg::parse_last(&progress), None);
     }
 

@@ -217,7 +217,7 @@ async fn a_prestarted_runtime_is_parked_at_its_execve_and_seen_started_once_it_s
         .expect("run");
     // the program's descriptors: stdin, stdout, stderr and the one `ls`
     // reads the directory with; the ready descriptor is gone; the run ends
-    // as any other (the `ready_pipe` line is not its status)
+    // as any other (the `started` line is not its status)
     assert_eq!(stdout(&r), "0\n1\n2\n3\nyes\n", "stderr: {}", stderr(&r));
     assert_eq!(r.exit, kiln_core::ExitStatus::Code(0));
 }

@@ -8,7 +8,7 @@
 //! setsid'd, daemonised).
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
 
 use nix::errno::Errno;
@@ -216,13 +216,9 @@ fn init(
     };
     let (exec_r, exec_w) = pipe()?;
     // A pre-started runtime that says when it has started closes the write
-    // end (`exec.rs` puts it at PRESTART_READY_FD). Init only holds the read
-    // end open for the jail's life and reports its number: the server takes
-    // a copy (`pidfd_getfd`) and sees the end itself, so the signal never
-    // waits for init, which runs at idle priority with a jail built ahead.
+    // end (`exec.rs` puts it at PRESTART_READY_FD); init reports `started`.
     let (ready_r, ready_w) = if spec.park == Some(ParkMode::Prestart) && spec.signals_ready {
         let (r, w) = pipe()?;
-        report(status, &StatusMsg::ReadyPipe(r.as_raw_fd()));
         (Some(r), Some(w))
     } else {
         (None, None)
@@ -231,6 +227,7 @@ fn init(
         spec,
         control: &control,
         go_w,
+        ready_r,
         started,
         status,
     };
@@ -247,7 +244,7 @@ fn init(
         if spec.keep {
             // `zygote` is the channel each program's fork-server socket
             // comes on (`keep::next_zygote`)
-            drop((watch, exec_r, exec_w, go_r, ready_r, ready_w));
+            drop((watch, exec_r, exec_w, go_r, ready_w));
             return kept(spec, plan, start, &zygote, &control, status);
         }
         let (exit_r, exit_w) = pipe()?;
@@ -265,7 +262,7 @@ fn init(
             .map_err(|e| JailError::setup("fork the program", e))?;
         // Nothing of the fork-server's stays in the jail.
         drop(zygote);
-        drop((exec_w, exit_w, go_r, me, ready_r, ready_w));
+        drop((exec_w, exit_w, go_r, me, ready_w));
         return watch.run(exec_r, watch::Program::Remote { exit_r });
     }
 
@@ -285,15 +282,13 @@ fn init(
     drop(exec_w);
     drop(go_r);
     drop(ready_w);
-    let ended = watch.run(
+    watch.run(
         exec_r,
         watch::Program::Child {
             pid: child,
             sigchld,
         },
-    );
-    drop(ready_r);
-    ended
+    )
 }
 
 /// A kept jail's init (`JailSpec::keep`, `keep.rs`): has a fresh program
@@ -346,6 +341,7 @@ fn kept(
             spec,
             control,
             go_w: Some(go_w),
+            ready_r: None,
             started: Instant::now(),
             status,
         };

@@ -368,8 +368,8 @@ impl ParkedJail {
 
     /// Whether its pre-started runtime has said it has started and waits
     /// for the go ([`ParkSpec::signals_ready`]); `false` until then, and
-    /// always for a jail whose runtime does not say (or whose ready pipe
-    /// the server cannot copy from the init). Never waits.
+    /// always for a jail whose runtime does not say. Never waits: reads
+    /// only what the jail has reported by now.
     pub fn has_started(&mut self) -> bool {
         self.started.has_started()
     }

@@ -305,25 +305,6 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
-/// A copy of descriptor `fd` of the process `pidfd` refers to
-/// (`pidfd_getfd(2)`, close-on-exec; needs ptrace access to it).
-pub fn pidfd_getfd(pidfd: &impl AsRawFd, fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: a plain system call taking three integers.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_getfd,
-            pidfd.as_raw_fd(),
-            fd,
-            0 as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
-}
-
 /// `SIGCHLD` → `SIG_IGN` (the kernel reaps children as they exit) or back
 /// to `SIG_DFL`.
 pub fn set_sigchld_ignored(ignored: bool) -> Result<(), Errno> {
