@@ -127,15 +127,9 @@ pub enum WarmRecipe {
     /// The runtime is started while the jail is parked, with the runtime's
     /// environment, and reads the go on its stdin. `argv` takes the same
     /// placeholders as `run`; `etc_files` are placed at `/etc/kiln/<name>`.
-    /// The jail is parked once the runtime's `execve` succeeded. With
-    /// `signals_ready` the runtime is given descriptor
-    /// [`warm::PRESTART_READY_FD`] and closes it once it has started and
-    /// waits for the go; a take then gets such a jail before one whose
-    /// runtime still starts (which it would wait for), else the oldest.
     Prestart {
         argv: &'static [&'static str],
         etc_files: &'static [(&'static str, &'static str)],
-        signals_ready: bool,
     },
     /// The program process is a fork of a fork-server: `interpreter`'s
     /// shared library, embedded, ran one of `templates`' preloads once.
@@ -260,12 +254,6 @@ pub mod warm {
     /// Started in a parked `js` jail at `/etc/kiln/node_warm.js`: reads the
     /// go on stdin, then runs the user's `index.js` as node's main module.
     pub const NODE_BOOTSTRAP: &str = include_str!("lang/warm/node_warm.js");
-    /// The descriptor a pre-started runtime that says when it has started
-    /// (`WarmRecipe::Prestart`'s `signals_ready`) closes once it waits for
-    /// the go (`node_warm.js` names it too). High, so the descriptors the
-    /// runtime opens while it starts are numbered as in a cold run, and
-    /// below any sensible open-files limit.
-    pub const PRESTART_READY_FD: i32 = 63;
     /// A live `py` kernel (a session's program), placed at
     /// `/etc/kiln/<PYTHON_KERNEL_NAME>` in the kernel's jail and run like a
     /// program by a fork of a template: evaluates framed requests on stdin
@@ -376,8 +364,6 @@ pub static LANGUAGES: &[LanguageSpec] = &[
                 "{entry}",
             ],
             etc_files: &[("node_warm.js", warm::NODE_BOOTSTRAP)],
-            // node_warm.js closes the descriptor before it reads the go
-            signals_ready: true,
         }),
         kernel: Some(KernelRecipe::Node),
         tools: None,

@@ -292,12 +292,7 @@ impl Jail for SandboxJail {
 
 /// How a runtime's pre-started warm jails are parked, if it has that recipe.
 fn prestart_spec(cfg: &SandboxConfig, lang: Language, limits: &Limits) -> Option<ParkSpec> {
-    let Some(WarmRecipe::Prestart {
-        etc_files,
-        signals_ready,
-        ..
-    }) = &lang.spec().warm
-    else {
+    let Some(WarmRecipe::Prestart { etc_files, .. }) = &lang.spec().warm else {
         return None;
     };
     let argv = lang.prestart_argv(limits)?;
@@ -319,7 +314,6 @@ fn prestart_spec(cfg: &SandboxConfig, lang: Language, limits: &Limits) -> Option
             .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
             .collect(),
         language: Some(lang),
-        signals_ready: *signals_ready,
         ..ParkSpec::exec()
     })
 }

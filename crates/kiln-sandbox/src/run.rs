@@ -644,33 +644,16 @@ impl Started {
         }
     }
 
-    /// Whether the jail has reported `msg` in what was read of its status.
-    fn reported(&self, msg: &StatusMsg) -> bool {
-        self.status_bytes
-            .split(|b| *b == b'\n')
-            .any(|l| serde_json::from_slice::<StatusMsg>(l).ok().as_ref() == Some(msg))
-    }
-
-    /// Whether a parked jail's runtime has reported `started` by now
-    /// ([`StatusMsg::Started`]): reads what its status pipe holds without
-    /// waiting (what it reads stays for [`Started::drive`]).
-    pub(crate) fn has_started(&mut self) -> bool {
-        let mut buf = [0u8; 256];
-        while self.status_bytes.len() < STATUS_CAP {
-            match self.status.try_read(&mut buf) {
-                Ok(n) if n > 0 => self.status_bytes.extend_from_slice(&buf[..n]),
-                _ => break,
-            }
-        }
-        self.reported(&StatusMsg::Started)
-    }
-
     /// Waits until the jail reports `parked`. Fails with the jail's own
     /// report when it ends first (or with what the helper printed).
     pub(crate) async fn wait_parked(&mut self) -> Result<(), SandboxError> {
         let mut buf = [0u8; 1024];
         loop {
-            if self.reported(&StatusMsg::Parked) {
+            if self
+                .status_bytes
+                .split(|b| *b == b'\n')
+                .any(|l| serde_json::from_slice::<StatusMsg>(l).ok() == Some(StatusMsg::Parked))
+            {
                 return Ok(());
             }
             match self.status.read(&mut buf).await {

@@ -84,14 +84,6 @@ pub struct JailSpec {
     /// program's processes alone.
     #[serde(default)]
     pub keep: bool,
-    /// [`ParkMode::Prestart`]: the runtime says it has started by closing
-    /// descriptor [`kiln_core::lang::warm::PRESTART_READY_FD`] (the write
-    /// end of a pipe init watches, kept across the `execve`), and init then
-    /// reports [`StatusMsg::Started`]. The jail is parked at the `execve`
-    /// all the same; the signal only lets the warm pool prefer a jail whose
-    /// runtime is done starting.
-    #[serde(default)]
-    pub signals_ready: bool,
 }
 
 /// A slot's network namespace, which its jails join one after another.
@@ -250,10 +242,6 @@ pub enum StatusMsg {
     Error(String),
     /// A warm jail is built and its program process waits for the go.
     Parked,
-    /// A pre-started runtime that says when it has started
-    /// ([`JailSpec::signals_ready`]) has: it waits for the go with its
-    /// start-up done. Comes after `parked`, if ever.
-    Started,
 }
 
 impl StatusMsg {
@@ -268,13 +256,13 @@ impl StatusMsg {
     }
 
     /// The last well-formed message in `bytes` (the status pipe's content),
-    /// not counting `parked` and `started`, which only mark progress.
+    /// not counting `parked`, which only marks progress.
     pub fn parse_last(bytes: &[u8]) -> Option<StatusMsg> {
         bytes
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .filter_map(|l| serde_json::from_slice(l).ok())
-            .rfind(|m| !matches!(m, StatusMsg::Parked | StatusMsg::Started))
+            .rfind(|m| *m != StatusMsg::Parked)
     }
 }
 
@@ -312,23 +300,6 @@ mod tests {
         );
         assert_eq!(StatusMsg::parse_last(b""), None);
         assert_eq!(StatusMsg::parse_last(b"{\"finished\":"), None);
-    }
-
-    #[test]
-    fn parse_last_skips_the_progress_lines_parked_and_started() {
-        let finished = StatusMsg::Finished {
-            code: Some(0),
-            signal: None,
-            cpu_us: 1,
-        };
-        let mut bytes = StatusMsg::Parked.to_line();
-        bytes.extend(finished.to_line());
-        bytes.extend(StatusMsg::Started.to_line());
-        assert_eq!(StatusMsg::parse_last(&bytes), Some(finished));
-        assert_eq!(StatusMsg::Started.to_line(), b"\"started\"\n");
-        let mut progress = StatusMsg::Parked.to_line();
-        progress.extend(StatusMsg::Started.to_line());
-        assert_eq!(StatusMsg::parse_last(&progress), None);
     }
 
     #[test]

@@ -190,10 +190,7 @@ impl WarmPool {
                     "no warm profile {profile:?}"
                 )));
             };
-            let prefer_started = p.spec.signals_ready;
-            if let Some((slot, jail)) = take_ready(&mut p.ready, |(_, jail)| {
-                prefer_started && jail.has_started()
-            }) {
+            if let Some((slot, jail)) = p.ready.pop_front() {
                 p.stats.hits += 1;
                 p.stats.ready = p.ready.len() as u32;
                 metrics::counter!("kiln_warm_takes_total", "profile" => profile.to_owned(), "result" => "hit")
@@ -435,17 +432,6 @@ impl Inner {
     }
 }
 
-/// The ready jail a take gets: the oldest whose runtime has started
-/// (`started`, asked of each from the oldest on; for a profile whose runtime
-/// says when it has started: back to back, node needs ~30 ms of CPU after
-/// its `execve` before it waits for the go, and a run given it waits for the
-/// rest), else the oldest. A jail whose runtime never says so is still
-/// handed out.
-fn take_ready<T>(ready: &mut VecDeque<T>, mut started: impl FnMut(&mut T) -> bool) -> Option<T> {
-    let i = ready.iter_mut().position(&mut started).unwrap_or(0);
-    ready.remove(i)
-}
-
 /// A miss in `name` raises its target by one, up to the per-profile
 /// maximum. Targets together never exceed the total maximum: when they are
 /// there already, the profile that missed least recently gives one up if it
@@ -544,34 +530,6 @@ mod tests {
     fn miss(p: &mut HashMap<String, Profile>, name: &str, cfg: &WarmConfig) {
         p.get_mut(name).expect("profile").last_change = Instant::now();
         grow_target(p, name, cfg);
-    }
-
-    #[test]
-    fn a_take_gets_the_oldest_started_jail_else_the_oldest() {
-        let mut asked = Vec::new();
-        // (age, started): 0 is the oldest
-        let mut ready: VecDeque<(u32, bool)> = [(0, false), (1, true), (2, true)].into();
-        let took = take_ready(&mut ready, |j| {
-            asked.push(j.0);
-            j.1
-        });
-        assert_eq!(took, Some((1, true)), "the oldest started one");
-        assert_eq!(
-            asked,
-            [0, 1],
-            "asked from the oldest on, up to the first started"
-        );
-        assert_eq!(
-            ready,
-            VecDeque::from([(0, false), (2, true)]),
-            "the rest keep their order"
-        );
-        let took = take_ready(&mut ready, |j| j.1);
-        assert_eq!(took, Some((2, true)));
-        // none started: the oldest, as without the signal
-        let took = take_ready(&mut ready, |j| j.1);
-        assert_eq!(took, Some((0, false)));
-        assert_eq!(take_ready(&mut ready, |j| j.1), None);
     }
 
     #[test]

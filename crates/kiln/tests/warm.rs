@@ -190,16 +190,6 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &[],
     ),
     (
-        // the descriptors open when the program runs, and the number its first open gets:
-        // nothing of the warm start-up (its ready descriptor) is left or shifts them
-        "js descriptors",
-        "js",
-        "const fs = require('fs'); const open = [];\n\
-         for (let fd = 0; fd < 100; fd++) { try { fs.fstatSync(fd); open.push(fd); } catch {} }\n\
-         console.log(open.join(','), fs.openSync('index.js', 'r'))",
-        &[],
-    ),
-    (
         "js stdin is eof",
         "js",
         "process.stdin.on('data', d => console.log('data', d.length)).on('end', () => console.log('end'))",

@@ -18,7 +18,6 @@ use super::{Confinement, EmbeddedRunner, JailError};
 use crate::seccomp;
 use crate::spec::{GO_MAX_BYTES, GoMsg, JAIL_UID, JailSpec, ParkMode, STATUS_FD, StatusMsg};
 use crate::sys;
-use kiln_core::lang::warm::PRESTART_READY_FD;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::{
@@ -32,17 +31,14 @@ pub const SIGPENDING: u64 = 1024;
 pub const MSGQUEUE_BYTES: u64 = 256 * 1024;
 
 /// Runs G; only returns through `execve`, the embedded runner or `_exit(127)`.
-/// `ready_w`: the write end of the pipe a pre-started runtime that says when
-/// it has started closes then ([`JailSpec::signals_ready`]).
 pub(super) fn exec_main(
     spec: &JailSpec,
     confinement: &Confinement,
     err_w: OwnedFd,
     go_r: Option<OwnedFd>,
-    ready_w: Option<OwnedFd>,
     runner: Option<EmbeddedRunner>,
 ) -> ! {
-    let failure = match exec(spec, confinement, &err_w, go_r, ready_w, runner) {
+    let failure = match exec(spec, confinement, &err_w, go_r, runner) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -121,7 +117,6 @@ fn exec(
     confinement: &Confinement,
     err_w: &OwnedFd,
     go_r: Option<OwnedFd>,
-    ready_w: Option<OwnedFd>,
     runner: Option<EmbeddedRunner>,
 ) -> Result<Infallible, JailError> {
     // Our parent: the jail's init (1), or the fork-server (0: outside the
@@ -189,18 +184,6 @@ fn exec(
     }
     // Every fd above stderr (the exec and go pipes included) closes on execve.
     sys::cloexec_from(STATUS_FD).map_err(|e| JailError::setup("close fds", e))?;
-    // ... but for a runtime that says when it has started: it gets the
-    // ready pipe's write end at PRESTART_READY_FD (dup2 clears
-    // close-on-exec) and closes it once it waits for the go; init then
-    // reports `started`. Past the open-files limit there is no copy and the
-    // runtime is never seen as started (the warm pool still hands it out).
-    if let Some(ready_w) = ready_w.as_ref()
-        && u64::try_from(PRESTART_READY_FD).is_ok_and(|fd| fd < spec.limits.open_files)
-    {
-        sys::dup2_raw(ready_w, PRESTART_READY_FD)
-            .map_err(|e| JailError::setup("ready pipe onto its descriptor", e))?;
-    }
-    drop(ready_w);
     nix::sys::prctl::set_no_new_privs().map_err(|e| JailError::setup("no_new_privs", e))?;
     // Landlock first: its system calls are not on the seccomp allow-list.
     if let Some(rules) = &confinement.landlock {

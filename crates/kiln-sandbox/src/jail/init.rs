@@ -22,7 +22,7 @@ use super::start::StartFds;
 use super::{
     Confinement, EXIT_REPORTED, INIT_NAME, JailError, exec, keep, remote, report, rootfs, watch,
 };
-use crate::spec::{JailSpec, ParkMode, STATUS_FD, StatusMsg};
+use crate::spec::{JailSpec, STATUS_FD, StatusMsg};
 use crate::sys::{self, Forked};
 
 /// What C gets from its starter (see `start.rs`).
@@ -215,19 +215,10 @@ fn init(
         None => (None, None),
     };
     let (exec_r, exec_w) = pipe()?;
-    // A pre-started runtime that says when it has started closes the write
-    // end (`exec.rs` puts it at PRESTART_READY_FD); init reports `started`.
-    let (ready_r, ready_w) = if spec.park == Some(ParkMode::Prestart) && spec.signals_ready {
-        let (r, w) = pipe()?;
-        (Some(r), Some(w))
-    } else {
-        (None, None)
-    };
     let watch = watch::Watch {
         spec,
         control: &control,
         go_w,
-        ready_r,
         started,
         status,
     };
@@ -244,7 +235,7 @@ fn init(
         if spec.keep {
             // `zygote` is the channel each program's fork-server socket
             // comes on (`keep::next_zygote`)
-            drop((watch, exec_r, exec_w, go_r, ready_w));
+            drop((watch, exec_r, exec_w, go_r));
             return kept(spec, plan, start, &zygote, &control, status);
         }
         let (exit_r, exit_w) = pipe()?;
@@ -262,7 +253,7 @@ fn init(
             .map_err(|e| JailError::setup("fork the program", e))?;
         // Nothing of the fork-server's stays in the jail.
         drop(zygote);
-        drop((exec_w, exit_w, go_r, me, ready_w));
+        drop((exec_w, exit_w, go_r, me));
         return watch.run(exec_r, watch::Program::Remote { exit_r });
     }
 
@@ -275,13 +266,12 @@ fn init(
             drop(sigchld);
             drop(watch);
             // The embedded runner only runs in the fork-server's forks.
-            exec::exec_main(spec, confinement, exec_w, go_r, ready_w, None)
+            exec::exec_main(spec, confinement, exec_w, go_r, None)
         }
         Forked::Parent { pid, .. } => pid,
     };
     drop(exec_w);
     drop(go_r);
-    drop(ready_w);
     watch.run(
         exec_r,
         watch::Program::Child {
@@ -341,7 +331,6 @@ fn kept(
             spec,
             control,
             go_w: Some(go_w),
-            ready_r: None,
             started: Instant::now(),
             status,
         };

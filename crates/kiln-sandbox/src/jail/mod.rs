@@ -308,7 +308,7 @@ pub(crate) fn forked_program_main(
     {
         fail(JailError::setup("become the jail's uid 0", e));
     }
-    exec::exec_main(&spec, &confinement, exec_w, Some(go_r), None, Some(runner))
+    exec::exec_main(&spec, &confinement, exec_w, Some(go_r), Some(runner))
 }
 
 /// A kept jail's program (`keep.rs`) numbers its processes as a cold

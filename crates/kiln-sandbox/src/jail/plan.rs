@@ -474,7 +474,6 @@ mod tests {
             network: None,
             slot_netns: None,
             keep: false,
-            signals_ready: false,
         }
     }
 

@@ -5,8 +5,6 @@
 //!   its stdin); its end, or any other byte, is the server stopping the run;
 //! - the exec pipe: `parked` (reported at once), a set-up failure, and its
 //!   end once the program runs the user's code;
-//! - a pre-started runtime's ready pipe, once it is parked: its end is the
-//!   runtime saying it has started (reported as `started`);
 //! - the program's end: its `finished` status on the exit pipe (the
 //!   fork-server's fork) or `SIGCHLD` (init's own fork; every orphan that
 //!   init inherits is reaped on the way);
@@ -66,9 +64,6 @@ pub(super) struct Watch<'a> {
     pub control: &'a OwnedFd,
     /// The go pipe's write end (parked jails) until the go passed.
     pub go_w: Option<OwnedFd>,
-    /// The ready pipe's read end (`JailSpec::signals_ready`) until the
-    /// runtime closed its write end.
-    pub ready_r: Option<OwnedFd>,
     /// When init started: a run that is not parked counts from here.
     pub started: Instant,
     pub status: &'a File,
@@ -92,7 +87,6 @@ impl Watch<'_> {
             spec,
             control,
             mut go_w,
-            mut ready_r,
             started,
             status,
         } = self;
@@ -137,11 +131,6 @@ impl Watch<'_> {
                 fds.push(PollFd::new(fd, PollFlags::POLLIN));
                 fds.len() - 1
             });
-            // watched once the runtime is parked (its execve done)
-            let ready_at = ready_r.as_ref().filter(|_| exec.is_none()).map(|r| {
-                fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
-                fds.len() - 1
-            });
             let timeout = match deadline {
                 None => PollTimeout::NONE,
                 Some(at) => {
@@ -160,7 +149,6 @@ impl Watch<'_> {
             let control_ready = readable(fds.first());
             let exec_ready = readable(exec_at.and_then(|i| fds.get(i)));
             let end_ready = readable(end_at.and_then(|i| fds.get(i)));
-            let started_ready = readable(ready_at.and_then(|i| fds.get(i)));
             drop(fds);
 
             if control_ready {
@@ -244,19 +232,6 @@ impl Watch<'_> {
                 if exec.is_none() {
                     // a last line without its newline
                     failure.append(&mut exec_buf);
-                }
-            }
-
-            if started_ready && let Some(r) = ready_r.as_ref() {
-                match nix::unistd::read(r, &mut buf) {
-                    // the runtime closed it: it waits for the go (or ended)
-                    Ok(0) => {
-                        ready_r = None;
-                        report(status, &StatusMsg::Started);
-                    }
-                    // bytes mean nothing; the end is the signal
-                    Ok(_) | Err(Errno::EINTR | Errno::EAGAIN) => {}
-                    Err(_) => ready_r = None,
                 }
             }
 

@@ -74,10 +74,10 @@ fn into_result(s: Supervised, stats: CgroupStats) -> Result<RunResult, SandboxEr
         (Some(StatusMsg::Error(m)), None) => return Err(SandboxError::Setup(m)),
         (Some(StatusMsg::ExecFailed(m)), None) => return Err(SandboxError::Exec(m)),
         (_, Some(_)) => (ExitStatus::Signal(libc::SIGKILL), None),
-        (None | Some(StatusMsg::Parked | StatusMsg::Started), None) if stats.oom_kills > 0 => {
+        (None | Some(StatusMsg::Parked), None) if stats.oom_kills > 0 => {
             (ExitStatus::Signal(libc::SIGKILL), None)
         }
-        (None | Some(StatusMsg::Parked | StatusMsg::Started), None) => {
+        (None | Some(StatusMsg::Parked), None) => {
             let tail = String::from_utf8_lossy(&s.stderr.buf);
             let tail: String = tail
                 .chars()

@@ -123,7 +123,6 @@ impl Sandbox {
             mode: park.mode,
             etc_files: park.etc_files.clone(),
             keep,
-            signals_ready: park.signals_ready && park.mode == ParkMode::Prestart,
         };
         // the slot's kept jail, taken before `prepare` ends it
         let kept = self.inner.kept.as_ref().and_then(|k| k.take(slot.index()));
@@ -310,11 +309,6 @@ pub struct ParkSpec {
     /// `None`: the default one. A run given this jail must be of a
     /// language of the same system.
     pub language: Option<kiln_core::Language>,
-    /// [`ParkMode::Prestart`]: the runtime closes
-    /// [`kiln_core::lang::warm::PRESTART_READY_FD`] once it has started
-    /// and waits for the go, which [`ParkedJail::has_started`] then tells
-    /// (`WarmRecipe::Prestart`'s `signals_ready`).
-    pub signals_ready: bool,
 }
 
 impl ParkSpec {
@@ -328,7 +322,6 @@ impl ParkSpec {
             seccomp_profile: seccomp::DEFAULT_PROFILE.to_owned(),
             template: String::new(),
             language: None,
-            signals_ready: false,
         }
     }
 }
@@ -364,13 +357,5 @@ impl ParkedJail {
     /// How long building and parking took.
     pub fn build_time(&self) -> Duration {
         self.build_time
-    }
-
-    /// Whether its pre-started runtime has said it has started and waits
-    /// for the go ([`ParkSpec::signals_ready`]); `false` until then, and
-    /// always for a jail whose runtime does not say. Never waits: reads
-    /// only what the jail has reported by now.
-    pub fn has_started(&mut self) -> bool {
-        self.started.has_started()
     }
 }

@@ -64,8 +64,6 @@ pub(super) struct Parking {
     /// A kept jail (`JailSpec::keep`, `kept.rs`): its init stays outside
     /// the run's cgroups.
     pub keep: bool,
-    /// `JailSpec::signals_ready`.
-    pub signals_ready: bool,
 }
 
 /// The limits a run's cgroups are written with. Their `pids.max` is the
@@ -199,9 +197,9 @@ pub(super) fn plan_spec(
     cgroup: Option<CgroupAttach>,
     parking: Option<Parking>,
 ) -> JailSpec {
-    let (park, etc_files, signals_ready) = match parking {
-        Some(p) => (Some(p.mode), p.etc_files, p.signals_ready),
-        None => (None, Vec::new(), false),
+    let (park, etc_files) = match parking {
+        Some(p) => (Some(p.mode), p.etc_files),
+        None => (None, Vec::new()),
     };
     let system = base.cfg.system_of(req.language);
     JailSpec {
@@ -239,7 +237,6 @@ pub(super) fn plan_spec(
         network: req.network.as_ref().map(crate::netns::JailNetwork::spec),
         slot_netns: None,
         keep: false,
-        signals_ready,
     }
 }
 
@@ -392,7 +389,6 @@ mod tests {
             mode: ParkMode::Prestart,
             etc_files: vec![("k.py".into(), "x = 1".into())],
             keep: false,
-            signals_ready: true,
         };
         let spec = planned(&r, true, true, Some(parking));
         assert_eq!(spec.argv, r.argv);
@@ -402,7 +398,6 @@ mod tests {
         assert_eq!(spec.root_dir, SandboxConfig::default().root_dir);
         assert_eq!(spec.park, Some(ParkMode::Prestart));
         assert_eq!(spec.etc_files, [("k.py".to_owned(), "x = 1".to_owned())]);
-        assert!(spec.signals_ready);
         assert!(spec.landlock);
         assert!(spec.seccomp_filters.is_some(), "the profile's filter");
         assert!(spec.cgroup.is_none() && spec.network.is_none());

@@ -1,10 +1,8 @@
 // Kiln: pre-started node for warm `js` jails.
 //
 // Node starts while the jail is parked (cwd /mnt/data, the jail's `js`
-// environment). Once node has started, this file closes descriptor 63 (the
-// jail's init then reports it started, and the warm pool hands out such a
-// jail before one whose node still starts) and blocks on stdin until the go
-// arrives — ONE JSON object {"argv": ["/usr/bin/node", "index.js", ARGS...], "env": [[k, v], ...]}
+// environment). This file blocks on stdin until the go arrives — ONE JSON
+// object {"argv": ["/usr/bin/node", "index.js", ARGS...], "env": [[k, v], ...]}
 // then EOF — and makes the process a cold `node index.js ARGS`:
 // process.argv = [execPath, "/mnt/data/index.js", ARGS...], process.env = the
 // go env exactly, the global module paths recomputed from the new HOME and
@@ -36,12 +34,6 @@
   const path = require('path');
   const Module = require('module');
   const asPreload = require.main !== module;
-  // Started: say so by closing descriptor 63 (PRESTART_READY_FD in
-  // kiln-core's lang.rs), which the jail's init watches; until then the warm
-  // pool prefers another jail that has. Absent (EBADF) when nobody watches.
-  try {
-    fs.closeSync(63);
-  } catch {}
   let go;
   try {
     go = JSON.parse(fs.readFileSync(0, 'utf8'));
