@@ -126,6 +126,9 @@ if a.scan:
         if not idx: print(name, 0); continue
         L = [lat[i] for i in idx]; R = [runs[i] for i in idx if i < len(runs)]
         print(f"{name}: n={len(idx)} latency p50 {pct(L,50):.1f} p95 {pct(L,95):.1f} max {max(L):.1f}; run p50 {pct(R,50):.1f} p95 {pct(R,95):.1f}")
+    print("took a node still booting while one that had started was parked:",
+          sum(1 for i in nrd if any(x[0] for x in seen[i])),
+          "; no parked node had started:", sum(1 for i in nrd if not any(x[0] for x in seen[i])))
     print("parked node processes seen before a request:", Counter(len(x) for x in seen))
 if a.json:
     json.dump({"seen": seen, "lat": lat, "phases": ph, "takes": dt, "load": [load0, load1]}, open(a.json, "w"))
