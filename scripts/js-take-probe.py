@@ -3,7 +3,7 @@
 `kiln serve` (clean environment, a fresh data dir), sends N js (or py) hellos over one
 connection, and before each one lists the parked warm nodes (`node_warm.js` in their
 command line): whether each is blocked reading the go on stdin (started) and its CPU so far
-(schedstat of its threads). The node a request took is the one gone before the next; with
+(schedstat of its threads); only this server's nodes count. The node a request took is the one gone before the next; with
 the server's per-run phases (its debug log) and `kiln_warm_takes_total` it prints latency
 and `run` for requests that took a started node, one still starting, or neither (a miss).
 Needs root (other users' /proc entries); `--scan` turns the listing on."""
@@ -50,13 +50,22 @@ try:
         dt = time.perf_counter() - t
         assert r.status == 200 and out.get("stdout", "").strip() == "hello", out
         return dt
+    def ours(p):
+        # a descendant of this server (node <- the jail's init <- the launcher <- the server),
+        # not a node of another server on the same host
+        for _ in range(8):
+            st = open(f"/proc/{p}/status").read()
+            p = int(re.search(r"^PPid:\s+(\d+)", st, re.M).group(1))
+            if p == srv.pid: return True
+            if p <= 1: return False
+        return False
     def nodes():
         r = []
         for p in os.listdir("/proc"):
             if not p.isdigit(): continue
             try:
                 cl = open(f"/proc/{p}/cmdline","rb").read()
-                if b"node_warm.js" not in cl: continue
+                if b"node_warm.js" not in cl or not ours(p): continue
                 sc = open(f"/proc/{p}/syscall").read().split()
                 cpu = sum(int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0]) for t in os.listdir(f"/proc/{p}/task")) / 1e6
                 blocked = sc[0] == "0" and int(sc[1], 16) == 0
@@ -117,6 +126,9 @@ if a.scan:
         if not idx: print(name, 0); continue
         L = [lat[i] for i in idx]; R = [runs[i] for i in idx if i < len(runs)]
         print(f"{name}: n={len(idx)} latency p50 {pct(L,50):.1f} p95 {pct(L,95):.1f} max {max(L):.1f}; run p50 {pct(R,50):.1f} p95 {pct(R,95):.1f}")
+    print("took a node still booting while one that had started was parked:",
+          sum(1 for i in nrd if any(x[0] for x in seen[i])),
+          "; no parked node had started:", sum(1 for i in nrd if not any(x[0] for x in seen[i])))
     print("parked node processes seen before a request:", Counter(len(x) for x in seen))
 if a.json:
     json.dump({"seen": seen, "lat": lat, "phases": ph, "takes": dt, "load": [load0, load1]}, open(a.json, "w"))
