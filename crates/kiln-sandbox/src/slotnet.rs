@@ -71,6 +71,7 @@ struct SlotNetns {
     watched: Vec<Option<File>>,
     fresh: State,
 }
+
 /// The namespaces of a pool's fixed slots (index → namespace, none until
 /// the slot's first clean-up made one).
 #[derive(Debug)]
