@@ -25,6 +25,10 @@ apart and left out, so the table changes little when the machine is busy.
       thread wake-ups per request that touch its processes, waker -> wakee, and
       how many cross CPUs (an IPI each; a vCPU woken from halt on an idle VM).
 
+  floor.py perfstat --url URL --server-pid PID [-n 300] [--warmup 20] [--workload W (pair)]
+      what `perf stat -p` counts in the server per request (per pair for `pair`):
+      its CPU, context switches, system calls, pread64 and futex calls, page faults.
+
   floor.py alone --image-root ROOT [-n 300]
       each part measured alone in a loop under the same recording: a fork +
       `_exit` of a preloaded python3 of the image (in a chroot of it), a plain
@@ -679,6 +683,39 @@ def cgroups_made_and_removed(n):
         os.rmdir(p)
 
 
+PERFSTAT_EVENTS = ("task-clock,context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_pread64,"
+                   "syscalls:sys_enter_futex,page-faults")
+
+
+def cmd_perfstat(a):
+    """What `perf stat -p` counts in the server process per request (per pair for `pair`): its
+    CPU (task-clock, ms), context switches, system calls, pread64 and futex calls, page faults.
+    The counts do not move with the machine's other load; the CPU does."""
+    # the unrecorded requests are the workload's own first ones (exec-file's
+    # files are all uploaded before either)
+    prepare, one = workload(argparse.Namespace(**{**vars(a), "n": a.warmup + a.n}))
+    prepare()
+    for i in range(a.warmup):
+        one(i)
+    fd, path = tempfile.mkstemp(prefix="floor-stat-", suffix=".txt")
+    os.close(fd)
+    perf = subprocess.Popen(["perf", "stat", "-x,", "-o", path, "-e", PERFSTAT_EVENTS,
+                             "-p", str(a.server_pid)])
+    time.sleep(0.5)
+    for i in range(a.warmup, a.warmup + a.n):
+        one(i)
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+    counted = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) > 3 and parts[0][:1].isdigit():
+                counted[parts[2]] = float(parts[0])
+    os.unlink(path)
+    print(" ".join(f"{k}={v / a.n:,.2f}" for k, v in counted.items()))
+
+
 def cmd_alone(a):
     libc = ctypes.CDLL(None, use_errno=True)
     me = os.getpid()
@@ -783,6 +820,12 @@ def main():
     wk.add_argument("--warmup", type=int, default=10)
     wk.add_argument("--pause-ms", type=int, default=50)
     wk.add_argument("--workload", choices=WORKLOADS, default="hello", help=WORKLOAD_HELP)
+    ps = sub.add_parser("perfstat")
+    ps.add_argument("--url", required=True)
+    ps.add_argument("--server-pid", type=int, required=True)
+    ps.add_argument("-n", type=int, default=300)
+    ps.add_argument("--warmup", type=int, default=20, help="requests of the workload before the count")
+    ps.add_argument("--workload", choices=WORKLOADS, default="pair", help=WORKLOAD_HELP)
     al = sub.add_parser("alone")
     al.add_argument("--image-root", default="")
     al.add_argument("-n", type=int, default=300)
@@ -792,7 +835,8 @@ def main():
     a = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("floor.py needs root (perf -a, namespaces, cgroups)")
-    {"request": cmd_request, "server": cmd_server, "wakeups": cmd_wakeups, "alone": cmd_alone}[a.mode](a)
+    {"request": cmd_request, "server": cmd_server, "wakeups": cmd_wakeups, "perfstat": cmd_perfstat,
+     "alone": cmd_alone}[a.mode](a)
 
 
 if __name__ == "__main__":
