@@ -531,51 +531,41 @@ const SETTLE_PAUSES_US: [u64; 8] = [50, 100, 200, 400, 1000, 1000, 1000, 2000];
 /// forked many processes leaves them charged for a few dozen ms after the
 /// last one is reaped, which no reclaim gives back (measured on this
 /// machine's 6.18 kernel: 50 exited children left 0.7–1.4 MiB charged after
-/// `force_empty`, none 35–70 ms later; 500 left 4–6 MiB). Without the wait such a set was
-/// replaced, and a kept jail of the slot with it.
+/// `force_empty`, none 35–70 ms later; 500 left 4–6 MiB). Without the wait
+/// such a set was replaced, and a kept jail of the slot with it.
 const MEMORY_PAUSES_US: [u64; 7] = [1000, 2000, 4000, 8000, 16000, 32000, 64000];
 
-/// What [`settle`] read last, and how long it paused before.
-struct Settled {
-    figure: u64,
-    waited: Duration,
-    /// whether `done` accepted the figure (else the pauses ran out)
-    done: bool,
-}
-
 /// Reads a figure (`read`) until `done` accepts it, pausing (`pause`, a
-/// sleep) between readings as `pauses` (µs) says.
+/// sleep) between readings as `pauses` (µs) says: how long it paused and
+/// the figure accepted, or, once the pauses ran out, what `unsettled` says
+/// of the last figure and the time paused.
 fn settle(
     mut read: impl FnMut() -> Result<u64, String>,
     done: impl Fn(u64) -> bool,
     pauses: &[u64],
     pause: &mut dyn FnMut(Duration),
-) -> Result<Settled, String> {
+    unsettled: impl FnOnce(u64, Duration) -> String,
+) -> Result<(Duration, u64), String> {
     let mut waited = Duration::ZERO;
     let mut pauses = pauses.iter().map(|&us| Duration::from_micros(us));
     loop {
         let figure = read()?;
-        let settled = |done| Settled {
-            figure,
-            waited,
-            done,
-        };
         if done(figure) {
-            return Ok(settled(true));
+            return Ok((waited, figure));
         }
         match pauses.next() {
             Some(p) => {
                 pause(p);
                 waited += p;
             }
-            None => return Ok(settled(false)),
+            None => return Err(unsettled(figure, waited)),
         }
     }
 }
 
 /// The reset of a set whose run is over (see the module's text): what it
 /// read if it is clean, else why not. `v2` picks the files; `pause` sleeps
-/// while `pids.current` settles ([`settle`]).
+/// while `pids.current` and the memory charged settle ([`settle`]).
 pub(crate) fn reset(
     v2: bool,
     set: &KeptSet,
@@ -592,17 +582,13 @@ pub(crate) fn reset(
     } else {
         set.dirs.get(1).ok_or("no pids group")?
     };
-    let tasks = settle(
+    let (mut waited, _) = settle(
         || read_u64(pids, "pids.current"),
         |tasks| tasks == 0,
         &SETTLE_PAUSES_US,
         pause,
+        |tasks, waited| format!("pids.current is {tasks} after {waited:?}"),
     )?;
-    if !tasks.done {
-        let Settled { figure, waited, .. } = tasks;
-        return Err(format!("pids.current is {figure} after {waited:?}"));
-    }
-    let mut waited = tasks.waited;
     // What a hello leaves charged (≈ 200 KiB: kernel objects such as
     // dentries, which no reclaim frees) is under the bound: a reclaim then
     // gives back next to nothing and costs about 1 ms of CPU (v1
@@ -624,20 +610,15 @@ pub(crate) fn reset(
         }
         // what the reclaim could not give back may still be freed a moment
         // later (`MEMORY_PAUSES_US`)
-        let freed = settle(
+        let (paused, charged) = settle(
             || read_u64(memory, usage),
             |bytes| bytes <= LEFT_BOUND,
             &MEMORY_PAUSES_US,
             pause,
+            |bytes, paused| format!("{usage} is {bytes} after the reclaim and {paused:?}"),
         )?;
-        if !freed.done {
-            let Settled { figure, waited, .. } = freed;
-            return Err(format!(
-                "{usage} is {figure} after the reclaim and {waited:?}"
-            ));
-        }
-        left = freed.figure;
-        waited += freed.waited;
+        left = charged;
+        waited += paused;
     }
     let base = if v2 {
         // the peak is the run's own descriptor's: check it can be had
